@@ -1,0 +1,98 @@
+"""Packed multi-LoRA linear: Triton kernels (forward and backward) and their pure-torch twin.
+
+Installed as ``plora.kernels`` (never import it as a top-level ``kernels``).
+
+Math
+----
+Tokens are flattened to ``x: (N, in)``. Slot ``i`` owns the contiguous token segment
+``[seg_starts[i], seg_starts[i+1])``; tokens outside ``[seg_starts[0], seg_starts[-1])`` get the
+frozen linear only. With ``r_i`` the true rank, ``o_i = rank_offsets[i]``,
+``A_i = lora_a[o_i : o_i + r_i]`` (r_i, in) and ``B_i = lora_b[:, o_i : o_i + r_i]`` (out, r_i)::
+
+    y   = x·Wᵀ + bias + Σ_i  s_i · (drop_i(x_i)·A_iᵀ)·B_iᵀ            (rows of segment i)
+    dX  = dY·W + Σ_i  m_i/(1-p_i) ⊙ (s_i · dY_i·B_i·A_i)
+    dA_i = s_i · (dY_i·B_i)ᵀ · drop_i(x_i)          dB_i = s_i · dY_iᵀ · (drop_i(x_i)·A_iᵀ)
+
+``drop_i(x_i) = x_i ⊙ m_i / (1 - p_i)`` with the keep mask ``m_i`` regenerated from a counter
+based Philox4x32-10 stream (Triton's ``tl.rand``): element ``(t, c)`` of segment ``i`` (``t``
+counted from the segment start) is kept iff ``uniform(seed, counter = i·2³² + t·in + c) >= p_i``.
+No mask is stored; the backward regenerates it. :func:`dropout_mask` reproduces it in pure torch
+on any device (an independent Philox port, tested against ``tl.rand``).
+
+Public API
+----------
+``packed_lora_linear(x, weight, bias, lora_a, lora_b, seg_starts, rank_offsets, ranks, scales,
+dropout_p, dropout_seed, *, fused=None, backend="auto") -> y``
+    Autograd-aware. Gradients flow to ``x``, ``lora_a``, ``lora_b`` (and to ``weight``/``bias``
+    only if they require grad; a frozen base never computes ``dW``).
+
+``packed_lora_delta(x, lora_a, lora_b, seg_starts, rank_offsets, ranks, scales, dropout_p,
+dropout_seed, *, backend="auto") -> delta``
+    The LoRA term alone, ``delta = y - (x·Wᵀ + bias)``, zero on rows outside every segment, for
+    callers that run the base GEMM themselves.
+
+``dropout_mask(seed, slot, shape, p, device) -> BoolTensor[shape]`` — the keep mask ``m_slot``
+    (``shape = (tokens of the segment, in)``).
+
+``packed_lora_reference(...)`` — same arguments as ``packed_lora_linear`` (no ``fused``), a
+    loop over slots in plain torch (autograd by torch); the CPU path and the tests' oracle.
+
+Arguments and layouts
+---------------------
+x:            ``(..., in)`` float16 / bfloat16 / float32; leading dims are flattened to ``N``
+              tokens in row-major order (a packed batch ``(R, S, in)`` gives token ``r·S + s``).
+weight:       ``(out, in)``, same dtype as ``x``, frozen (the nn.Linear layout).
+bias:         ``(out,)`` or ``None``.
+lora_a:       ``(R_tot, in)``: every slot's A stacked along rank; slot ``i`` occupies rows
+              ``[rank_offsets[i], rank_offsets[i+1])``, a block of ``rp_i = ceil16(r_i)`` rows
+              (ranks padded to a multiple of 16; only the first ``r_i`` rows are used, the pad
+              rows get zero gradient).
+lora_b:       ``(out, R_tot)``: the same slots along columns.
+seg_starts:   ``n_slots + 1`` non-decreasing token offsets (int), ``seg_starts[-1] <= N``.
+              Empty segments (0 tokens) are fine.
+rank_offsets: ``n_slots + 1`` ints, ``rank_offsets[0] == 0``, ``rank_offsets[-1] == R_tot``,
+              each step a multiple of 16 and ``>= ranks[i]``.
+ranks:        ``n_slots`` true ranks (1..256, e.g. 8, 24, 64, 128).
+scales:       ``n_slots`` floats ``s_i`` (alpha/r, or alpha/sqrt(r) for rsLoRA).
+dropout_p:    ``n_slots`` floats in ``[0, 1)`` (or one float for every slot).
+dropout_seed: int, the Philox key for this call. Give every layer and every step its own seed
+              (e.g. ``hash((step, layer_index))``): equal seeds give equal masks.
+fused:        ``None`` picks per shape from the measured dispatch table of this GPU
+              (``kernels/tuned.json``); ``True`` accumulates the LoRA term inside a Triton base
+              GEMM (and ``dX`` inside the ``dY·W`` GEMM); ``False`` runs cuBLAS for the base and
+              adds the LoRA term with separate kernels.
+backend:      ``"auto"`` (Triton on CUDA tensors, torch reference elsewhere), ``"triton"``
+              (also on CPU under ``TRITON_INTERPRET=1``, for tests) or ``"torch"``.
+
+The metadata arguments (``seg_starts`` .. ``dropout_p``) are host values: Python sequences or
+CPU tensors. They are packed into one small device tensor per distinct value (cached), so
+passing the same table to every layer of a step costs one copy. CUDA tensors are accepted but
+read back to the host (a device sync).
+
+Dtype rules: accumulation in float32; ``y``/``dX`` in ``x.dtype``; the intermediate
+``S = s·drop(x)·Aᵀ`` (saved for the backward, ``N × max rp`` elements) in ``x.dtype``;
+``dA``/``dB`` in the parameters' dtype. Weight gradients use no atomics: one program owns one
+slot's tile and reduces over that slot's tokens in a fixed order, so results are bitwise
+repeatable.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "dropout_mask",
+    "packed_lora_delta",
+    "packed_lora_linear",
+    "packed_lora_reference",
+]
+
+
+def __getattr__(name: str):  # lazy: importing plora.kernels must not import triton
+    if name in ("dropout_mask", "packed_lora_reference"):
+        from . import reference
+
+        return getattr(reference, name)
+    if name in ("packed_lora_linear", "packed_lora_delta"):
+        from . import autograd
+
+        return getattr(autograd, name)
+    raise AttributeError(f"module 'plora.kernels' has no attribute {name!r}")
