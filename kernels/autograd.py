@@ -1,0 +1,233 @@
+"""Autograd wiring of the packed LoRA kernels: :func:`packed_lora_linear`, :func:`packed_lora_delta`.
+
+Forward (``S = s·drop(x)·Aᵀ`` is saved, the dropout mask is not)::
+
+    S  = shrink(x, A)                              (N, rp_max)
+    y  = x·Wᵀ + bias + route(S·B_iᵀ)               fused: one Triton GEMM; unfused: cuBLAS + add
+
+Backward::
+
+    dS = shrink(dY, Bᵀ)                            s·dY_i·B_i
+    dX = dY·W + mask ⊙ route(dS·A_i)               fused or cuBLAS + add
+    dA = wgrad(drop(x), dS)      dB = wgrad(dY, S)  per-slot reductions, no atomics
+
+See the package docstring for the argument layouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from plora.config import ConfigError
+
+from .meta import PackedMeta, make_meta
+from .reference import packed_lora_delta_reference, packed_lora_reference
+
+Backend = Literal["auto", "triton", "torch"]
+
+
+def _seed(seed: int) -> int:
+    return int(seed) & 0x7FFFFFFFFFFFFFFF
+
+
+class _PackedLoRA(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, lora_a, lora_b, meta, seed, fused_fwd, fused_bwd):
+        from . import ops
+
+        table = meta.device_table(x2d.device)
+        s_buf = ops.shrink(
+            x2d, lora_a, (lora_a.stride(0), lora_a.stride(1)), table, meta, seed, dropout=True
+        )
+        b_strides = (lora_b.stride(0), lora_b.stride(1))
+        if weight is None:  # LoRA term only
+            y = torch.empty(x2d.shape[0], lora_b.shape[0], device=x2d.device, dtype=x2d.dtype)
+            ops.lora_gemm(y, s_buf, lora_b, b_strides, table, meta, seed)
+        elif fused_fwd:
+            y = torch.empty(x2d.shape[0], weight.shape[0], device=x2d.device, dtype=x2d.dtype)
+            base = (x2d, weight, (weight.stride(0), weight.stride(1)))
+            ops.lora_gemm(y, s_buf, lora_b, b_strides, table, meta, seed, base=base, bias=bias)
+        else:
+            y = F.linear(x2d, weight, bias)
+            ops.lora_gemm(y, s_buf, lora_b, b_strides, table, meta, seed, accumulate=True)
+        ctx.save_for_backward(x2d, weight, lora_a, lora_b, s_buf)
+        ctx.meta, ctx.seed, ctx.fused_bwd = meta, seed, fused_bwd
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        from . import ops
+
+        x2d, weight, lora_a, lora_b, s_buf = ctx.saved_tensors
+        meta, seed = ctx.meta, ctx.seed
+        dy = dy.contiguous()
+        table = meta.device_table(dy.device)
+        need_x, need_w, need_b, need_a, need_lb = ctx.needs_input_grad[:5]
+        ds = ops.shrink(
+            dy, lora_b, (lora_b.stride(1), lora_b.stride(0)), table, meta, seed, dropout=False
+        )
+        a_strides = (lora_a.stride(1), lora_a.stride(0))  # R[n, o + r] = A[o + r, n]
+        dx = dw = dbias = da = dlb = None
+        if need_x:
+            if weight is None:
+                dx = torch.empty_like(x2d)
+                ops.lora_gemm(dx, ds, lora_a, a_strides, table, meta, seed, dropout=True)
+            elif ctx.fused_bwd:
+                dx = torch.empty_like(x2d)
+                base = (dy, weight, (weight.stride(1), weight.stride(0)))
+                ops.lora_gemm(dx, ds, lora_a, a_strides, table, meta, seed, base=base, dropout=True)
+            else:
+                dx = dy @ weight
+                ops.lora_gemm(
+                    dx, ds, lora_a, a_strides, table, meta, seed, accumulate=True, dropout=True
+                )
+        if need_w and weight is not None:
+            dw = dy.t() @ x2d
+        if need_b and ctx.has_bias:
+            dbias = dy.sum(0)
+        if need_a:
+            da = torch.empty_like(lora_a)
+            ops.wgrad(
+                x2d, ds, da, (lora_a.stride(1), lora_a.stride(0)), table, meta, seed, dropout=True
+            )
+        if need_lb:
+            dlb = torch.empty_like(lora_b)
+            ops.wgrad(
+                dy,
+                s_buf,
+                dlb,
+                (lora_b.stride(0), lora_b.stride(1)),
+                table,
+                meta,
+                seed,
+                dropout=False,
+            )
+        return dx, dw, dbias, da, dlb, None, None, None, None
+
+
+def _check_tensors(x, weight, bias, lora_a, lora_b) -> None:
+    in_f = x.shape[-1]
+    if lora_a.dim() != 2 or lora_a.shape[1] != in_f:
+        raise ConfigError(
+            f"packed_lora: lora_a has shape {tuple(lora_a.shape)}; expected (R_tot, {in_f}) for x (..., {in_f})"
+        )
+    out_f = weight.shape[0] if weight is not None else lora_b.shape[0]
+    if weight is not None and tuple(weight.shape) != (out_f, in_f):
+        raise ConfigError(
+            f"packed_lora: weight has shape {tuple(weight.shape)}; expected (out, {in_f})"
+        )
+    if lora_b.dim() != 2 or tuple(lora_b.shape) != (out_f, lora_a.shape[0]):
+        raise ConfigError(
+            f"packed_lora: lora_b has shape {tuple(lora_b.shape)}; expected ({out_f}, {lora_a.shape[0]})"
+        )
+    if bias is not None and tuple(bias.shape) != (out_f,):
+        raise ConfigError(f"packed_lora: bias has shape {tuple(bias.shape)}; expected ({out_f},)")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ConfigError(f"packed_lora: x has dtype {x.dtype}; use float16, bfloat16 or float32")
+
+
+def _use_triton(x: torch.Tensor, backend: Backend) -> bool:
+    if backend not in ("auto", "triton", "torch"):
+        raise ConfigError(f"packed_lora: backend={backend!r}; use 'auto', 'triton' or 'torch'")
+    return backend == "triton" or (backend == "auto" and x.is_cuda)
+
+
+def _run(x, weight, bias, lora_a, lora_b, table_args, seed, fused) -> torch.Tensor:
+    from . import ops
+
+    x2d = x.reshape(-1, x.shape[-1])
+    if x2d.stride(-1) != 1:
+        x2d = x2d.contiguous()
+    meta: PackedMeta = make_meta(
+        n_tokens=x2d.shape[0], r_total=lora_a.shape[0], in_features=x2d.shape[1], **table_args
+    )
+    dt = x2d.dtype
+    lora_a, lora_b = lora_a.to(dt), lora_b.to(dt)  # compute dtype = x's; autograd casts grads back
+    if weight is not None:
+        weight = weight.to(dt)
+        bias = bias.to(dt) if bias is not None else None
+    out_f = lora_b.shape[0]
+    if meta.n_slots == 0 or x2d.shape[0] == 0:
+        if weight is None:
+            y = x2d.new_zeros(x2d.shape[0], out_f) + 0.0 * (lora_a.sum() + lora_b.sum())
+        else:
+            y = F.linear(x2d, weight, bias)
+        return y.reshape(*x.shape[:-1], out_f)
+    if fused is None:
+        fused_fwd = ops.choose_fused("fwd", x2d.shape[0], x2d.shape[1], out_f, x2d.device)
+        fused_bwd = ops.choose_fused("bwd", x2d.shape[0], x2d.shape[1], out_f, x2d.device)
+    else:
+        fused_fwd = fused_bwd = bool(fused)
+    y = _PackedLoRA.apply(
+        x2d, weight, bias, lora_a, lora_b, meta, _seed(seed), fused_fwd, fused_bwd
+    )
+    return y.reshape(*x.shape[:-1], out_f)
+
+
+def packed_lora_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    seg_starts: Sequence[int] | torch.Tensor,
+    rank_offsets: Sequence[int] | torch.Tensor,
+    ranks: Sequence[int] | torch.Tensor,
+    scales: Sequence[float] | torch.Tensor,
+    dropout_p: Sequence[float] | torch.Tensor | float,
+    dropout_seed: int,
+    *,
+    fused: bool | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """``y = x·Wᵀ + bias + Σ_i s_i·(drop_i(x_i)·A_iᵀ)·B_iᵀ`` for packed slots, autograd-aware.
+
+    Args and layouts: see :mod:`plora.kernels`. ``x (..., in)`` -> ``y (..., out)`` in x.dtype.
+    """
+    _check_tensors(x, weight, bias, lora_a, lora_b)
+    table_args = dict(
+        seg_starts=seg_starts,
+        rank_offsets=rank_offsets,
+        ranks=ranks,
+        scales=scales,
+        dropout_p=dropout_p,
+    )
+    if not _use_triton(x, backend):
+        return packed_lora_reference(
+            x, weight, bias, lora_a, lora_b, **table_args, dropout_seed=dropout_seed
+        )
+    return _run(x, weight, bias, lora_a, lora_b, table_args, dropout_seed, fused)
+
+
+def packed_lora_delta(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    seg_starts: Sequence[int] | torch.Tensor,
+    rank_offsets: Sequence[int] | torch.Tensor,
+    ranks: Sequence[int] | torch.Tensor,
+    scales: Sequence[float] | torch.Tensor,
+    dropout_p: Sequence[float] | torch.Tensor | float,
+    dropout_seed: int,
+    *,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """The LoRA term ``Σ_i s_i·(drop_i(x_i)·A_iᵀ)·B_iᵀ`` alone, ``(..., out)``, zero off-segment."""
+    _check_tensors(x, None, None, lora_a, lora_b)
+    table_args = dict(
+        seg_starts=seg_starts,
+        rank_offsets=rank_offsets,
+        ranks=ranks,
+        scales=scales,
+        dropout_p=dropout_p,
+    )
+    if not _use_triton(x, backend):
+        return packed_lora_delta_reference(
+            x, lora_a, lora_b, **table_args, dropout_seed=dropout_seed
+        )
+    return _run(x, None, None, lora_a, lora_b, table_args, dropout_seed, False)

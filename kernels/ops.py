@@ -1,0 +1,224 @@
+"""Launchers of the packed LoRA kernels, their tile configs, and the fused/unfused dispatch.
+
+Configs and the fused-vs-unfused choice come from ``kernels/tuned.json``, measured per GPU name
+by ``benchmarks/kernels.py --tune``; a GPU missing from it gets the defaults below (and the
+unfused path, which leans on cuBLAS for the base GEMM). Each launcher writes every element of its
+output (no pre-zeroing), uses no atomics, and reduces in a fixed order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import triton_kernels as tk
+from .meta import PackedMeta
+
+TUNED_PATH = Path(__file__).with_name("tuned.json")
+
+#: Defaults for a GPU absent from tuned.json (H100-class numbers), and for the CPU interpreter.
+DEFAULT_CONFIGS: dict[str, dict[str, int]] = {
+    "shrink": {"BM": 64, "BK": 64, "num_warps": 4, "num_stages": 3},
+    "gemm": {
+        "BM": 128,
+        "BN": 128,
+        "BK": 64,
+        "BR": 32,
+        "GROUP_M": 8,
+        "num_warps": 8,
+        "num_stages": 3,
+    },
+    "lora": {
+        "BM": 64,
+        "BN": 128,
+        "BK": 32,
+        "BR": 32,
+        "GROUP_M": 8,
+        "num_warps": 4,
+        "num_stages": 2,
+    },
+    "wgrad": {"BN": 64, "BT": 64, "num_warps": 4, "num_stages": 3},
+}
+_INTERPRETER_CONFIGS: dict[str, dict[str, int]] = {
+    "shrink": {"BM": 32, "BK": 64},
+    "gemm": {"BM": 32, "BN": 64, "BK": 64, "BR": 32, "GROUP_M": 4},
+    "lora": {"BM": 32, "BN": 64, "BK": 64, "BR": 32, "GROUP_M": 4},
+    "wgrad": {"BN": 64, "BT": 32},
+}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@lru_cache(maxsize=1)
+def _tuned_file() -> dict[str, Any]:
+    if not TUNED_PATH.exists():
+        return {}
+    return json.loads(TUNED_PATH.read_text())
+
+
+@lru_cache(maxsize=16)
+def _gpu_entry(device_index: int) -> dict[str, Any]:
+    name = torch.cuda.get_device_name(device_index)
+    return _tuned_file().get(name, {})
+
+
+def kernel_config(kind: str, device: torch.device) -> dict[str, int]:
+    """Tile config of ``kind`` (shrink, gemm, lora, wgrad) on ``device``."""
+    if device.type != "cuda" or _interpreting():
+        return dict(_INTERPRETER_CONFIGS[kind])
+    tuned = _gpu_entry(device.index or 0).get("configs", {}).get(kind)
+    return dict(tuned or DEFAULT_CONFIGS[kind])
+
+
+def choose_fused(phase: str, n_tokens: int, in_features: int, out_features: int, device) -> bool:
+    """Measured fused-vs-unfused choice for ``phase`` ('fwd' | 'bwd') at the nearest shape."""
+    if device.type != "cuda" or _interpreting():
+        return False
+    table = _gpu_entry(device.index or 0).get("dispatch", [])
+    best, best_dist = False, math.inf
+    for row in table:
+        if row["phase"] != phase:
+            continue
+        dist = (
+            abs(math.log2(max(n_tokens, 1) / row["tokens"]))
+            + abs(math.log2(in_features / row["in"]))
+            + abs(math.log2(out_features / row["out"]))
+        )
+        if dist < best_dist:
+            best, best_dist = bool(row["fused"]), dist
+    return best
+
+
+def _pop_launch(cfg: dict[str, int]) -> dict[str, int]:
+    return {k: cfg.pop(k) for k in ("num_warps", "num_stages") if k in cfg}
+
+
+def _slots_p2(meta: PackedMeta) -> int:
+    return max(16, tk.next_pow2(meta.n_slots + 1))
+
+
+def shrink(
+    inp: torch.Tensor,
+    mat: torch.Tensor,
+    mat_strides: tuple[int, int],
+    table: torch.Tensor,
+    meta: PackedMeta,
+    seed: int,
+    *,
+    dropout: bool,
+) -> torch.Tensor:
+    """``O[t, r] = c_i·Σ_k drop?(inp)[t, k]·M[o_i + r, k]`` for tokens of slot ``i``.
+
+    ``mat_strides`` = (stride along the rank, stride along k) of ``M`` inside ``mat``.
+    Returns ``(T, max_rank_pad)`` in ``inp.dtype``; rows outside every segment are left unset.
+    """
+    width = meta.max_rank_pad
+    out = torch.empty(inp.shape[0], width, device=inp.device, dtype=inp.dtype)
+    cfg = kernel_config("shrink", inp.device)
+    launch = _pop_launch(cfg)
+    bm = cfg["BM"]
+    n_tiles = sum(
+        -(-(meta.seg_starts[i + 1] - meta.seg_starts[i]) // bm) for i in range(meta.n_slots)
+    )
+    if n_tiles == 0:
+        return out
+    tk._shrink_kernel[(n_tiles,)](
+        inp, mat, out, table, seed,
+        inp.shape[1], meta.n_slots, table.stride(0),
+        inp.stride(0), inp.stride(1), mat_strides[0], mat_strides[1], out.stride(0),
+        HAS_DROPOUT=dropout and meta.has_dropout,
+        BM=bm, BR=tk.next_pow2(width), BK=cfg["BK"], SLOTS_P2=_slots_p2(meta),
+        **launch,
+    )  # fmt: skip
+    return out
+
+
+def lora_gemm(
+    out: torch.Tensor,
+    lora_in: torch.Tensor,
+    r_mat: torch.Tensor,
+    r_strides: tuple[int, int],
+    table: torch.Tensor,
+    meta: PackedMeta,
+    seed: int,
+    *,
+    base: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None,
+    bias: torch.Tensor | None = None,
+    accumulate: bool = False,
+    dropout: bool = False,
+) -> torch.Tensor:
+    """``out (+)= [P·Qᵀ + bias] + Σ_i mask?(L_i·R_iᵀ)`` over regular output tiles.
+
+    Args:
+        out: ``(M, N)`` output, written in place (read first if ``accumulate``).
+        lora_in: ``L (M, max_rank_pad)``: S (forward) or dS (backward).
+        r_mat: holds ``R[n, o_i + r]`` at ``n·r_strides[0] + (o_i + r)·r_strides[1]``.
+        base: ``(P (M, K), q_mat, (stride_n, stride_k))`` to fuse the base GEMM, or None.
+        bias: ``(N,)`` added with the base GEMM.
+        dropout: mask the LoRA part with each slot's keep mask over ``(t, n)`` (the dX pass).
+    """
+    m, n = out.shape
+    kind = "gemm" if base is not None else "lora"
+    cfg = kernel_config(kind, out.device)
+    launch = _pop_launch(cfg)
+    if base is not None:
+        p, q_mat, (sqn, sqk) = base
+        k, spm, spk = p.shape[1], p.stride(0), p.stride(1)
+    else:
+        p, q_mat, sqn, sqk, k, spm, spk = out, out, 0, 0, 0, 0, 0
+    grid = (triton_cdiv(m, cfg["BM"]) * triton_cdiv(n, cfg["BN"]),)
+    tk._lora_gemm_kernel[grid](
+        p, q_mat, bias if bias is not None else out, lora_in, r_mat, out, table, seed,
+        m, n, k, meta.n_slots, table.stride(0),
+        spm, spk, sqn, sqk, lora_in.stride(0), r_strides[0], r_strides[1],
+        out.stride(0), out.stride(1),
+        HAS_BASE=base is not None, HAS_BIAS=bias is not None, ACCUMULATE=accumulate,
+        HAS_DROPOUT=dropout and meta.has_dropout,
+        BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], BR=min(cfg["BR"], tk.next_pow2(meta.max_rank_pad)),
+        SLOTS_P2=_slots_p2(meta), GROUP_M=cfg["GROUP_M"],
+        **launch,
+    )  # fmt: skip
+    return out
+
+
+def wgrad(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    grad: torch.Tensor,
+    grad_strides: tuple[int, int],
+    table: torch.Tensor,
+    meta: PackedMeta,
+    seed: int,
+    *,
+    dropout: bool,
+) -> torch.Tensor:
+    """``G[n, o_i + r] = Σ_{t∈i} drop?(P)[t, n]·Q[t, r]`` for every slot, pad rows zero.
+
+    ``grad`` is written at ``n·grad_strides[0] + (o_i + r)·grad_strides[1]``: every element of
+    every slot's block, one program per (slot, BN columns), no atomics.
+    """
+    n = p.shape[1]
+    cfg = kernel_config("wgrad", p.device)
+    launch = _pop_launch(cfg)
+    grid = (meta.n_slots, triton_cdiv(n, cfg["BN"]))
+    tk._wgrad_kernel[grid](
+        p, q, grad, table, seed,
+        n, table.stride(0),
+        p.stride(0), p.stride(1), q.stride(0), grad_strides[0], grad_strides[1],
+        HAS_DROPOUT=dropout and meta.has_dropout,
+        BN=cfg["BN"], BR=tk.next_pow2(meta.max_rank_pad), BT=cfg["BT"],
+        **launch,
+    )  # fmt: skip
+    return grad
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,255 @@
+"""Triton kernels of the packed multi-LoRA linear (launched by :mod:`plora.kernels.ops`).
+
+Three kernels cover the forward and the backward (``T`` = tokens, ``i`` = slot)::
+
+    _shrink_kernel   O[t, r]  = c_i · Σ_k drop?(P)[t, k] · M[o_i + r, k]     S = s·drop(x)·Aᵀ, dS = s·dY·B
+    _lora_gemm_kernel O[t, n] (+)= [Σ_k P[t, k]·Q[n, k] + bias[n]]
+                               + Σ_i mask?(Σ_r L[t, r]·R[n, o_i + r])        y, dX (fused or LoRA only)
+    _wgrad_kernel    G[n, o_i + r] = c_i · Σ_{t∈i} drop?(P)[t, n] · Q[t, r]    dA = dSᵀ·drop(x), dB = dYᵀ·S
+
+Routing. The shrink kernel runs over segment-aligned row tiles: tile ``pid`` finds its slot by a
+prefix sum over the per-slot tile counts (no host table, no sync). The GEMM kernel runs over the
+regular ``(BM, BN)`` output tiles of the base GEMM (LoRAFusion's tile-level routing): each tile
+loops over the few slots whose segments intersect its rows and adds their rank-``r_i`` products,
+masked to those rows, into the same accumulator. The weight-gradient kernel gives one program a
+``(slot, BN columns)`` tile and reduces over that slot's tokens in order: no atomics, bitwise
+repeatable results.
+
+Dropout. Element ``(t, c)`` of slot ``i`` (``t`` counted from the segment start, ``c`` an input
+feature) is kept iff ``tl.rand(seed, i·2³² + t·in + c) >= p_i``; each kernel regenerates the bits
+it needs (see :func:`plora.kernels.reference.dropout_mask`).
+
+The slot table is one int32 tensor ``(5, n_slots + 1)``: rows seg_starts, rank_offsets, ranks,
+scales (float32 bits), dropout_p (float32 bits); ``ts`` is its row stride.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+_BIG = 2147483647
+
+
+@triton.jit
+def _keep(seed, slot, t_local, cols, n_cols, p):
+    """Dropout keep mask ``(len(t_local), len(cols))`` of ``slot`` (see module docstring)."""
+    counter = t_local.to(tl.int64)[:, None] * n_cols + cols.to(tl.int64)[None, :]
+    counter = counter + tl.cast(slot, tl.int64) * 4294967296
+    return tl.rand(seed, counter) >= p
+
+
+@triton.jit
+def _slot_entry(table_ptr, ts, row: tl.constexpr, slot):
+    return tl.load(table_ptr + row * ts + slot)
+
+
+@triton.jit
+def _slot_float(table_ptr, ts, row: tl.constexpr, slot):
+    return tl.load(table_ptr + row * ts + slot).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _shrink_kernel(
+    p_ptr, m_ptr, o_ptr, table_ptr, seed,
+    K, n_slots, ts,
+    stride_pt, stride_pk, stride_mr, stride_mk, stride_ot,
+    HAS_DROPOUT: tl.constexpr,
+    BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, SLOTS_P2: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    # --- which slot and which rows: prefix sum of per-slot tile counts
+    idx = tl.arange(0, SLOTS_P2)
+    valid = idx < n_slots
+    starts = tl.load(table_ptr + idx, mask=valid, other=0)
+    ends = tl.load(table_ptr + idx + 1, mask=valid, other=0)
+    tiles = (ends - starts + BM - 1) // BM
+    cum = tl.cumsum(tiles, 0)
+    slot = tl.sum((cum <= pid).to(tl.int32), 0)
+    if slot < n_slots:
+        first_tile = tl.sum(tl.where(idx == slot, cum - tiles, 0), 0)
+        seg_start = tl.sum(tl.where(idx == slot, starts, 0), 0)
+        seg_end = tl.sum(tl.where(idx == slot, ends, 0), 0)
+        off = _slot_entry(table_ptr, ts, 1, slot)
+        rank = _slot_entry(table_ptr, ts, 2, slot)
+        scale = _slot_float(table_ptr, ts, 3, slot)
+        p = _slot_float(table_ptr, ts, 4, slot)
+
+        rows = seg_start + (pid - first_tile) * BM + tl.arange(0, BM)
+        row_ok = rows < seg_end
+        rr = tl.arange(0, BR)
+        r_ok = rr < rank
+        rows64 = rows.to(tl.int64)
+        acc = tl.zeros((BM, BR), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            ks = k0 + tl.arange(0, BK)
+            k_ok = ks < K
+            pt = tl.load(
+                p_ptr + rows64[:, None] * stride_pt + ks[None, :] * stride_pk,
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            if HAS_DROPOUT:
+                keep = _keep(seed, slot, rows - seg_start, ks, K, p)
+                pt = tl.where(keep, pt, 0.0)
+            mt = tl.load(
+                m_ptr + (off + rr)[None, :] * stride_mr + ks[:, None] * stride_mk,
+                mask=r_ok[None, :] & k_ok[:, None],
+                other=0.0,
+            )
+            acc = tl.dot(pt, mt, acc)
+        if HAS_DROPOUT:
+            scale = scale / (1.0 - p)
+        acc = acc * scale
+        tl.store(
+            o_ptr + rows64[:, None] * stride_ot + rr[None, :],
+            acc.to(o_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & (rr < stride_ot)[None, :],
+        )
+
+
+@triton.jit
+def _lora_gemm_kernel(
+    p_ptr, q_ptr, bias_ptr, l_ptr, r_ptr, o_ptr, table_ptr, seed,
+    M, N, K, n_slots, ts,
+    stride_pm, stride_pk, stride_qn, stride_qk, stride_lm, stride_rn, stride_rr,
+    stride_om, stride_on,
+    HAS_BASE: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
+    SLOTS_P2: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    # --- grouped tile order (L2 reuse of the Q panel)
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BM)
+    grid_n = tl.cdiv(N, BN)
+    width = GROUP_M * grid_n
+    group = pid // width
+    first_m = group * GROUP_M
+    size_m = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % size_m
+    pid_n = (pid % width) // size_m
+
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    row_ok = rows < M
+    col_ok = cols < N
+    rows64 = rows.to(tl.int64)
+    cols64 = cols.to(tl.int64)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+
+    if HAS_BASE:
+        for k0 in range(0, K, BK):
+            ks = k0 + tl.arange(0, BK)
+            k_ok = ks < K
+            pt = tl.load(
+                p_ptr + rows64[:, None] * stride_pm + ks[None, :] * stride_pk,
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            qt = tl.load(
+                q_ptr + cols64[None, :] * stride_qn + ks[:, None] * stride_qk,
+                mask=col_ok[None, :] & k_ok[:, None],
+                other=0.0,
+            )
+            acc = tl.dot(pt, qt, acc)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+
+    # --- LoRA: the slots whose segments intersect rows [m0, m0 + BM)
+    m0 = pid_m * BM
+    idx = tl.arange(0, SLOTS_P2)
+    valid = idx < n_slots
+    seg_lo = tl.load(table_ptr + idx, mask=valid, other=_BIG)
+    seg_hi = tl.load(table_ptr + idx + 1, mask=valid, other=_BIG)
+    j_first = tl.sum((seg_hi <= m0).to(tl.int32), 0)
+    j_stop = tl.sum((seg_lo < m0 + BM).to(tl.int32), 0)
+    for j in range(j_first, j_stop):
+        start = _slot_entry(table_ptr, ts, 0, j)
+        end = _slot_entry(table_ptr, ts, 0, j + 1)
+        off = _slot_entry(table_ptr, ts, 1, j)
+        rank = _slot_entry(table_ptr, ts, 2, j)
+        in_seg = row_ok & (rows >= start) & (rows < end)
+        part = tl.zeros((BM, BN), dtype=tl.float32)
+        for r0 in range(0, rank, BR):
+            rr = r0 + tl.arange(0, BR)
+            r_ok = rr < rank
+            lt = tl.load(
+                l_ptr + rows64[:, None] * stride_lm + rr[None, :],
+                mask=in_seg[:, None] & r_ok[None, :],
+                other=0.0,
+            )
+            rt = tl.load(
+                r_ptr + cols64[None, :] * stride_rn + (off + rr).to(tl.int64)[:, None] * stride_rr,
+                mask=col_ok[None, :] & r_ok[:, None],
+                other=0.0,
+            )
+            part = tl.dot(lt, rt, part)
+        if HAS_DROPOUT:
+            p = _slot_float(table_ptr, ts, 4, j)
+            if p > 0.0:
+                keep = _keep(seed, j, rows - start, cols, N, p)
+                part = tl.where(keep, part / (1.0 - p), 0.0)
+        acc += part
+
+    o_ptrs = o_ptr + rows64[:, None] * stride_om + cols64[None, :] * stride_on
+    o_mask = row_ok[:, None] & col_ok[None, :]
+    if ACCUMULATE:
+        acc += tl.load(o_ptrs, mask=o_mask, other=0.0).to(tl.float32)
+    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=o_mask)
+
+
+@triton.jit
+def _wgrad_kernel(
+    p_ptr, q_ptr, g_ptr, table_ptr, seed,
+    N, ts,
+    stride_pt, stride_pn, stride_qt, stride_gn, stride_gr,
+    HAS_DROPOUT: tl.constexpr,
+    BN: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr,
+):  # fmt: skip
+    slot = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    start = _slot_entry(table_ptr, ts, 0, slot)
+    end = _slot_entry(table_ptr, ts, 0, slot + 1)
+    off = _slot_entry(table_ptr, ts, 1, slot)
+    block = _slot_entry(table_ptr, ts, 1, slot + 1) - off
+    rank = _slot_entry(table_ptr, ts, 2, slot)
+    cols = pid_n * BN + tl.arange(0, BN)
+    col_ok = cols < N
+    rr = tl.arange(0, BR)
+    r_ok = rr < rank
+    acc = tl.zeros((BN, BR), dtype=tl.float32)
+    if HAS_DROPOUT:
+        p = _slot_float(table_ptr, ts, 4, slot)
+    for t0 in range(start, end, BT):
+        tt = t0 + tl.arange(0, BT)
+        t_ok = tt < end
+        tt64 = tt.to(tl.int64)
+        pt = tl.load(
+            p_ptr + tt64[:, None] * stride_pt + cols[None, :] * stride_pn,
+            mask=t_ok[:, None] & col_ok[None, :],
+            other=0.0,
+        )
+        if HAS_DROPOUT:
+            keep = _keep(seed, slot, tt - start, cols, N, p)
+            pt = tl.where(keep, pt, 0.0)
+        qt = tl.load(
+            q_ptr + tt64[:, None] * stride_qt + rr[None, :],
+            mask=t_ok[:, None] & r_ok[None, :],
+            other=0.0,
+        )
+        acc = tl.dot(tl.trans(pt), qt, acc)
+    if HAS_DROPOUT:
+        acc = acc * (1.0 / (1.0 - p))
+    tl.store(
+        g_ptr
+        + cols.to(tl.int64)[:, None] * stride_gn
+        + (off + rr).to(tl.int64)[None, :] * stride_gr,
+        acc.to(g_ptr.dtype.element_ty),
+        mask=col_ok[:, None] & (rr < block)[None, :],
+    )
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= max(n, 1)."""
+    return triton.next_power_of_2(max(int(n), 1))
