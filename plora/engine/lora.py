@@ -1,0 +1,564 @@
+"""Packed multi-LoRA linear layers: many adapters on one frozen base linear.
+
+A :class:`PackedLoRALinear` wraps a frozen ``nn.Linear`` ``W`` (out x in) and holds the LoRA
+factors of every *slot* that targets it. For a packed input ``x`` of shape ``(R, S, in)`` whose
+rows ``[start_i, stop_i)`` belong to slot ``i`` (a segment table, rows of a slot contiguous)::
+
+    y[rows_i] = x[rows_i] @ Wᵀ + b  +  s_i · (dropout_i(x[rows_i]) @ A_iᵀ) @ B_iᵀ
+
+with ``A_i`` (r_i x in), ``B_i`` (out x r_i), ``s_i = alpha_i / r_i`` (``alpha_i / sqrt(r_i)``
+for rsLoRA). Rows of slots that do not target this module get the base output only. This is
+PEFT's ``result + lora_B(lora_A(dropout(x))) * scaling`` evaluated per segment.
+
+Storage. Each slot owns two fp32 ``nn.Parameter`` s (``A_i``, ``B_i``) at its true rank, so a
+per-adapter ``torch.optim.AdamW`` holds exactly that adapter's state and follows it when slots
+join and leave between steps (no model rebuild). The rank-concatenated layout the CUDA kernels
+want -- ``A`` (Σ r_pad x in) and ``B`` (out x Σ r_pad), each rank zero-padded to a multiple of
+:data:`RANK_ALIGN` -- is a differentiable view built per forward (:meth:`PackedLoRALinear.packed`);
+the padding is not a parameter, so it stays zero and is never trained.
+
+Routing. The segment table is set per step with :func:`packed_segments`; :func:`use_slot`
+applies one slot to all rows (evaluation, export checks) and :func:`base_only` none. Routing is
+stored on the modules (not a context variable) so activation-checkpoint recomputation during
+backward sees it: run backward inside the context.
+
+Dropout. Masks are keyed, not drawn from the global RNG: row ``j`` of an adapter's optimizer
+step ``t`` at module ``m`` uses a generator seeded by ``(seed, t, j, m)`` (:func:`dropout_mask`).
+Masks therefore do not depend on the pack, on micro-batching or on activation-checkpoint
+recomputation, and a PEFT model given the same masks trains identically.
+
+Init. ``A_i`` is kaiming-uniform(a=√5) (what PEFT and ``nn.Linear`` use: U(-1/√in, 1/√in)) from a
+CPU generator seeded by ``(config seed, module key)``; ``B_i`` is zero. Values are thus the same
+on every device and in every pack; they follow PEFT's distribution but not PEFT's global-RNG
+draw order, so equivalence tests copy the initial packed weights into the PEFT reference.
+
+Dtypes. Factors are fp32 master weights. Under autocast the matmuls run in the autocast dtype;
+without autocast ``x`` is cast to fp32 for the LoRA path and the delta cast back to ``y``'s dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from plora.config import PROJECTIONS, LoRAConfig
+
+#: Ranks are zero-padded to a multiple of this in the concatenated (kernel) layout.
+RANK_ALIGN = 16
+
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(*values: int) -> int:
+    """Stable 63-bit hash of integers (splitmix64 chain); used to seed generators."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (int(v) & _MASK64)) & _MASK64
+        h = (h + 0x9E3779B97F4A7C15) & _MASK64
+        z = h
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h = z ^ (z >> 31)
+    return h & ((1 << 63) - 1)
+
+
+def module_key(layer: int, projection: str) -> int:
+    """Stable integer id of projection ``projection`` of decoder layer ``layer``."""
+    return layer * len(PROJECTIONS) + PROJECTIONS.index(projection)
+
+
+def dropout_mask(
+    *,
+    seed: int,
+    step: int,
+    row: int,
+    key: int,
+    shape: Sequence[int],
+    p: float,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The dropout multiplier of one row: ``1{u >= p} / (1 - p)`` with ``u ~ U[0,1)^shape``.
+
+    Args:
+        seed: the config's seed.
+        step: the adapter's own optimizer step (0-based).
+        row: the row's index within the adapter's batch of that step.
+        key: :func:`module_key` of the module.
+        shape: ``(S, in)`` of the row.
+        p: drop probability in [0, 1).
+
+    On CPU the first ``k·in`` values do not depend on ``S`` (a sequential generator), so a
+    shorter padded length gives a prefix of the same mask.
+    """
+    gen = torch.Generator(device=device)
+    gen.manual_seed(_mix(seed, step, row, key))
+    keep = torch.rand(tuple(shape), generator=gen, device=device) >= p
+    return keep.to(dtype) * (1.0 / (1.0 - p))
+
+
+@dataclass(frozen=True, slots=True)
+class SlotSpec:
+    """Static description of one slot in one layer."""
+
+    rank: int
+    scale: float
+    dropout: float
+    seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """Which rows go through which slot in the next forward(s).
+
+    ``segments``: ``(slot, start, stop)`` row ranges (``None`` with ``single`` set means one
+    slot for all rows; both unset means base model only). ``dropout_keys[slot] = (step,
+    row_offset)``: the adapter's optimizer step and the index, within that step's batch, of the
+    segment's first row.
+    """
+
+    segments: tuple[tuple[int, int, int], ...] | None = None
+    single: int | None = None
+    dropout_keys: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    nonce: int = 0
+    """Per-forward dropout nonce for the fused kernels (e.g. mixed from step and micro-batch)."""
+
+
+_BASE_ONLY = Routing()
+
+
+class PackedLoRALinear(nn.Module):
+    """A frozen ``nn.Linear`` plus the LoRA factors of every slot that targets it.
+
+    Args:
+        base_layer: the frozen linear (weight ``(out, in)``, optional bias); kept as is.
+        key: :func:`module_key` of this module (seeds init and dropout).
+
+    Shapes: input ``(R, ..., in)`` (rows first), output ``(R, ..., out)``.
+    """
+
+    def __init__(self, base_layer: nn.Linear, *, key: int) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self.key = key
+        self.in_features = base_layer.in_features
+        self.out_features = base_layer.out_features
+        self.lora_A = nn.ParameterDict()
+        self.lora_B = nn.ParameterDict()
+        self.specs: dict[int, SlotSpec] = {}
+        self.routing: Routing | None = None
+        base_layer.requires_grad_(False)
+
+    # ------------------------------------------------------------------ slots
+    @property
+    def slots(self) -> list[int]:
+        """Slots that have factors in this layer, ascending."""
+        return sorted(self.specs)
+
+    def add_slot(
+        self,
+        slot: int,
+        *,
+        rank: int,
+        scale: float,
+        dropout: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        """Create slot ``slot``'s factors: A kaiming-uniform from ``(seed, key)``, B zeros."""
+        if slot in self.specs:
+            raise ValueError(f"slot {slot} already present in layer {self.key}")
+        gen = torch.Generator().manual_seed(_mix(seed, self.key, 0x10A))
+        a = torch.empty(rank, self.in_features, dtype=torch.float32)
+        nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=gen)
+        device = self.base_layer.weight.device
+        self.lora_A[str(slot)] = nn.Parameter(a.to(device))
+        self.lora_B[str(slot)] = nn.Parameter(
+            torch.zeros(self.out_features, rank, dtype=torch.float32, device=device)
+        )
+        self.specs[slot] = SlotSpec(rank=rank, scale=float(scale), dropout=dropout, seed=seed)
+
+    def remove_slot(self, slot: int) -> None:
+        """Drop slot ``slot``'s factors (no-op when absent)."""
+        if self.specs.pop(slot, None) is not None:
+            del self.lora_A[str(slot)]
+            del self.lora_B[str(slot)]
+
+    def factors(self, slot: int) -> tuple[nn.Parameter, nn.Parameter]:
+        """``(A, B)`` of ``slot``: ``(r, in)`` and ``(out, r)``."""
+        return self.lora_A[str(slot)], self.lora_B[str(slot)]
+
+    def packed(self, slots: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Rank-concatenated, zero-padded factors of ``slots`` (differentiable view).
+
+        Returns:
+            ``A`` (Σ r_pad, in), ``B`` (out, Σ r_pad) and the padded offsets (len + 1), where
+            ``r_pad = ceil(r / RANK_ALIGN) · RANK_ALIGN``; padding rows/cols are zeros.
+        """
+        a_parts, b_parts, offsets = [], [], [0]
+        for slot in slots:
+            a, b = self.factors(slot)
+            pad = -a.shape[0] % RANK_ALIGN
+            a_parts.append(nn.functional.pad(a, (0, 0, 0, pad)) if pad else a)
+            b_parts.append(nn.functional.pad(b, (0, pad)) if pad else b)
+            offsets.append(offsets[-1] + a.shape[0] + pad)
+        return torch.cat(a_parts, 0), torch.cat(b_parts, 1), offsets
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        routing = self.routing
+        if routing is None:
+            raise RuntimeError(
+                "PackedLoRALinear called without routing; wrap the forward in "
+                "packed_segments(...), use_slot(...) or base_only(...)"
+            )
+        pieces = self._pieces(routing, x.shape[0])
+        if not pieces:
+            return self.base_layer(x)
+        kernel = _kernel() if x.is_cuda else None
+        if kernel is not None:
+            return _kernel_forward(kernel, self, x, pieces, routing)
+        return _add_rows(self.base_layer(x), _lora_delta(self, x, pieces, routing), pieces)
+
+    def _pieces(self, routing: Routing, rows: int) -> list[tuple[int, int, int]]:
+        """``(slot, start, stop)`` row ranges of the slots present in this layer."""
+        if routing.segments is None:
+            if routing.single is None or routing.single not in self.specs:
+                return []
+            return [(routing.single, 0, rows)]
+        return [seg for seg in routing.segments if seg[0] in self.specs]
+
+    def extra_repr(self) -> str:
+        ranks = {s: spec.rank for s, spec in sorted(self.specs.items())}
+        return f"in={self.in_features}, out={self.out_features}, key={self.key}, slots={ranks}"
+
+
+def _dropped_input(
+    layer: PackedLoRALinear, x: torch.Tensor, slot: int, start: int, stop: int, routing: Routing
+) -> torch.Tensor:
+    """Rows ``[start, stop)`` of ``x`` with slot ``slot``'s keyed dropout applied (if training)."""
+    xs = x[start:stop]
+    spec = layer.specs[slot]
+    if spec.dropout <= 0.0 or not layer.training:
+        return xs
+    step, offset = routing.dropout_keys.get(slot, (0, start))
+    masks = [
+        dropout_mask(
+            seed=spec.seed,
+            step=step,
+            row=offset + j,
+            key=layer.key,
+            shape=xs.shape[1:],
+            p=spec.dropout,
+            device=xs.device,
+            dtype=xs.dtype,
+        )
+        for j in range(stop - start)
+    ]
+    return xs * torch.stack(masks)
+
+
+def _lora_delta(
+    layer: PackedLoRALinear,
+    x: torch.Tensor,
+    pieces: Sequence[tuple[int, int, int]],
+    routing: Routing,
+) -> list[torch.Tensor]:
+    """Torch reference: ``s_i · (dropout(x_i) A_iᵀ) B_iᵀ`` for each ``(slot, start, stop)``.
+
+    Two matmuls per slot, in PEFT's order (``lora_B(lora_A(dropout(x))) * scaling``), with
+    keyed dropout masks; exact per-adapter training on CPU.
+    """
+    autocast = torch.is_autocast_enabled(x.device.type)
+    xl = x if autocast else x.to(torch.float32)
+    out = []
+    for slot, start, stop in pieces:
+        a, b = layer.factors(slot)
+        xs = _dropped_input(layer, xl, slot, start, stop, routing)
+        delta = (xs @ a.t()) @ b.t() * layer.specs[slot].scale
+        out.append(delta if autocast else delta.to(x.dtype))
+    return out
+
+
+#: ``"auto"``: fused kernels on CUDA when ``plora.kernels`` provides them; ``"torch"``: never.
+KERNEL_BACKEND = {"mode": "auto"}
+_KERNEL_CACHE: list = []
+
+
+def set_kernel_backend(mode: str) -> None:
+    """Choose ``"auto"`` (kernels on CUDA when available) or ``"torch"`` (reference only)."""
+    if mode not in ("auto", "torch"):
+        raise ValueError(f"kernel backend {mode!r}: use 'auto' or 'torch'")
+    KERNEL_BACKEND["mode"] = mode
+
+
+def _kernel():
+    """``plora.kernels.packed_lora_linear`` if usable, else None (the torch path)."""
+    if KERNEL_BACKEND["mode"] == "torch":
+        return None
+    if not _KERNEL_CACHE:
+        try:
+            from plora import kernels
+
+            _KERNEL_CACHE.append(kernels.packed_lora_linear)
+        except (ImportError, AttributeError):
+            _KERNEL_CACHE.append(None)
+    return _KERNEL_CACHE[0]
+
+
+def _kernel_forward(kernel, layer, x, pieces, routing) -> torch.Tensor:
+    """One fused call ``y = base(x) + Σ_i delta_i`` over all rows.
+
+    Rows between pieces (slots without factors here) become a filler slot of rank 1 and scale
+    0 (one zero block of ``RANK_ALIGN`` rows), so the segment table is gap-free. Dropout runs
+    inside the kernel from a Philox seed keyed by (step nonce, module key): deterministic under
+    recomputation, statistically the same as the CPU path's keyed masks.
+    """
+    slots, seg_rows, fill = [], [pieces[0][1]], []
+    for slot, start, stop in pieces:
+        if start > seg_rows[-1]:
+            slots.append(None)
+            seg_rows.append(start)
+        slots.append(slot)
+        seg_rows.append(stop)
+    real = [s for s in slots if s is not None]
+    a_cat, b_cat, offsets = layer.packed(real)
+    ranks, scales, drops, rank_offsets = [], [], [], [0]
+    it = iter(range(len(real)))
+    for slot in slots:
+        if slot is None:
+            fill.append(len(ranks))
+            ranks.append(1)
+            scales.append(0.0)
+            drops.append(0.0)
+            rank_offsets.append(rank_offsets[-1] + RANK_ALIGN)
+            continue
+        k = next(it)
+        spec = layer.specs[slot]
+        ranks.append(spec.rank)
+        scales.append(spec.scale)
+        drops.append(spec.dropout if layer.training else 0.0)
+        rank_offsets.append(rank_offsets[-1] + offsets[k + 1] - offsets[k])
+    if fill:  # zero blocks for the filler slots, at their positions in the concatenation
+        a_parts, b_parts, k = [], [], 0
+        zero_a = a_cat.new_zeros(RANK_ALIGN, a_cat.shape[1])
+        zero_b = b_cat.new_zeros(b_cat.shape[0], RANK_ALIGN)
+        for slot in slots:
+            if slot is None:
+                a_parts.append(zero_a)
+                b_parts.append(zero_b)
+            else:
+                a_parts.append(a_cat[offsets[k] : offsets[k + 1]])
+                b_parts.append(b_cat[:, offsets[k] : offsets[k + 1]])
+                k += 1
+        a_cat, b_cat = torch.cat(a_parts), torch.cat(b_parts, 1)
+    per_row = math.prod(x.shape[1:-1])
+    autocast = torch.is_autocast_enabled(x.device.type)
+    dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+    bias = layer.base_layer.bias
+    return kernel(
+        x.to(dtype),
+        layer.base_layer.weight.to(dtype),
+        None if bias is None else bias.to(dtype),
+        a_cat.to(dtype),
+        b_cat.to(dtype),
+        [r * per_row for r in seg_rows],
+        rank_offsets,
+        ranks,
+        scales,
+        drops,
+        _mix(routing.nonce, layer.key),
+    )
+
+
+def _add_rows(
+    y: torch.Tensor, deltas: Sequence[torch.Tensor], pieces: Sequence[tuple[int, int, int]]
+) -> torch.Tensor:
+    """``y`` with ``deltas[k]`` added to rows ``pieces[k]``; other rows unchanged."""
+    if len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][2] == y.shape[0]:
+        return y + deltas[0]
+    parts, cursor = [], 0
+    for (_, start, stop), delta in zip(pieces, deltas, strict=True):
+        if start > cursor:
+            parts.append(y[cursor:start])
+        parts.append(y[start:stop] + delta)
+        cursor = stop
+    if cursor < y.shape[0]:
+        parts.append(y[cursor:])
+    return torch.cat(parts)
+
+
+# -------------------------------------------------------------------- model level
+def inject(
+    model: nn.Module, *, targets: Iterable[str] = PROJECTIONS
+) -> dict[str, PackedLoRALinear]:
+    """Wrap the ``targets`` projections of every decoder layer in :class:`PackedLoRALinear`.
+
+    Works for Llama/Qwen2-style models (``...layers.N.self_attn.q_proj`` etc.). Freezes every
+    base parameter. Idempotent: already-wrapped modules are kept.
+
+    Returns:
+        ``{qualified module name: layer}`` in module order.
+    """
+    targets = tuple(targets)
+    model.requires_grad_(False)
+    for name, module in list(model.named_modules()):
+        leaf = name.rsplit(".", 1)[-1]
+        match = _LAYER_RE.search(name + ".")
+        if leaf not in targets or match is None or not isinstance(module, nn.Linear):
+            continue
+        parent = model.get_submodule(name.rsplit(".", 1)[0])
+        if isinstance(parent, PackedLoRALinear):
+            continue
+        setattr(parent, leaf, PackedLoRALinear(module, key=module_key(int(match[1]), leaf)))
+    found = packed_layers(model)
+    if not found:
+        raise ValueError(
+            "inject: no Llama/Qwen2-style projections (layers.N.*.q_proj ...) found in the model"
+        )
+    return found
+
+
+def packed_layers(model: nn.Module) -> dict[str, PackedLoRALinear]:
+    """``{qualified name: layer}`` of every :class:`PackedLoRALinear` in ``model``."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, PackedLoRALinear)}
+
+
+def add_adapter(model: nn.Module, slot: int, config: LoRAConfig) -> list[nn.Parameter]:
+    """Give ``slot`` factors for ``config`` in every targeted layer; return its parameters."""
+    for name, layer in packed_layers(model).items():
+        if name.rsplit(".", 1)[-1] in config.target_modules:
+            layer.add_slot(
+                slot,
+                rank=config.rank,
+                scale=config.scale,
+                dropout=config.dropout,
+                seed=config.seed,
+            )
+    params = adapter_parameters(model, slot)
+    if not params:
+        raise ValueError(f"config {config.config_id}: none of {config.target_modules} is wrapped")
+    return params
+
+
+def remove_adapter(model: nn.Module, slot: int) -> None:
+    """Drop ``slot`` from every layer."""
+    for layer in packed_layers(model).values():
+        layer.remove_slot(slot)
+
+
+def adapter_parameters(model: nn.Module, slot: int) -> list[nn.Parameter]:
+    """Slot ``slot``'s parameters in a fixed order: module order, A then B."""
+    params: list[nn.Parameter] = []
+    for layer in packed_layers(model).values():
+        if slot in layer.specs:
+            params.extend(layer.factors(slot))
+    return params
+
+
+def adapter_state_dict(model: nn.Module, slot: int) -> dict[str, torch.Tensor]:
+    """Slot ``slot``'s weights under PEFT's key names (``base_model.model.<module>.lora_A.weight``)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, layer in packed_layers(model).items():
+        if slot in layer.specs:
+            a, b = layer.factors(slot)
+            out[f"base_model.model.{name}.lora_A.weight"] = a.detach()
+            out[f"base_model.model.{name}.lora_B.weight"] = b.detach()
+    return out
+
+
+def load_adapter_state_dict(model: nn.Module, slot: int, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy PEFT-keyed weights (as from :func:`adapter_state_dict`) into ``slot``'s factors."""
+    expected = adapter_state_dict(model, slot)
+    if set(state) != set(expected):
+        missing = sorted(set(expected) - set(state))[:3]
+        extra = sorted(set(state) - set(expected))[:3]
+        raise ValueError(
+            f"adapter weights do not match slot {slot}: missing {missing}, extra {extra}"
+        )
+    with torch.no_grad():
+        for key, param in expected.items():
+            param.copy_(state[key])
+
+
+@contextlib.contextmanager
+def _routed(model: nn.Module, routing: Routing) -> Iterator[None]:
+    layers = list(packed_layers(model).values())
+    saved = [layer.routing for layer in layers]
+    for layer in layers:
+        layer.routing = routing
+    try:
+        yield
+    finally:
+        for layer, old in zip(layers, saved, strict=True):
+            layer.routing = old
+
+
+def packed_segments(
+    model: nn.Module,
+    segments: Iterable,
+    *,
+    dropout_keys: Mapping[int, tuple[int, int]] | None = None,
+    nonce: int = 0,
+) -> contextlib.AbstractContextManager[None]:
+    """Route rows ``[start, stop)`` through their slot for forwards (and backwards) inside.
+
+    Args:
+        segments: ``(slot, start, stop)`` tuples or objects with those attributes, rows of a
+            slot contiguous, non-overlapping.
+        dropout_keys: ``{slot: (adapter step, row offset)}`` for keyed dropout.
+        nonce: distinct per forward (step, micro-batch): seeds the fused kernels' dropout.
+    """
+    segs = []
+    for seg in segments:
+        slot, start, stop = (seg.slot, seg.start, seg.stop) if hasattr(seg, "slot") else seg
+        if stop > start:
+            segs.append((int(slot), int(start), int(stop)))
+    segs.sort(key=lambda s: s[1])
+    for prev, nxt in itertools.pairwise(segs):
+        if nxt[1] < prev[2]:
+            raise ValueError(f"overlapping segments {prev} and {nxt}")
+    keys = dict(dropout_keys or {})
+    return _routed(model, Routing(segments=tuple(segs), dropout_keys=keys, nonce=nonce))
+
+
+def use_slot(
+    model: nn.Module, slot: int | None, *, step: int = 0
+) -> contextlib.AbstractContextManager[None]:
+    """Apply only ``slot`` to every row (``None``: base model only)."""
+    if slot is None:
+        return _routed(model, _BASE_ONLY)
+    return _routed(model, Routing(single=slot, dropout_keys={slot: (step, 0)}))
+
+
+def base_only(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Run the frozen base model alone."""
+    return _routed(model, _BASE_ONLY)
+
+
+__all__ = [
+    "RANK_ALIGN",
+    "PackedLoRALinear",
+    "Routing",
+    "SlotSpec",
+    "adapter_parameters",
+    "adapter_state_dict",
+    "add_adapter",
+    "base_only",
+    "dropout_mask",
+    "inject",
+    "load_adapter_state_dict",
+    "module_key",
+    "packed_layers",
+    "packed_segments",
+    "remove_adapter",
+    "set_kernel_backend",
+    "use_slot",
+]
