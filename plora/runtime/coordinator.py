@@ -1,0 +1,757 @@
+"""The coordinator: config queue, plan, free GPUs, running jobs, decisions (paper Fig. 3).
+
+:class:`Coordinator` is a plain, event-driven state machine: the driver (or a test) feeds it
+events -- :meth:`~Coordinator.start`, :meth:`~Coordinator.on_metrics`,
+:meth:`~Coordinator.on_job_finished`, :meth:`~Coordinator.on_job_failed`,
+:meth:`~Coordinator.stop_config` -- and each returns the :class:`JobSpec` s to launch now.
+Workers call :meth:`~Coordinator.poll` between steps for control (stop one adapter, refill a free
+slot). It does no Ray calls; :mod:`plora.runtime.actor` wraps it in a named Ray actor.
+
+Online re-planning. Whenever GPUs are freed (a job ended, died or ran out of memory) the cost
+model is refit from every measurement so far (step time and peak memory of the jobs that ran) and
+the remaining configs are re-planned with ``plora.planner.replan`` on the free GPUs. Every decision
+is a :class:`DecisionRecord` with its inputs -- e.g. a ``refit`` record holds the cost model's
+coefficients before and after -- appended to ``decisions.jsonl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from plora.config import LoRAConfig
+from plora.runtime.costview import describe_cost, job_memory, refit_cost
+from plora.runtime.records import (
+    ConfigSource,
+    ConfigStatus,
+    Decision,
+    DecisionRecord,
+    FailureKind,
+    JobSpec,
+    JobStatus,
+    StaticSource,
+    decode_state,
+    encode_state,
+)
+from plora.runtime.store import SweepStore
+
+_DONE = (ConfigStatus.DONE, ConfigStatus.STOPPED, ConfigStatus.FAILED)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Running:
+    """A running job attempt (mutable coordinator bookkeeping)."""
+
+    spec: JobSpec
+    plan_job: Any
+    """The planner's Job (``dataclasses.replace``-d as the pack changes) for ``replan``."""
+    config_ids: list[str]
+    started_s: float
+    node: str | None = None
+    peak_pack: int = 0
+    stop_sent: set[str] = dataclasses.field(default_factory=set)
+    add_pending: list[str] = dataclasses.field(default_factory=list)
+
+
+class Coordinator:
+    """Plans, launches, watches and re-plans the jobs of one sweep.
+
+    Args:
+        cost: A :class:`plora.cost.CostModel` (with ``refit(measurements)`` for online refits).
+        num_gpus: G, the GPUs the sweep may use at once.
+        source: Where configs come from (the searcher bridge); or pass ``configs``.
+        configs: A fixed list of configs (wrapped in :class:`StaticSource`).
+        planner: A namespace with ``plan_sweep`` and ``replan`` (default ``plora.planner``).
+        store: The sweep directory to log decisions/plans/jobs/results/metrics/state into.
+        clock: Seconds since an arbitrary origin (default ``time.monotonic``).
+        max_retries: Restarts of a job whose worker died, before its configs fail.
+        refill: Let queued configs join running jobs in slots finished configs left.
+        ask_batch: Configs requested from the searcher at a time (default ``max(16, 4 G)``).
+        metric_name: The dataset's metric name, added to what the searcher is told.
+    """
+
+    def __init__(
+        self,
+        *,
+        cost: Any,
+        num_gpus: int,
+        source: ConfigSource | None = None,
+        configs: Sequence[LoRAConfig] | None = None,
+        planner: Any = None,
+        store: SweepStore | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_retries: int = 2,
+        refill: bool = True,
+        ask_batch: int | None = None,
+        metric_name: str | None = None,
+        metrics_flush_s: float = 5.0,
+    ) -> None:
+        if (source is None) == (configs is None):
+            raise ValueError("pass exactly one of source and configs")
+        if num_gpus < 1:
+            raise ValueError(f"num_gpus={num_gpus} must be >= 1")
+        self.cost = cost
+        self.num_gpus = num_gpus
+        self.source: ConfigSource = source if source is not None else StaticSource(configs or ())
+        self.planner = planner if planner is not None else importlib.import_module("plora.planner")
+        self.store = store
+        self._clock = clock
+        self._t0 = clock()
+        self._offset = 0.0
+        self.max_retries = max_retries
+        self.refill = refill
+        self.ask_batch = ask_batch or max(16, 4 * num_gpus)
+        self.metric_name = metric_name
+        self._flush_s = metrics_flush_s
+        self._last_flush = -1e9
+
+        self.configs: dict[str, LoRAConfig] = {}
+        self.status: dict[str, ConfigStatus] = {}
+        self.progress: dict[str, int] = {}
+        self.results: dict[str, dict[str, Any]] = {}
+        self.attempts: dict[str, int] = {}
+        self.pending: list[Any] = []  # planner Jobs not started yet, in plan order
+        self.forced: list[JobSpec] = []  # retries, OOM halves, resumed jobs: launched first
+        self.running: dict[str, _Running] = {}
+        self.free_gpus: set[int] = set(range(num_gpus))
+        self.measurements: list[dict[str, Any]] = []
+        self.job_rows: list[dict[str, Any]] = []
+        self.decisions: list[DecisionRecord] = []
+        self._next_job = 0
+        self._plans = 0
+        self._need_plan = False
+        self._stop_requests: set[str] = set()
+        self._done_logged = False
+
+    # -- clock and logging ----------------------------------------------------------------
+    def now(self) -> float:
+        """Seconds since the sweep started (continues across ``--resume``)."""
+        return self._offset + self._clock() - self._t0
+
+    def _decide(
+        self,
+        kind: Decision,
+        *,
+        job_id: str | None = None,
+        config_ids: Sequence[str] = (),
+        **inputs: Any,
+    ) -> DecisionRecord:
+        rec = DecisionRecord(
+            kind=kind, time_s=self.now(), job_id=job_id, config_ids=tuple(config_ids), inputs=inputs
+        )
+        self.decisions.append(rec)
+        if self.store is not None:
+            self.store.append_decision(rec.to_json_dict())
+        return rec
+
+    # -- queries ----------------------------------------------------------------------------
+    def queued_ids(self) -> list[str]:
+        """Configs waiting for a job, in arrival order."""
+        return [c for c, s in self.status.items() if s is ConfigStatus.QUEUED]
+
+    def is_done(self) -> bool:
+        """True when the searcher is finished and every config is done, stopped or failed."""
+        return (
+            self.source.is_finished()
+            and not self.running
+            and not self.forced
+            and all(s in _DONE for s in self.status.values())
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Number of configs per :class:`ConfigStatus`, plus running jobs and busy GPUs."""
+        out = {str(s): 0 for s in ConfigStatus}
+        for s in self.status.values():
+            out[str(s)] += 1
+        out["jobs_running"] = len(self.running)
+        out["gpus_busy"] = self.num_gpus - len(self.free_gpus)
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """A small JSON-able view for the progress display."""
+        running = {
+            j: {"config_ids": list(r.config_ids), "gpus": r.spec.gpus, "started_s": r.started_s}
+            for j, r in self.running.items()
+        }
+        eta = None
+        plan_end = [getattr(j, "end_s", 0.0) for j in self.pending]
+        plan_end += [getattr(r.plan_job, "end_s", 0.0) for r in self.running.values()]
+        if plan_end:
+            eta = max(0.0, max(plan_end) - self.now())
+        return {
+            "now_s": self.now(),
+            "num_gpus": self.num_gpus,
+            "counts": self.counts(),
+            "running": running,
+            "eta_s": eta,
+            "done": self.is_done(),
+            "failed": {
+                c: self.results.get(c, {}).get("error")
+                for c, s in self.status.items()
+                if s is ConfigStatus.FAILED
+            },
+        }
+
+    # -- events -----------------------------------------------------------------------------
+    def start(self) -> list[JobSpec]:
+        """First event: ask the searcher, plan, and return the jobs to launch."""
+        return self._schedule(trigger="start")
+
+    def on_job_started(self, job_id: str, *, node: str | None = None) -> None:
+        """The driver placed the job's workers (``node``: where, for jobs.parquet)."""
+        run = self.running.get(job_id)
+        if run is not None:
+            run.node = node
+            self._job_row(run, status=JobStatus.RUNNING, end=None)
+
+    def on_metrics(self, job_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Per-adapter step metrics streamed from a worker (``StepMetrics`` as dicts)."""
+        now = self.now()
+        out = []
+        for r in rows:
+            cid = str(r["config_id"])
+            self.progress[cid] = max(self.progress.get(cid, 0), int(r["step"]))
+            out.append(
+                {
+                    "config_id": cid,
+                    "job_id": job_id,
+                    "step": int(r["step"]),
+                    "loss": _f(r.get("loss")),
+                    "lr": _f(r.get("lr")),
+                    "tokens": int(r.get("tokens") or 0),
+                    "grad_norm": _f(r.get("grad_norm")),
+                    "step_time_s": _f(r.get("time_s")),
+                    "time": now,
+                }
+            )
+        if self.store is not None:
+            self.store.append_metrics(out)
+            if now - self._last_flush >= self._flush_s:
+                self.store.flush_metrics()
+                self._last_flush = now
+
+    def poll(self, job_id: str) -> dict[str, Any]:
+        """Control for a running job, asked by its worker between steps.
+
+        Returns:
+            ``{"stop": [config_id, ...], "add": [LoRAConfig.to_dict(), ...], "abort": bool}``;
+            each stop/add is delivered once.
+        """
+        run = self.running.get(job_id)
+        if run is None:
+            return {"stop": [], "add": [], "abort": True}
+        stop = sorted(set(run.config_ids) & self._stop_requests - run.stop_sent)
+        run.stop_sent.update(stop)
+        if self.refill:
+            self._refill(run)
+        add = [self.configs[c].to_dict() for c in run.add_pending]
+        run.add_pending.clear()
+        return {"stop": stop, "add": add, "abort": False}
+
+    def stop_config(self, config_id: str, *, reason: str = "requested") -> None:
+        """Stop one config: dropped from the queue, or from its running job at the next poll."""
+        status = self.status.get(config_id)
+        if status is None or status in _DONE:
+            return
+        self._decide(Decision.STOP_CONFIG, config_ids=[config_id], reason=reason, was=str(status))
+        if status is ConfigStatus.QUEUED:
+            self._drop_from_plan(config_id)
+            self.status[config_id] = ConfigStatus.STOPPED
+            self.results[config_id] = self._result_row(config_id, status=ConfigStatus.STOPPED)
+            self._persist()
+        else:
+            self._stop_requests.add(config_id)
+
+    def on_job_finished(self, job_id: str, result: Mapping[str, Any]) -> list[JobSpec]:
+        """A job returned its ``PackResult`` (as a dict: ``results`` per config, ``profile``)."""
+        run = self.running.pop(job_id)
+        self.free_gpus.update(run.spec.gpu_ids)
+        end = self.now()
+        per_config = dict(result.get("results", {}))
+        wall = max(end - run.started_s, 1e-9)
+        tokens = {c: float(per_config.get(c, {}).get("tokens") or 0) for c in run.config_ids}
+        total_tokens = sum(tokens.values())
+        for cid in run.config_ids:
+            r = per_config.get(cid)
+            if r is None:  # never trained (e.g. added after the job stopped): back to the queue
+                self.status[cid] = ConfigStatus.QUEUED
+                continue
+            status = _config_status(r.get("status"), stopped=cid in self._stop_requests)
+            share = tokens[cid] / total_tokens if total_tokens > 0 else 1 / len(run.config_ids)
+            self.status[cid] = status
+            self.results[cid] = self._result_row(
+                cid, status=status, job_id=job_id, gpu_seconds=wall * run.spec.gpus * share, **r
+            )
+            self._decide(
+                Decision.CONFIG_DONE
+                if status is not ConfigStatus.FAILED
+                else Decision.CONFIG_FAILED,
+                job_id=job_id,
+                config_ids=[cid],
+                eval_loss=r.get("eval_loss"),
+                eval_metric=r.get("eval_metric"),
+                steps=r.get("steps"),
+            )
+            if status is ConfigStatus.DONE:
+                self.source.tell(cid, self._tell_metrics(r))
+        self._decide(Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall)
+        self._job_row(run, status=JobStatus.DONE, end=end)
+        profile = result.get("profile") or {}
+        self._measure(run, profile, oom=False)
+        return self._schedule(trigger=f"job {job_id} done")
+
+    def on_job_failed(self, job_id: str, kind: FailureKind, message: str = "") -> list[JobSpec]:
+        """A job ended without a result: retry (DIED), split (OOM) or fail (ERROR)."""
+        run = self.running.pop(job_id)
+        self.free_gpus.update(run.spec.gpu_ids)
+        kind = FailureKind(kind)
+        live = [c for c in run.config_ids if self.status.get(c) is ConfigStatus.RUNNING]
+        status = {FailureKind.DIED: JobStatus.DIED, FailureKind.OOM: JobStatus.OOM}.get(
+            kind, JobStatus.FAILED
+        )
+        self._job_row(run, status=status, end=self.now(), error=message)
+        spec = run.spec
+        if kind is FailureKind.DIED and spec.attempt < self.max_retries:
+            retry = dataclasses.replace(
+                spec,
+                configs=tuple(self.configs[c] for c in live),
+                attempt=spec.attempt + 1,
+                gpu_ids=(),
+                resume=True,
+            )
+            self._decide(
+                Decision.RETRY,
+                job_id=job_id,
+                config_ids=live,
+                attempt=retry.attempt,
+                max_retries=self.max_retries,
+                error=message,
+            )
+            self.forced.append(retry)
+            for c in live:
+                self.status[c] = ConfigStatus.QUEUED
+        elif kind is FailureKind.OOM and len(live) > 1:
+            self._measure(run, {}, oom=True)
+            half = (len(live) + 1) // 2
+            parts = [live[:half], live[half:]]
+            new_ids = []
+            for part in parts:
+                jid = self._new_job_id()
+                new_ids.append(jid)
+                self.forced.append(
+                    JobSpec(
+                        job_id=jid,
+                        configs=tuple(self.configs[c] for c in part),
+                        gpus=spec.gpus,
+                        strategy=spec.strategy,
+                    )
+                )
+            for c in live:
+                self.status[c] = ConfigStatus.QUEUED
+            self._decide(
+                Decision.SPLIT_OOM,
+                job_id=job_id,
+                config_ids=live,
+                into={j: p for j, p in zip(new_ids, parts, strict=True)},
+                error=message,
+            )
+        else:
+            reason = {
+                FailureKind.DIED: f"worker died {spec.attempt + 1} times",
+                FailureKind.OOM: "out of memory even alone",
+            }.get(kind, "error")
+            self._decide(
+                Decision.JOB_FAILED, job_id=job_id, config_ids=live, reason=reason, error=message
+            )
+            for c in live:
+                self.status[c] = ConfigStatus.FAILED
+                self.results[c] = self._result_row(
+                    c, status=ConfigStatus.FAILED, job_id=job_id, error=f"{reason}: {message}"[:500]
+                )
+                self._decide(Decision.CONFIG_FAILED, job_id=job_id, config_ids=[c], reason=reason)
+        return self._schedule(trigger=f"job {job_id} {kind}")
+
+    # -- scheduling -------------------------------------------------------------------------
+    def _schedule(self, *, trigger: str) -> list[JobSpec]:
+        self._ask()
+        if self._need_plan:
+            self._plan(trigger)
+        launches = self._dispatch()
+        if self.is_done() and not self._done_logged:
+            self._done_logged = True
+            self._decide(Decision.SWEEP_DONE, counts=self.counts())
+        self._persist()
+        return launches
+
+    def _ask(self) -> None:
+        if self.source.is_finished():
+            return
+        want = self.ask_batch - len(self.queued_ids())
+        if want <= 0:
+            return
+        new = [c for c in self.source.ask(want) if c.config_id not in self.configs]
+        if not new:
+            return
+        for c in new:
+            self.configs[c.config_id] = c
+            self.status[c.config_id] = ConfigStatus.QUEUED
+        self._need_plan = True
+        self._decide(Decision.ASK, config_ids=[c.config_id for c in new], requested=want)
+
+    def _plan(self, trigger: str) -> None:
+        self._need_plan = False
+        in_forced = {c for s in self.forced for c in s.config_ids}
+        remaining = [self.configs[c] for c in self.queued_ids() if c not in in_forced]
+        if not remaining:
+            self.pending = []
+            return
+        now = self.now()
+        if self._plans == 0 and not self.running:
+            plan = self.planner.plan_sweep(remaining, self.cost, self.num_gpus)
+            kind = Decision.PLAN
+            offset = now  # plan_sweep's timeline starts at 0
+        else:
+            running = [r.plan_job for r in self.running.values() if r.plan_job is not None]
+            plan = self.planner.replan(
+                remaining, len(self.free_gpus), running, now, self.cost, self.num_gpus
+            )
+            kind = Decision.REPLAN
+            offset = 0.0
+        jobs = [
+            dataclasses.replace(
+                j, job_id=self._new_job_id(), start_s=j.start_s + offset, end_s=j.end_s + offset
+            )
+            for j in sorted(plan.jobs, key=lambda j: (j.start_s, j.job_id))
+        ]
+        self.pending = jobs
+        plan_dict = plan.to_json_dict()
+        plan_dict["jobs"] = [
+            {**jd, "job_id": j.job_id, "start_s": j.start_s, "end_s": j.end_s}
+            for jd, j in zip(
+                sorted(plan_dict["jobs"], key=lambda d: (d["start_s"], d["job_id"])),
+                jobs,
+                strict=True,
+            )
+        ]
+        plan_dict.update(time_s=now, trigger=trigger, kind=str(kind))
+        index = self.store.write_plan(plan_dict) if self.store is not None else self._plans
+        self._plans += 1
+        self._decide(
+            kind,
+            config_ids=[c.config_id for c in remaining],
+            trigger=trigger,
+            plan_index=index,
+            free_gpus=len(self.free_gpus),
+            running_jobs=sorted(self.running),
+            jobs=[
+                {"job_id": j.job_id, "config_ids": list(j.config_ids), "gpus": j.gpus} for j in jobs
+            ],
+            makespan_s=plan.makespan_s,
+            lower_bound_s=plan.lower_bound_s,
+            cost=describe_cost(self.cost),
+        )
+
+    def _dispatch(self) -> list[JobSpec]:
+        launches: list[JobSpec] = []
+        for spec in list(self.forced):
+            if spec.gpus <= len(self.free_gpus):
+                self.forced.remove(spec)
+                launches.append(self._launch(spec, plan_job=None))
+        for job in list(self.pending):
+            if job.gpus > len(self.free_gpus):
+                continue
+            live = [c for c in job.config_ids if self.status.get(c) is ConfigStatus.QUEUED]
+            self.pending.remove(job)
+            if not live:
+                continue
+            strategy = getattr(job, "strategy", None)
+            spec = JobSpec(
+                job_id=job.job_id,
+                configs=tuple(self.configs[c] for c in live),
+                gpus=job.gpus,
+                strategy=str(strategy) if strategy is not None else None,
+            )
+            launches.append(self._launch(spec, plan_job=job))
+        return launches
+
+    def _launch(self, spec: JobSpec, *, plan_job: Any) -> JobSpec:
+        gpu_ids = tuple(sorted(self.free_gpus)[: spec.gpus])
+        self.free_gpus.difference_update(gpu_ids)
+        spec = dataclasses.replace(spec, gpu_ids=gpu_ids)
+        now = self.now()
+        if plan_job is not None:
+            plan_job = dataclasses.replace(
+                plan_job,
+                config_ids=spec.config_ids,
+                start_s=now,
+                end_s=now + max(plan_job.end_s - plan_job.start_s, 0.0),
+                gpu_ids=gpu_ids,
+            )
+        for c in spec.config_ids:
+            self.status[c] = ConfigStatus.RUNNING
+        self.running[spec.job_id] = _Running(
+            spec=spec,
+            plan_job=plan_job,
+            config_ids=list(spec.config_ids),
+            started_s=now,
+            peak_pack=len(spec.configs),
+        )
+        self._job_row(self.running[spec.job_id], status=JobStatus.RUNNING, end=None)
+        self._decide(
+            Decision.START_JOB,
+            job_id=spec.job_id,
+            config_ids=spec.config_ids,
+            gpus=spec.gpus,
+            gpu_ids=list(gpu_ids),
+            attempt=spec.attempt,
+            resume=spec.resume,
+            free_gpus_after=len(self.free_gpus),
+            planned_start_s=getattr(plan_job, "start_s", None),
+        )
+        return spec
+
+    def _refill(self, run: _Running) -> None:
+        """Fill slots finished configs left with queued configs that fit and end no later."""
+        active = [
+            c
+            for c in run.config_ids
+            if c not in self._stop_requests
+            and self.progress.get(c, 0) < self.cost.steps(self.configs[c])
+        ]
+        if not active or len(active) >= run.peak_pack:
+            return
+        in_forced = {c for s in self.forced for c in s.config_ids}
+        left = max(self.cost.steps(self.configs[c]) - self.progress.get(c, 0) for c in active)
+        for cid in self.queued_ids():
+            if len(active) >= run.peak_pack:
+                break
+            if cid in in_forced:
+                continue
+            cand = self.configs[cid]
+            pack = [self.configs[c] for c in active] + [cand]
+            used, cap = job_memory(self.cost, pack, run.spec.gpus, run.spec.strategy)
+            steps = self.cost.steps(cand)
+            if used > cap or steps > left:
+                continue
+            self._drop_from_plan(cid)
+            self.status[cid] = ConfigStatus.RUNNING
+            run.config_ids.append(cid)
+            run.add_pending.append(cid)
+            active.append(cid)
+            if run.plan_job is not None:
+                run.plan_job = dataclasses.replace(run.plan_job, config_ids=tuple(run.config_ids))
+            self._decide(
+                Decision.REFILL,
+                job_id=run.spec.job_id,
+                config_ids=[cid],
+                memory_bytes=used,
+                capacity_bytes=cap,
+                steps=steps,
+                steps_left_in_job=left,
+                pack=list(active),
+            )
+        self._persist()
+
+    def _drop_from_plan(self, config_id: str) -> None:
+        for i, job in enumerate(self.pending):
+            if config_id in job.config_ids:
+                rest = tuple(c for c in job.config_ids if c != config_id)
+                self.pending[i] = dataclasses.replace(job, config_ids=rest)
+        self.pending = [j for j in self.pending if j.config_ids]
+
+    def _measure(self, run: _Running, profile: Mapping[str, Any], *, oom: bool) -> None:
+        """Record what the job measured and refit the cost model from all measurements."""
+        m = {
+            "job_id": run.spec.job_id,
+            "config_ids": list(run.config_ids),
+            "gpus": run.spec.gpus,
+            "strategy": run.spec.strategy,
+            "oom": oom,
+            **{k: v for k, v in profile.items() if _jsonable(v)},
+        }
+        self.measurements.append(m)
+        before = describe_cost(self.cost)
+        new, used = refit_cost(self.cost, self.measurements, self.configs)
+        if new is None:
+            return
+        self.cost = new
+        self._decide(
+            Decision.REFIT,
+            job_id=run.spec.job_id,
+            measurements=used,
+            cost_before=before,
+            cost_after=describe_cost(self.cost),
+        )
+        self._need_plan = True
+
+    # -- records ----------------------------------------------------------------------------
+    def _new_job_id(self) -> str:
+        self._next_job += 1
+        return f"j{self._next_job:04d}"
+
+    def _tell_metrics(self, r: Mapping[str, Any]) -> dict[str, Any]:
+        out = {
+            "eval_loss": r.get("eval_loss"),
+            "eval_metric": r.get("eval_metric"),
+            "train_loss": r.get("final_train_loss"),
+            "final_train_loss": r.get("final_train_loss"),
+        }
+        if self.metric_name and self.metric_name not in out:
+            out[self.metric_name] = r.get("eval_metric")
+        return out
+
+    def _result_row(self, cid: str, *, status: ConfigStatus, **r: Any) -> dict[str, Any]:
+        cfg = self.configs[cid]
+        hp = cfg.hparams()
+        hp["target_modules"] = ",".join(hp["target_modules"])
+        row = {"config_id": cid, **hp, "status": str(status)}
+        for key in ("final_train_loss", "eval_loss", "eval_metric"):
+            row[key] = _f(r.get(key))
+        row["metric_name"] = self.metric_name
+        row["steps"] = int(r.get("steps") or self.progress.get(cid, 0))
+        row["tokens"] = int(r.get("tokens") or 0)
+        row["gpu_seconds"] = _f(r.get("gpu_seconds"))
+        row["job_id"] = r.get("job_id")
+        row["adapter_path"] = r.get("adapter_path")
+        row["error"] = r.get("error")
+        return row
+
+    def _job_row(
+        self, run: _Running, *, status: JobStatus, end: float | None, error: str = ""
+    ) -> None:
+        key = (run.spec.job_id, run.spec.attempt)
+        row = {
+            "job_id": run.spec.job_id,
+            "config_ids": list(run.config_ids),
+            "gpus": run.spec.gpus,
+            "gpu_ids": list(run.spec.gpu_ids),
+            "node": run.node,
+            "start": run.started_s,
+            "end": end,
+            "status": str(status),
+            "attempt": run.spec.attempt,
+            "strategy": run.spec.strategy,
+        }
+        for i, old in enumerate(self.job_rows):
+            if (old["job_id"], old["attempt"]) == key:
+                self.job_rows[i] = row
+                break
+        else:
+            self.job_rows.append(row)
+
+    def _persist(self) -> None:
+        if self.store is None:
+            return
+        self.store.flush_metrics()
+        self._last_flush = self.now()
+        self.store.write_jobs(self.job_rows)
+        self.store.write_results([self.results[c] for c in self.configs if c in self.results])
+        self.store.write_state(self.get_state())
+
+    # -- resume -----------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """JSON-able state for ``--resume`` (``set_state`` restores it)."""
+        running = [r.spec for r in self.running.values()]
+        return {
+            "version": 1,
+            "elapsed_s": self.now(),
+            "next_job": self._next_job,
+            "plans": self._plans,
+            "configs": [c.to_dict() for c in self.configs.values()],
+            "status": {c: str(s) for c, s in self.status.items()},
+            "progress": self.progress,
+            "results": self.results,
+            "stop_requests": sorted(self._stop_requests),
+            "interrupted": [_spec_state(s, self.configs) for s in [*running, *self.forced]],
+            "measurements": self.measurements,
+            "job_rows": self.job_rows,
+            "source": encode_state(self.source.get_state()),
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore from :meth:`get_state`; interrupted jobs are relaunched from checkpoints."""
+        self._offset = float(state["elapsed_s"])
+        self._t0 = self._clock()
+        self._next_job = int(state["next_job"])
+        self._plans = int(state["plans"])
+        self.configs = {d["config_id"]: LoRAConfig.from_dict(d) for d in state["configs"]}
+        self.status = {c: ConfigStatus(s) for c, s in state["status"].items()}
+        self.progress = {c: int(v) for c, v in state["progress"].items()}
+        self.results = dict(state["results"])
+        self._stop_requests = set(state["stop_requests"])
+        self.measurements = list(state["measurements"])
+        self.job_rows = [
+            {
+                **r,
+                "status": str(JobStatus.INTERRUPTED),
+                "end": r["end"] if r["end"] is not None else self._offset,
+            }
+            if r["status"] == JobStatus.RUNNING
+            else r
+            for r in state["job_rows"]
+        ]
+        self.source.set_state(decode_state(state["source"]))
+        self.forced = []
+        for s in state["interrupted"]:
+            live = [c for c in s["config_ids"] if self.status.get(c) not in _DONE]
+            if live:
+                self.forced.append(
+                    JobSpec(
+                        job_id=s["job_id"],
+                        configs=tuple(self.configs[c] for c in live),
+                        gpus=s["gpus"],
+                        strategy=s["strategy"],
+                        attempt=s["attempt"],
+                        resume=True,
+                    )
+                )
+        for c, s in self.status.items():
+            if s is ConfigStatus.RUNNING:
+                self.status[c] = ConfigStatus.QUEUED
+        self.running = {}
+        self.free_gpus = set(range(self.num_gpus))
+        self._need_plan = True
+        self._decide(
+            Decision.RESUME,
+            config_ids=[c for c, s in self.status.items() if s is ConfigStatus.QUEUED],
+            jobs=[s.job_id for s in self.forced],
+            done=sum(s in _DONE for s in self.status.values()),
+        )
+
+
+def _spec_state(spec: JobSpec, configs: Mapping[str, LoRAConfig]) -> dict[str, Any]:
+    return {
+        "job_id": spec.job_id,
+        "config_ids": list(spec.config_ids),
+        "gpus": spec.gpus,
+        "strategy": spec.strategy,
+        "attempt": spec.attempt,
+    }
+
+
+def _config_status(value: Any, *, stopped: bool) -> ConfigStatus:
+    try:
+        status = ConfigStatus(str(value).lower())
+    except ValueError:
+        status = (
+            ConfigStatus.DONE
+            if str(value).lower() in ("finished", "completed", "ok")
+            else ConfigStatus.FAILED
+        )
+    if stopped and status is ConfigStatus.DONE:
+        return ConfigStatus.STOPPED
+    return status
+
+
+def _f(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+def _jsonable(v: Any) -> bool:
+    return isinstance(v, (int, float, str, bool, type(None), list, tuple, dict))
+
+
+__all__ = ["Coordinator"]

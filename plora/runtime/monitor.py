@@ -1,0 +1,146 @@
+"""Ray side of the coordinator: connecting to a cluster, its GPU pool, and the relay actor.
+
+The :class:`~plora.runtime.coordinator.Coordinator` runs in the driver (next to the sweep dir);
+workers reach it through :class:`CoordinatorActor`, a thin named actor that buffers per-adapter
+metrics from workers and hands each job the control (stop / add) the coordinator posted for it.
+The driver drains and posts a few times per second.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import Any
+
+import ray
+
+from plora.config import ConfigError
+
+
+class CoordinatorActor:
+    """Relay between workers and the driver's coordinator (one per sweep, named).
+
+    Worker side: :meth:`push_metrics`, :meth:`poll`. Driver side: :meth:`drain`,
+    :meth:`post_control`, :meth:`forget`, :meth:`set_snapshot`. Others (a Tune proxy trial,
+    a user) may call :meth:`stop_config` and :meth:`snapshot`.
+    """
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._control: dict[str, dict[str, Any]] = {}
+        self._aborted: set[str] = set()
+        self._stops: list[str] = []
+        self._snapshot: dict[str, Any] = {}
+
+    def push_metrics(self, job_id: str, rows: list[dict[str, Any]]) -> None:
+        self._metrics[job_id].extend(rows)
+
+    def poll(self, job_id: str) -> dict[str, Any]:
+        ctl = self._control.pop(job_id, None) or {"stop": [], "add": []}
+        ctl["abort"] = job_id in self._aborted
+        return ctl
+
+    def drain(self) -> dict[str, list[dict[str, Any]]]:
+        out, self._metrics = dict(self._metrics), defaultdict(list)
+        stops, self._stops = self._stops, []
+        return {"metrics": out, "stops": stops}
+
+    def post_control(self, job_id: str, control: dict[str, Any]) -> None:
+        cur = self._control.setdefault(job_id, {"stop": [], "add": []})
+        cur["stop"].extend(control.get("stop", ()))
+        cur["add"].extend(control.get("add", ()))
+
+    def abort(self, job_id: str) -> None:
+        self._aborted.add(job_id)
+
+    def forget(self, job_id: str) -> None:
+        self._control.pop(job_id, None)
+        self._aborted.discard(job_id)
+
+    def stop_config(self, config_id: str) -> None:
+        self._stops.append(config_id)
+
+    def set_snapshot(self, snapshot: dict[str, Any]) -> None:
+        self._snapshot = snapshot
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._snapshot
+
+
+def start_relay(name: str) -> Any:
+    """Create the named relay actor on the driver's node (0 CPUs, so it never blocks jobs)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    return (
+        ray.remote(CoordinatorActor)
+        .options(
+            name=name,
+            num_cpus=0,
+            max_concurrency=1,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True),
+        )
+        .remote()
+    )
+
+
+def connect(address: str | None, *, num_gpus: int) -> bool:
+    """Connect to Ray; returns True when this call started a local (embedded) cluster.
+
+    ``address`` None and no ``RAY_ADDRESS``: start a local Ray; on a machine without CUDA it gets
+    ``num_gpus`` *logical* GPUs so jobs can be placed (the engine then runs on CPU). Otherwise
+    connect to ``address`` (``auto``, ``ray://...`` or ``host:port``).
+
+    Raises:
+        ConfigError: the address cannot be reached.
+    """
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    runtime_env = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}}
+    if address is None:
+        kwargs: dict[str, Any] = {}
+        if not _has_cuda():
+            kwargs["num_gpus"] = num_gpus
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **kwargs)
+        return True
+    try:
+        ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"--address {address}: cannot connect to a Ray cluster ({first}); start one with "
+            "`ray start --head` or drop --address to run locally"
+        ) from None
+    return False
+
+
+def check_gpus(num_gpus: int) -> float:
+    """The cluster's GPU count; ConfigError when it has fewer than the sweep wants."""
+    have = float(ray.cluster_resources().get("GPU", 0.0))
+    if have < num_gpus:
+        raise ConfigError(
+            f"hardware.num_gpus: the sweep wants {num_gpus} GPUs but the Ray cluster has "
+            f"{have:g}; lower hardware.num_gpus or add GPU nodes"
+        )
+    return have
+
+
+def cpus_per_worker() -> float:
+    """CPUs to reserve per GPU worker: 1, or the cluster's CPU/GPU ratio when smaller."""
+    res = ray.cluster_resources()
+    gpus = float(res.get("GPU", 0.0)) or 1.0
+    return max(0.01, min(1.0, float(res.get("CPU", 1.0)) / gpus))
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return False
+
+
+__all__ = ["CoordinatorActor", "check_gpus", "connect", "cpus_per_worker", "start_relay"]

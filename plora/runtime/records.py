@@ -1,0 +1,204 @@
+"""Typed records the runtime passes around: decisions, job specs, statuses, config sources.
+
+Small and Ray-free so the coordinator's logic can be tested by feeding it events.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from plora.config import LoRAConfig
+
+
+class Decision(StrEnum):
+    """What the coordinator decided; every one is logged to ``decisions.jsonl`` with its inputs."""
+
+    ASK = "ask"
+    """New configs came from the searcher."""
+    PLAN = "plan"
+    """The first plan of the sweep."""
+    REPLAN = "replan"
+    """A re-plan of the remaining configs (after a job ended or configs arrived)."""
+    REFIT = "refit"
+    """The cost model was refit from measured step times and memory (old vs new inside)."""
+    START_JOB = "start_job"
+    """A job is launched on free GPUs."""
+    REFILL = "refill"
+    """A queued config joins a running job in a slot a finished config left."""
+    STOP_CONFIG = "stop_config"
+    """One config is stopped (early stopping / user request)."""
+    CONFIG_DONE = "config_done"
+    """A config finished training and was evaluated."""
+    CONFIG_FAILED = "config_failed"
+    """A config could not be trained (retries exhausted, OOM alone, error)."""
+    JOB_DONE = "job_done"
+    """A job ended normally; its GPUs are free."""
+    RETRY = "retry"
+    """A job's worker died; the job restarts from its last checkpoint."""
+    SPLIT_OOM = "split_oom"
+    """A job ran out of memory; its pack is split in halves."""
+    JOB_FAILED = "job_failed"
+    """A job failed for good (error, or retries exhausted)."""
+    RESUME = "resume"
+    """The driver restarted from the sweep dir; interrupted jobs resume from checkpoints."""
+    SWEEP_DONE = "sweep_done"
+    """Every config is done, stopped or failed and the searcher is finished."""
+
+
+class ConfigStatus(StrEnum):
+    """Where one config is."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class JobStatus(StrEnum):
+    """Where one job attempt is."""
+
+    RUNNING = "running"
+    DONE = "done"
+    DIED = "died"
+    OOM = "oom"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+class FailureKind(StrEnum):
+    """Why a job ended without a result."""
+
+    DIED = "died"
+    """A worker actor (or its node) died: restart from the checkpoint."""
+    OOM = "oom"
+    """``torch.OutOfMemoryError`` in a worker: split the pack."""
+    ERROR = "error"
+    """Any other exception: the job's configs fail."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecisionRecord:
+    """One logged decision."""
+
+    kind: Decision
+    time_s: float
+    """Seconds since the sweep started (sweep clock, continues across ``--resume``)."""
+    job_id: str | None = None
+    config_ids: tuple[str, ...] = ()
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    """What the decision was based on (e.g. old vs new cost coefficients, free GPUs)."""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "kind": str(self.kind),
+            "time_s": round(self.time_s, 6),
+            "job_id": self.job_id,
+            "config_ids": list(self.config_ids),
+            "inputs": dict(self.inputs),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobSpec:
+    """Everything the driver needs to launch one job attempt (small: goes through Ray)."""
+
+    job_id: str
+    configs: tuple[LoRAConfig, ...]
+    gpus: int
+    strategy: str | None = None
+    attempt: int = 0
+    gpu_ids: tuple[int, ...] = ()
+    """The logical GPU slots the coordinator booked for it (for jobs.parquet / the Gantt chart)."""
+    resume: bool = False
+    """True when a checkpoint from an earlier attempt should be loaded."""
+
+    @property
+    def config_ids(self) -> tuple[str, ...]:
+        return tuple(c.config_id for c in self.configs)
+
+
+@runtime_checkable
+class ConfigSource(Protocol):
+    """Where configs come from: the searcher bridge (``plora.tune.search``) or a fixed list."""
+
+    def ask(self, n: int) -> list[LoRAConfig]:
+        """Up to ``n`` new configs; empty when exhausted or waiting for results."""
+        ...
+
+    def tell(self, config_id: str, metrics: dict[str, Any]) -> None:
+        """Report a finished config's metrics."""
+        ...
+
+    def is_finished(self) -> bool:
+        """True when no config will ever come again."""
+        ...
+
+    def get_state(self) -> Any: ...
+
+    def set_state(self, state: Any) -> None: ...
+
+
+class StaticSource:
+    """A :class:`ConfigSource` over a fixed list of configs (grid-like, in order)."""
+
+    def __init__(self, configs: Sequence[LoRAConfig]) -> None:
+        ids = [c.config_id for c in configs]
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"duplicate config ids: {', '.join(dup)}")
+        self._configs = list(configs)
+        self._next = 0
+
+    def ask(self, n: int) -> list[LoRAConfig]:
+        out = self._configs[self._next : self._next + max(n, 0)]
+        self._next += len(out)
+        return out
+
+    def tell(self, config_id: str, metrics: dict[str, Any]) -> None:
+        return None
+
+    def is_finished(self) -> bool:
+        return self._next >= len(self._configs)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"next": self._next}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self._next = int(state["next"])
+
+
+def encode_state(obj: Any) -> Any:
+    """``obj`` itself when JSON-able, else ``{"__pickle__": base64}`` (searcher states)."""
+    try:
+        json.dumps(obj)
+        return obj
+    except (TypeError, ValueError):
+        return {"__pickle__": base64.b64encode(pickle.dumps(obj)).decode()}
+
+
+def decode_state(obj: Any) -> Any:
+    """Inverse of :func:`encode_state`."""
+    if isinstance(obj, dict) and set(obj) == {"__pickle__"}:
+        return pickle.loads(base64.b64decode(obj["__pickle__"]))
+    return obj
+
+
+__all__ = [
+    "ConfigSource",
+    "ConfigStatus",
+    "Decision",
+    "DecisionRecord",
+    "FailureKind",
+    "JobSpec",
+    "JobStatus",
+    "StaticSource",
+    "decode_state",
+    "encode_state",
+]

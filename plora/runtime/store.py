@@ -1,0 +1,326 @@
+"""The sweep directory: everything a sweep produced, written atomically.
+
+Layout (``DIR`` is ``plora sweep --out DIR``)::
+
+    DIR/sweep.yaml          the resolved sweep config
+    DIR/base_model/         built-in tiny base model saved as a HF dir (adapters reload on it)
+    DIR/base_model.json     the base-model reference ({"name_or_path", "dtype", "local_dir"})
+    DIR/plan.json           the latest plan; DIR/plans/plan-NNN.json every plan in order
+    DIR/decisions.jsonl     one JSON line per coordinator decision (append-only)
+    DIR/jobs.parquet        job_id, config_ids, gpus, gpu_ids, node, start, end, status, attempt
+    DIR/metrics.parquet     config_id, job_id, step, loss, lr, tokens, grad_norm, step_time_s, time
+    DIR/results.parquet     one row per config: hyperparameters, status, losses, metric, ...
+    DIR/adapters/<id>/      PEFT adapters; DIR/checkpoints/<job_id>/ train-state checkpoints
+    DIR/state.json          coordinator state for ``--resume``
+
+Every file except the append-only ``decisions.jsonl`` is replaced atomically (temp + rename), so a
+reader (``plora status``, a notebook) never sees a half-written file, and a driver killed at any
+point leaves a directory ``--resume`` can continue from.
+
+The directory itself is created atomically too: :func:`create_sweep_dir` builds it under a hidden
+temporary name next to ``DIR`` and renames it into place once its first durable state is complete,
+so a sweep that fails before that leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from plora.config import ConfigError
+from plora.utils import atomic_path, atomic_write_json, atomic_write_text
+
+JOB_COLUMNS = (
+    "job_id",
+    "config_ids",
+    "gpus",
+    "gpu_ids",
+    "node",
+    "start",
+    "end",
+    "status",
+    "attempt",
+    "strategy",
+)
+METRIC_COLUMNS = (
+    "config_id",
+    "job_id",
+    "step",
+    "loss",
+    "lr",
+    "tokens",
+    "grad_norm",
+    "step_time_s",
+    "time",
+)
+
+
+class SweepStore:
+    """Reads and writes one sweep directory (see the module docstring for the layout)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._metrics_buffer: list[dict[str, Any]] = []
+        self._metrics: pd.DataFrame | None = None
+
+    # -- paths -------------------------------------------------------------------------------
+    @property
+    def sweep_yaml(self) -> Path:
+        return self.root / "sweep.yaml"
+
+    @property
+    def base_model_dir(self) -> Path:
+        return self.root / "base_model"
+
+    @property
+    def base_model_json(self) -> Path:
+        return self.root / "base_model.json"
+
+    @property
+    def plan_json(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def plans_dir(self) -> Path:
+        return self.root / "plans"
+
+    @property
+    def decisions_jsonl(self) -> Path:
+        return self.root / "decisions.jsonl"
+
+    @property
+    def jobs_parquet(self) -> Path:
+        return self.root / "jobs.parquet"
+
+    @property
+    def metrics_parquet(self) -> Path:
+        return self.root / "metrics.parquet"
+
+    @property
+    def results_parquet(self) -> Path:
+        return self.root / "results.parquet"
+
+    @property
+    def adapters_dir(self) -> Path:
+        return self.root / "adapters"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def state_json(self) -> Path:
+        return self.root / "state.json"
+
+    def exists(self) -> bool:
+        """True when the directory holds a sweep (has a ``state.json``)."""
+        return self.state_json.is_file()
+
+    # -- writers -----------------------------------------------------------------------------
+    def write_plan(self, plan: Mapping[str, Any]) -> int:
+        """Save ``plan`` as ``plans/plan-NNN.json`` (next free NNN) and as ``plan.json``.
+
+        Returns:
+            The plan's index NNN (0 for the initial plan).
+        """
+        self.plans_dir.mkdir(parents=True, exist_ok=True)
+        index = len(list(self.plans_dir.glob("plan-*.json")))
+        atomic_write_json(self.plans_dir / f"plan-{index:03d}.json", dict(plan))
+        atomic_write_json(self.plan_json, dict(plan))
+        return index
+
+    def append_decision(self, record: Mapping[str, Any]) -> None:
+        """Append one decision as a JSON line (flushed and fsynced)."""
+        with open(self.decisions_jsonl, "a", encoding="utf-8") as f:
+            f.write(json.dumps(dict(record), default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def append_metrics(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Buffer metric rows; :meth:`flush_metrics` makes them durable."""
+        self._metrics_buffer.extend(dict(r) for r in rows)
+
+    def flush_metrics(self) -> None:
+        """Rewrite ``metrics.parquet`` with every row so far (atomic)."""
+        if self._metrics is None:
+            self._metrics = self.read_metrics()
+        if not self._metrics_buffer and self.metrics_parquet.exists():
+            return
+        new = pd.DataFrame(self._metrics_buffer, columns=list(METRIC_COLUMNS))
+        self._metrics_buffer = []
+        frames = [f for f in (self._metrics, new) if len(f)]
+        df = pd.concat(frames, ignore_index=True) if frames else new
+        self._metrics = df
+        _write_parquet(self.metrics_parquet, df)
+
+    def write_jobs(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Replace ``jobs.parquet`` with ``rows`` (one per job, :data:`JOB_COLUMNS`)."""
+        _write_parquet(self.jobs_parquet, pd.DataFrame(list(rows), columns=list(JOB_COLUMNS)))
+
+    def write_results(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Replace ``results.parquet`` with ``rows`` (one per config)."""
+        rows = list(rows)
+        _write_parquet(self.results_parquet, pd.DataFrame(rows))
+
+    def write_state(self, state: Mapping[str, Any]) -> None:
+        """Replace ``state.json`` (what ``--resume`` reads)."""
+        atomic_write_json(self.state_json, dict(state))
+
+    # -- readers -----------------------------------------------------------------------------
+    def read_state(self) -> dict[str, Any]:
+        """The saved coordinator state; ConfigError when this is not a sweep directory."""
+        if not self.state_json.is_file():
+            raise ConfigError(
+                f"{self.root}: not a plora sweep directory (no state.json); "
+                "pass the --out directory of a `plora sweep` run"
+            )
+        try:
+            return json.loads(self.state_json.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                f"{self.state_json}: unreadable ({e}); the sweep dir is damaged"
+            ) from None
+
+    def read_metrics(self) -> pd.DataFrame:
+        """Every metric row so far (empty frame with the columns when there are none)."""
+        rows = pd.DataFrame(self._metrics_buffer, columns=list(METRIC_COLUMNS))
+        on_disk = self._metrics
+        if on_disk is None and self.metrics_parquet.is_file():
+            on_disk = pd.read_parquet(self.metrics_parquet)
+        frames = [f for f in (on_disk, rows) if f is not None and len(f)]
+        return pd.concat(frames, ignore_index=True) if frames else rows
+
+    def read_jobs(self) -> pd.DataFrame:
+        if not self.jobs_parquet.is_file():
+            return pd.DataFrame(columns=list(JOB_COLUMNS))
+        return pd.read_parquet(self.jobs_parquet)
+
+    def read_results(self) -> pd.DataFrame:
+        if not self.results_parquet.is_file():
+            return pd.DataFrame()
+        return pd.read_parquet(self.results_parquet)
+
+    def read_decisions(self) -> list[dict[str, Any]]:
+        """Decision records in order; a torn last line (driver killed mid-write) is skipped."""
+        if not self.decisions_jsonl.is_file():
+            return []
+        out = []
+        for line in self.decisions_jsonl.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+        return out
+
+    def read_plan(self) -> dict[str, Any] | None:
+        if not self.plan_json.is_file():
+            return None
+        return json.loads(self.plan_json.read_text())
+
+
+def _write_parquet(path: Path, df: pd.DataFrame) -> None:
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)
+
+
+def check_out_dir(out: str | os.PathLike[str], *, resume: bool) -> Path:
+    """Validate ``--out`` before anything is created.
+
+    Raises:
+        ConfigError: ``out`` exists and is not resumed, ``--resume`` names no sweep dir, or the
+            parent directory cannot be written.
+    """
+    out = Path(out)
+    if resume:
+        if not (out / "state.json").is_file():
+            raise ConfigError(
+                f"--out {out}: no sweep to resume there (no state.json); drop --resume to start one"
+            )
+        if not os.access(out, os.W_OK):
+            raise ConfigError(f"--out {out}: not writable; fix its permissions")
+        return out
+    if out.exists():
+        raise ConfigError(
+            f"--out {out}: already exists; pass --resume to continue it or choose a new directory"
+        )
+    parent = out.absolute().parent
+    probe = parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {probe} is not a writable directory; choose another --out")
+    return out
+
+
+@contextlib.contextmanager
+def create_sweep_dir(out: str | os.PathLike[str]) -> Iterator[SweepStore]:
+    """Build a new sweep directory atomically.
+
+    Yields a :class:`SweepStore` rooted at a hidden temporary directory beside ``out``; when the
+    ``with`` body succeeds the temporary is renamed to ``out`` (and the store re-rooted), when it
+    raises the temporary is removed and ``out`` never appears.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    store = SweepStore(tmp)
+    try:
+        yield store
+        os.rename(tmp, out)
+        store.root = out
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_base_model(
+    store: SweepStore,
+    ref: Any,
+    *,
+    save_builtin: Callable[[Any, Path], None] | None = None,
+) -> None:
+    """Record the base model: built-in tiny models are saved under ``base_model/``.
+
+    Args:
+        store: The sweep directory.
+        ref: A :class:`plora.config.ModelRef` (``name_or_path``, ``dtype``, ``is_builtin``).
+        save_builtin: ``save_base_model(ref, out_dir)``; defaults to
+            :func:`plora.models.save_base_model`.
+    """
+    local_dir = None
+    if getattr(ref, "is_builtin", False):
+        if save_builtin is None:
+            from plora.models import save_base_model as save_builtin
+        with atomic_path(store.base_model_dir) as tmp:
+            save_builtin(ref, tmp)
+        local_dir = "base_model"
+    atomic_write_json(
+        store.base_model_json,
+        {
+            "name_or_path": ref.name_or_path,
+            "dtype": getattr(ref, "dtype", "auto"),
+            "local_dir": local_dir,
+        },
+    )
+
+
+def write_sweep_yaml(store: SweepStore, yaml_text: str) -> None:
+    """Save the resolved sweep config."""
+    atomic_write_text(store.sweep_yaml, yaml_text)
+
+
+__all__ = [
+    "JOB_COLUMNS",
+    "METRIC_COLUMNS",
+    "SweepStore",
+    "check_out_dir",
+    "create_sweep_dir",
+    "write_base_model",
+    "write_sweep_yaml",
+]

@@ -1,0 +1,319 @@
+"""The sweep driver: validate, create the sweep dir, then launch / watch / re-plan until done.
+
+``run_sweep`` is what ``plora sweep`` calls. The :class:`~plora.runtime.coordinator.Coordinator`
+lives here in the driver, next to the sweep directory it writes; jobs are Ray actor groups
+(:mod:`plora.runtime.job`) that reach it through the relay actor (:mod:`plora.runtime.monitor`).
+
+Order of work (nothing is created on disk until every input has been checked)::
+
+    check --out, dataset files, tokenizer + dataset (empty?), cost model, searcher
+    connect to Ray (ConfigError when unreachable), check the GPU pool
+    build DIR in a hidden temp dir: sweep.yaml, base_model/, first plan, state.json -> rename
+    loop: wait for a job result (or tick) -> drain metrics -> finished/failed -> launch -> control
+
+``--resume`` reads ``state.json``: finished configs stay finished, interrupted jobs restart from
+their checkpoints, the rest is re-planned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from plora.config import ConfigError, SweepConfig
+from plora.runtime.coordinator import Coordinator
+from plora.runtime.job import JobHandle, launch_job, stop_job
+from plora.runtime.monitor import check_gpus, connect, cpus_per_worker, start_relay
+from plora.runtime.records import ConfigSource, FailureKind, JobSpec
+from plora.runtime.store import (
+    SweepStore,
+    check_out_dir,
+    create_sweep_dir,
+    write_base_model,
+    write_sweep_yaml,
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RunOptions:
+    """How the runtime runs a sweep (not part of the sweep's definition)."""
+
+    checkpoint_every: int | None = 50
+    """Train-state checkpoint every N optimizer steps (None: only at the end)."""
+    max_retries: int = 2
+    """Restarts of a job whose worker died before its configs fail."""
+    refill: bool = True
+    """Let queued configs join running jobs in slots that finished configs left."""
+    tick_s: float = 0.25
+    """How often the driver drains metrics and posts control when no job ends."""
+    poll_every_s: float = 0.0
+    """How often a worker asks for control (0: every step)."""
+    ask_batch: int | None = None
+    """Configs asked from the searcher at a time (default ``max(16, 4 G)``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SweepSummary:
+    """What ``run_sweep`` returns."""
+
+    out: Path
+    counts: dict[str, int]
+    wall_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.counts.get("failed", 0) == 0
+
+
+def prepare(
+    sweep: SweepConfig, *, source: ConfigSource | None = None
+) -> tuple[Any, ConfigSource, str]:
+    """Check the sweep's inputs and build its cost model and config source (no Ray, no disk).
+
+    Returns:
+        ``(cost, source, metric_name)``.
+
+    Raises:
+        ConfigError: missing dataset files, an empty dataset, configs that fit no GPU, ...
+    """
+    from plora.cost.model import build_cost_model
+    from plora.engine.data import load_dataset
+
+    sweep.check_trainable()
+    tokenizer = _load_tokenizer(sweep.model)
+    data = load_dataset(sweep.dataset, tokenizer)
+    if not data.train:
+        raise ConfigError(
+            f"{sweep.source or 'sweep'}: dataset has no training examples; "
+            "point dataset.path at a non-empty file or raise dataset.num_examples"
+        )
+    cost = build_cost_model(sweep, dataset_size=len(data.train))
+    if source is None:
+        from plora.tune.search import make_config_source
+
+        source = make_config_source(sweep)
+    return cost, source, data.metric
+
+
+def run_sweep(
+    sweep: SweepConfig | None,
+    out: str | os.PathLike[str],
+    *,
+    address: str | None = None,
+    resume: bool = False,
+    options: RunOptions | None = None,
+    source: ConfigSource | None = None,
+    on_update: Callable[[dict[str, Any]], None] | None = None,
+) -> SweepSummary:
+    """Run (or ``resume``) a sweep into ``out``; returns when every config is done or failed.
+
+    Args:
+        sweep: The sweep; ignored with ``resume`` (the saved ``sweep.yaml`` is used).
+        out: The sweep directory (must not exist unless ``resume``).
+        address: Ray address (``auto``, ``host:port``); None: ``RAY_ADDRESS`` or a local Ray.
+        resume: Continue the sweep in ``out``.
+        options: Runtime knobs (:class:`RunOptions`).
+        source: Override the config source (default: the sweep's searcher).
+        on_update: Called with the coordinator's snapshot after every event (progress view).
+    """
+    options = options or RunOptions()
+    t0 = time.monotonic()
+    out = check_out_dir(out, resume=resume)
+    store: SweepStore | None = None
+    if resume:
+        store = SweepStore(out)
+        state = store.read_state()
+        sweep = SweepConfig.from_yaml(store.sweep_yaml)
+    elif sweep is None:
+        raise ValueError("run_sweep needs a sweep unless resume=True")
+    cost, source, metric_name = prepare(sweep, source=source)
+    started_ray = connect(address, num_gpus=sweep.hardware.num_gpus)
+    try:
+        check_gpus(sweep.hardware.num_gpus)
+
+        def make(store: SweepStore) -> Coordinator:
+            return Coordinator(
+                cost=cost,
+                num_gpus=sweep.hardware.num_gpus,
+                source=source,
+                store=store,
+                max_retries=options.max_retries,
+                refill=options.refill,
+                ask_batch=options.ask_batch,
+                metric_name=metric_name,
+            )
+
+        if resume:
+            coord = make(store)
+            coord.set_state(state)
+            launches = coord.start()
+        else:
+            with create_sweep_dir(out) as store:
+                write_sweep_yaml(store, sweep.to_yaml())
+                write_base_model(store, sweep.model)
+                coord = make(store)
+                launches = coord.start()
+        driver = _Driver(
+            sweep=sweep, coord=coord, store=store, options=options, on_update=on_update
+        )
+        driver.run(launches)
+    finally:
+        if started_ray:
+            ray.shutdown()
+    return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=time.monotonic() - t0)
+
+
+class _Driver:
+    """Carries out the coordinator's decisions on Ray and feeds it the events."""
+
+    def __init__(
+        self,
+        *,
+        sweep: SweepConfig,
+        coord: Coordinator,
+        store: SweepStore,
+        options: RunOptions,
+        on_update: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        self.sweep = sweep
+        self.coord = coord
+        self.store = store
+        self.options = options
+        self.on_update = on_update
+        tag = uuid.uuid4().hex[:6]
+        self.prefix = f"plora-{sweep.name}-{tag}"
+        self.relay = start_relay(f"{self.prefix}-coordinator")
+        self.cpus = cpus_per_worker()
+        self.handles: dict[str, JobHandle] = {}
+        self.run_args = {
+            "model": sweep.model,
+            "dataset": sweep.dataset,
+            "out_dir": str(store.adapters_dir),
+            "checkpoint_dir": str(store.checkpoints_dir),
+            "checkpoint_every": options.checkpoint_every,
+            "poll_every_s": options.poll_every_s,
+        }
+
+    def run(self, launches: list[JobSpec]) -> None:
+        try:
+            self._launch(launches)
+            while not self.coord.is_done():
+                self._step()
+        finally:
+            for h in list(self.handles.values()):
+                stop_job(h)
+            self.store.flush_metrics()
+            with contextlib.suppress(Exception):  # cluster already gone
+                ray.kill(self.relay)
+
+    def _step(self) -> None:
+        refs = {h.result_ref: jid for jid, h in self.handles.items()}
+        ready: list[Any] = []
+        if refs:
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=self.options.tick_s)
+        else:
+            time.sleep(self.options.tick_s)
+        self._drain()
+        launches: list[JobSpec] = []
+        for ref in ready:
+            launches += self._finish(refs[ref])
+        if not refs and not ready:
+            launches += self.coord.start()  # a waiting searcher may have configs now
+            if not launches and not self.coord.running and not self.coord.is_done():
+                raise RuntimeError(
+                    "the searcher gives no more configs but the sweep is not finished; "
+                    f"counts: {self.coord.counts()}"
+                )
+        self._launch(launches)
+        self._resolve_nodes()
+        for jid in list(self.handles):
+            ctl = self.coord.poll(jid)
+            if ctl["stop"] or ctl["add"]:
+                self.relay.post_control.remote(jid, ctl)
+        self._update()
+
+    def _resolve_nodes(self) -> None:
+        waiting = {h.node_ref: h for h in self.handles.values() if h.node is None}
+        if not waiting:
+            return
+        ready, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
+        for ref in ready:
+            h = waiting[ref]
+            try:
+                info = ray.get(ref)
+            except ray.exceptions.RayError:
+                info = {"host": "?", "node_id": ""}
+            h.node = f"{info['host']}:{info['node_id'][:8]}"
+            self.coord.on_job_started(h.spec.job_id, node=h.node)
+
+    def _drain(self) -> None:
+        got = ray.get(self.relay.drain.remote())
+        for jid, rows in got["metrics"].items():
+            self.coord.on_metrics(jid, rows)
+        for cid in got["stops"]:
+            self.coord.stop_config(cid, reason="relay request")
+
+    def _finish(self, job_id: str) -> list[JobSpec]:
+        handle = self.handles.pop(job_id)
+        try:
+            result = ray.get(handle.result_ref)
+        except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError,
+                ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as e:  # fmt: skip
+            kind, msg, result = FailureKind.DIED, _first_line(e), None
+        except ray.exceptions.RayTaskError as e:
+            kind, msg, result = FailureKind.ERROR, _first_line(e.cause or e), None
+        stop_job(handle)
+        self.relay.forget.remote(job_id)
+        self._drain()  # the worker flushed its last metrics before returning
+        if result is not None and result.get("status") == "oom":
+            kind, msg, result = FailureKind.OOM, result.get("error", ""), None
+        if result is None:
+            return self.coord.on_job_failed(job_id, kind, msg)
+        return self.coord.on_job_finished(job_id, result)
+
+    def _launch(self, launches: list[JobSpec]) -> None:
+        for spec in launches:
+            handle = launch_job(
+                spec,
+                relay=self.relay,
+                run_args=self.run_args,
+                cpus_per_worker=self.cpus,
+                name_prefix=self.prefix,
+            )
+            self.handles[spec.job_id] = handle
+        if launches:
+            self._update()
+
+    def _update(self) -> None:
+        snap = self.coord.snapshot()
+        self.relay.set_snapshot.remote(snap)
+        if self.on_update is not None:
+            self.on_update(snap)
+
+
+def _load_tokenizer(ref: Any) -> Any:
+    import plora.models as models
+
+    if hasattr(models, "load_tokenizer"):
+        return models.load_tokenizer(ref)
+    if ref.is_builtin:
+        return models.load_model(ref)[1]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(ref.name_or_path, trust_remote_code=ref.trust_remote_code)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:300]
+
+
+__all__ = ["RunOptions", "SweepSummary", "prepare", "run_sweep"]
