@@ -1,0 +1,325 @@
+"""Per-GPU memory of a packed LoRA job (PLoRA App. A, made concrete for HF training).
+
+The job's peak memory on each of its ``d`` GPUs is split as the planner needs it (Eq. 14):
+
+``M = M_base + Σ_k M_lora,k``
+
+* ``M_base`` (:func:`base_memory`): frozen weights (bf16, or NF4 for QLoRA), the FSDP gather
+  buffer, and a fixed reserve for the CUDA context and cuBLAS/NCCL workspaces.
+* ``M_lora,k`` (:func:`adapter_memory`): everything that grows with config k: its LoRA
+  parameters, gradients and AdamW state, the LoRA activations of its tokens
+  (``b·s·r`` per targeted projection, plus the dropout input copy and mask), **and the frozen
+  base's activations for its own b·s tokens**. The paper books base activations under
+  ``M_base``; in a packed job every config brings its own rows, so they scale with the pack
+  and belong to the config.
+
+Precision (:class:`Precision`). The default :data:`PEFT_AMP` is what PEFT + HF ``Trainer``
+do under bf16 autocast: LoRA weights stay fp32 (4 B), fp32 grads (4 B), AdamW m and v
+(8 B) -- 16 bytes per LoRA parameter. :data:`PURE_BF16` (torchtune, the paper's prototype)
+keeps everything in bf16: 2 + 2 + 4 = 8 bytes, which is the paper's
+``c_prec·(1 + c_grad)`` with ``c_grad = 3``.
+
+Activations per token (frozen base, so no weight-gradient inputs are kept except what LoRA
+needs), per layer, in bytes with bf16 activations ``a = 2``:
+
+* attention: RMSNorm (eager HF keeps an fp32 copy: 4h; fused: 2h), its output (q/k/v and
+  LoRA input, a·h), q, k, v and the attention output (``a·(2·q_dim + 2·kv_dim)``), the
+  softmax statistics (4·heads); eager attention adds the probabilities, ``6·heads·s``;
+* MLP: RMSNorm and its output as above, gate and up outputs, SiLU(gate) and the product fed
+  to down_proj (``4·a·i``; a fused SwiGLU recomputes SiLU: ``3·a·i``);
+* logits (:class:`Loss`): bf16 logits, their fp32 copy and the saved log-softmax, plus its
+  gradient during backward: 14·V bytes per token (eager HF); chunked CE (8 chunks) 3.5·V;
+  a fused linear-cross-entropy keeps none.
+
+With activation checkpointing each layer keeps only its input (``a·h``) and one layer's
+activations are rebuilt at a time (added once). Parallelism (App. A.1.1): tensor parallel
+shards the projections, their LoRA factor on the sharded side (colwise base: B sharded;
+rowwise base: A sharded) and the activations inside attention/MLP; pipeline parallel keeps
+``L/d`` layers per GPU; FSDP shards base weights (ZeRO-3), splits the rows over GPUs, and
+shards adapter state by ``zero_stage`` (1: optimizer; 2: + grads; 3: + params).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from plora.config import ConfigError
+from plora.cost import Strategy
+from plora.model_spec import ModelSpec
+
+GIB = float(1 << 30)
+
+#: Bytes per weight of a bitsandbytes NF4 layer with double quantization: 4-bit codes, an
+#: 8-bit absmax per 64 weights and an fp32 constant per 256 blocks.
+NF4_BYTES_PER_PARAM = 0.5 + 1.0 / 64 + 4.0 / (64 * 256)
+
+_LOGIT_BYTES = {"eager": 14.0, "chunked": 2.0 + 12.0 / 8, "fused": 0.0}
+_COLWISE = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"})
+
+
+class Loss(StrEnum):
+    """How the LM head and cross-entropy keep logits alive."""
+
+    EAGER = "eager"
+    """HF: bf16 logits, an fp32 copy, the saved log-softmax and its gradient (14·V B/token)."""
+    CHUNKED = "chunked"
+    """torchtune-style chunked CE (8 chunks): bf16 logits + one chunk's fp32 work (3.5·V)."""
+    FUSED = "fused"
+    """Fused linear-cross-entropy (Liger) or plora's chunked-and-recomputed CE: logits are
+    never materialized for all tokens."""
+
+
+class Attention(StrEnum):
+    """Attention kernel: memory-efficient (SDPA/flash, no s² tensor) or eager (keeps probs)."""
+
+    SDPA = "sdpa"
+    EAGER = "eager"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Precision:
+    """Bytes per element of each memory component."""
+
+    base_weight_bytes: float = 2.0
+    """Frozen projection weights: 2 (bf16) or :data:`NF4_BYTES_PER_PARAM` (QLoRA)."""
+    adapter_param_bytes: float = 4.0
+    """LoRA A and B."""
+    adapter_grad_bytes: float = 4.0
+    """Their gradients."""
+    optimizer_bytes: float = 8.0
+    """AdamW state per LoRA parameter (m and v)."""
+    activation_bytes: float = 2.0
+    """Saved activations (bf16 autocast: 2)."""
+
+
+#: PEFT under bf16 autocast: fp32 LoRA weights, grads and AdamW state (16 B/param).
+PEFT_AMP = Precision()
+#: Everything in bf16 (torchtune's LoRA recipes; the paper's prototype): 8 B/param.
+PURE_BF16 = Precision(adapter_param_bytes=2.0, adapter_grad_bytes=2.0, optimizer_bytes=4.0)
+#: Everything fp32 (CPU training).
+FULL_FP32 = Precision(base_weight_bytes=4.0, activation_bytes=4.0)
+#: QLoRA: NF4 base projections, PEFT-style fp32 adapters.
+QLORA_NF4 = Precision(base_weight_bytes=NF4_BYTES_PER_PARAM)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryOptions:
+    """How the job is run, as far as memory is concerned."""
+
+    precision: Precision = PEFT_AMP
+    """Bytes per element; see :data:`PEFT_AMP`, :data:`PURE_BF16`, :data:`QLORA_NF4`."""
+    checkpointing: bool = False
+    """Per-layer activation checkpointing."""
+    fused_kernels: bool = False
+    """Fused RMSNorm and SwiGLU (e.g. Liger-Kernel)."""
+    loss: Loss = Loss.EAGER
+    """How logits are kept for the loss."""
+    attention: Attention = Attention.SDPA
+    """Attention kernel."""
+    zero_stage: int = 3
+    """ZeRO stage of the adapter state under FSDP (base weights are always sharded)."""
+    reserved_bytes: float = 1.0 * GIB
+    """CUDA context, cuBLAS and NCCL workspaces: outside the torch allocator's count."""
+    activation_scale: float = 1.0
+    """Multiplier on base activations (set by a refit against measured peaks)."""
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (1, 2, 3):
+            raise ConfigError(f"zero_stage={self.zero_stage!r} must be 1, 2 or 3")
+        if self.reserved_bytes < 0 or self.activation_scale <= 0:
+            raise ConfigError("reserved_bytes must be >= 0 and activation_scale > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryBreakdown:
+    """Bytes per GPU by component; ``total`` is their sum."""
+
+    components: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        """Sum of all components, bytes."""
+        return float(sum(self.components.values()))
+
+    def gib(self) -> dict[str, float]:
+        """Components in GiB, rounded to 3 decimals, plus ``total``."""
+        out = {k: round(v / GIB, 3) for k, v in self.components.items()}
+        out["total"] = round(self.total / GIB, 3)
+        return out
+
+    def __add__(self, other: MemoryBreakdown) -> MemoryBreakdown:
+        keys = dict.fromkeys([*self.components, *other.components])
+        return MemoryBreakdown(
+            components={k: self.components.get(k, 0.0) + other.components.get(k, 0.0) for k in keys}
+        )
+
+
+def check_parallel(d: int, strategy: Strategy | None) -> Strategy | None:
+    """Validate a parallel degree; returns ``None`` for d = 1 (no split)."""
+    if not isinstance(d, int) or d < 1 or d & (d - 1):
+        raise ConfigError(f"parallel degree d={d!r} must be a power of two >= 1")
+    if d == 1:
+        return None
+    if strategy is None:
+        raise ConfigError(f"d={d} needs a strategy (tp, fsdp or pp)")
+    return Strategy(strategy)
+
+
+def base_weight_bytes(spec: ModelSpec, precision: Precision) -> float:
+    """Frozen weights: projections at ``base_weight_bytes``; embeddings, head and norms in the
+    activation dtype (bf16 even for QLoRA, fp32 when training in fp32)."""
+    proj = spec.num_layers * sum(spec.projection_params(p) for p in spec.projection_shapes)
+    rest = spec.total_params - proj
+    return proj * precision.base_weight_bytes + rest * max(2.0, precision.activation_bytes)
+
+
+def base_memory(
+    spec: ModelSpec,
+    *,
+    d: int = 1,
+    strategy: Strategy | None = None,
+    options: MemoryOptions = MemoryOptions(),
+) -> MemoryBreakdown:
+    """``M_base`` per GPU: frozen weights (sharded by tp/pp/fsdp), FSDP gather buffer, reserve."""
+    strat = check_parallel(d, strategy)
+    weights = base_weight_bytes(spec, options.precision)
+    comps = {"base_weights": weights / d, "reserved": options.reserved_bytes}
+    if strat is Strategy.FSDP:
+        # Two layers unsharded at a time: the one computing and the one being prefetched.
+        layer = spec.layer_params * options.precision.base_weight_bytes
+        comps["fsdp_gather_buffer"] = 2.0 * layer * (d - 1) / d
+    return MemoryBreakdown(components=comps)
+
+
+def base_activation_bytes_per_token(
+    spec: ModelSpec,
+    seq_len: int,
+    *,
+    d: int = 1,
+    strategy: Strategy | None = None,
+    options: MemoryOptions = MemoryOptions(),
+) -> dict[str, float]:
+    """Saved frozen-base activations per token on one GPU: ``{"layers": .., "logits": ..}``."""
+    strat = check_parallel(d, strategy)
+    a = options.precision.activation_bytes
+    h, i = spec.hidden_size, spec.intermediate_size
+    norm = (a if options.fused_kernels else 4.0) * h + 4.0
+    # Replicated under TP (no sequence parallelism): norms and their outputs.
+    replicated = 2.0 * (norm + a * h)
+    # Sharded under TP: attention tensors and MLP intermediates.
+    attn = a * (2 * spec.q_dim + 2 * spec.kv_dim) + 4.0 * spec.num_heads
+    if options.attention is Attention.EAGER:
+        attn += 6.0 * spec.num_heads * seq_len
+    mlp = (3.0 if options.fused_kernels else 4.0) * a * i
+    tp = d if strat is Strategy.TP else 1
+    per_layer = replicated + (attn + mlp) / tp
+    if options.checkpointing:
+        layers = a * h * spec.num_layers + per_layer  # layer inputs + one rebuilt layer
+    else:
+        layers = per_layer * spec.num_layers + norm  # + final norm
+    if strat is Strategy.PP:
+        layers /= d
+    logits = _LOGIT_BYTES[Loss(options.loss)] * spec.vocab_size
+    scale = options.activation_scale
+    if strat is Strategy.FSDP:  # rows are split over the d GPUs
+        return {"layers": scale * layers / d, "logits": scale * logits / d}
+    return {"layers": scale * layers, "logits": scale * logits}
+
+
+def adapter_param_count(
+    spec: ModelSpec,
+    rank: int,
+    targets: tuple[str, ...],
+    *,
+    d: int = 1,
+    strategy: Strategy | None = None,
+) -> float:
+    """LoRA parameters held per GPU (TP shards B of colwise and A of rowwise projections)."""
+    strat = check_parallel(d, strategy)
+    if strat is Strategy.TP:
+        total = 0.0
+        for t in targets:
+            fan_in, fan_out = spec.projection_shape(t)
+            total += (
+                rank * (fan_in + fan_out / d) if t in _COLWISE else rank * (fan_in / d + fan_out)
+            )
+        return total * spec.num_layers
+    full = float(spec.lora_params(rank, targets))
+    return full / d if strat is Strategy.PP else full
+
+
+def adapter_memory(
+    spec: ModelSpec,
+    *,
+    rank: int,
+    targets: tuple[str, ...],
+    batch_size: int,
+    seq_len: int,
+    dropout: float = 0.0,
+    d: int = 1,
+    strategy: Strategy | None = None,
+    options: MemoryOptions = MemoryOptions(),
+) -> MemoryBreakdown:
+    """``M_lora,k`` per GPU: adapter state + LoRA and base activations of its ``b·s`` tokens."""
+    strat = check_parallel(d, strategy)
+    prec = options.precision
+    n = adapter_param_count(spec, rank, targets, d=d, strategy=strat)
+    params, grads, opt = (
+        n * prec.adapter_param_bytes,
+        n * prec.adapter_grad_bytes,
+        n * prec.optimizer_bytes,
+    )
+    if strat is Strategy.FSDP:
+        z = options.zero_stage
+        opt /= d
+        grads = grads / d if z >= 2 else grads
+        params = params / d if z >= 3 else params
+    tokens = float(batch_size * seq_len)
+    if strat is Strategy.FSDP:
+        tokens /= d
+    a = prec.activation_bytes
+    # x·A (rank r) per targeted projection; with dropout also dropout(x) and its 1-byte mask.
+    lora_act = 0.0
+    for t in targets:
+        fan_in, _ = spec.projection_shape(t)
+        if strat is Strategy.TP and t not in _COLWISE:
+            fan_in /= d
+        lora_act += a * rank + ((a + 1.0) * fan_in if dropout > 0 else 0.0)
+    layers_live = 1 if options.checkpointing else spec.num_layers
+    if strat is Strategy.PP:
+        layers_live = max(1.0, layers_live / d)
+    base_act = base_activation_bytes_per_token(spec, seq_len, d=d, strategy=strat, options=options)
+    if strat is Strategy.FSDP:  # already divided per token; use the per-GPU row count instead
+        base_act = {k: v * d for k, v in base_act.items()}
+    return MemoryBreakdown(
+        components={
+            "lora_params": params,
+            "lora_grads": grads,
+            "optimizer": opt,
+            "lora_activations": tokens * lora_act * layers_live,
+            "base_activations": tokens * base_act["layers"],
+            "logits": tokens * base_act["logits"],
+        }
+    )
+
+
+__all__ = [
+    "FULL_FP32",
+    "GIB",
+    "NF4_BYTES_PER_PARAM",
+    "PEFT_AMP",
+    "PURE_BF16",
+    "QLORA_NF4",
+    "Attention",
+    "Loss",
+    "MemoryBreakdown",
+    "MemoryOptions",
+    "Precision",
+    "adapter_memory",
+    "adapter_param_count",
+    "base_activation_bytes_per_token",
+    "base_memory",
+    "base_weight_bytes",
+    "check_parallel",
+]

@@ -1,0 +1,412 @@
+"""Step time of a packed job from FLOPs and bytes, with coefficients fitted from measured steps.
+
+One optimizer step of a job ``(pack, d, strategy)`` costs (all terms per GPU):
+
+``t_step = L·o + 2·W/(d·B_hbm) + c_fixed(d) + Σ_k [a + n_k·(F_base/(e_b·P·d) + F_lora,k/(e_l·P·d) + c_tok(d))]``
+
+* ``n_k = b_k·s`` tokens of config k, ``F_base`` = frozen-base training FLOPs per token
+  (:meth:`ModelSpec.train_flops_per_token`), ``F_lora,k`` its LoRA FLOPs per token;
+* ``P`` the GPU's datasheet dense bf16 peak, ``e_b``/``e_l`` the fitted fractions of it;
+* ``L·o`` the per-step launch/framework overhead (``o`` per layer), ``a`` per adapter and step
+  (its optimizer step, its segment bookkeeping), ``2·W/(d·B_hbm)`` reading the frozen weights in
+  forward and backward;
+* communication: tensor parallel all-reduces ``4·L·h`` activations per token (2 forward, 2
+  backward) with ring factor ``2(d-1)/d``; FSDP all-gathers the base weights twice per step
+  (fixed) and reduce-scatters each adapter's grads; pipeline parallel sends ``2·h`` values per
+  token per stage boundary and loses ``(d-1)/(2d)`` to the bubble (2 microbatches per stage).
+  Bandwidth is the GPU link's, times the fitted ``comm_efficiency``.
+
+The sum over configs makes the step affine in the pack, so a job's time is
+``steps_max·t_fixed + Σ_k steps_k·t_k``: exactly what the planner's ILP assumes.
+
+:func:`fit` refits ``(o, 1/e_b, 1/e_l, a, 1/comm_efficiency)`` by least squares on relative
+error, with a weak pull to the prior so that a coefficient the samples cannot identify (e.g.
+communication when every sample has d = 1) keeps its prior value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from plora.config import ConfigError, LoRAConfig
+from plora.cost import Strategy
+from plora.cost.memory import check_parallel
+from plora.model_spec import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GPUSpec:
+    """Speed of one accelerator (memory comes from ``HardwareConfig.gpu_memory_gib``)."""
+
+    name: str
+    peak_tflops: float
+    """Dense bf16 tensor-core peak, TFLOP/s (datasheet; fp16 for V100, fp32 for cpu)."""
+    hbm_gbps: float
+    """Device memory bandwidth, GB/s."""
+    link_gbps: float
+    """GPU-to-GPU bandwidth per direction, GB/s (NVLink, else PCIe)."""
+
+    def __post_init__(self) -> None:
+        if not (self.peak_tflops > 0 and self.hbm_gbps > 0 and self.link_gbps > 0):
+            raise ConfigError(f"gpu {self.name}: peak_tflops, hbm_gbps and link_gbps must be > 0")
+
+    @property
+    def peak_flops(self) -> float:
+        """Peak FLOP/s."""
+        return self.peak_tflops * 1e12
+
+
+#: Datasheet numbers of known accelerators (names as in ``plora.config.GPU_MEMORY_GIB``).
+GPU_TYPES: dict[str, GPUSpec] = {
+    g.name: g
+    for g in (
+        GPUSpec(name="H200", peak_tflops=989.0, hbm_gbps=4800.0, link_gbps=450.0),
+        GPUSpec(name="H100", peak_tflops=989.0, hbm_gbps=3350.0, link_gbps=450.0),
+        GPUSpec(name="H100-80GB", peak_tflops=989.0, hbm_gbps=3350.0, link_gbps=450.0),
+        GPUSpec(name="B200", peak_tflops=2250.0, hbm_gbps=8000.0, link_gbps=900.0),
+        GPUSpec(name="A100-80GB", peak_tflops=312.0, hbm_gbps=2039.0, link_gbps=300.0),
+        GPUSpec(name="A100-40GB", peak_tflops=312.0, hbm_gbps=1555.0, link_gbps=300.0),
+        GPUSpec(name="V100-32GB", peak_tflops=125.0, hbm_gbps=900.0, link_gbps=150.0),
+        GPUSpec(name="V100-16GB", peak_tflops=125.0, hbm_gbps=900.0, link_gbps=150.0),
+        GPUSpec(name="L40S", peak_tflops=362.0, hbm_gbps=864.0, link_gbps=32.0),
+        GPUSpec(name="A6000", peak_tflops=154.8, hbm_gbps=768.0, link_gbps=32.0),
+        GPUSpec(name="A10", peak_tflops=125.0, hbm_gbps=600.0, link_gbps=32.0),
+        GPUSpec(name="A10G", peak_tflops=70.0, hbm_gbps=600.0, link_gbps=32.0),
+        GPUSpec(name="L4", peak_tflops=121.0, hbm_gbps=300.0, link_gbps=32.0),
+        GPUSpec(name="RTX4090", peak_tflops=82.6, hbm_gbps=1008.0, link_gbps=32.0),
+        GPUSpec(name="cpu", peak_tflops=0.2, hbm_gbps=20.0, link_gbps=5.0),
+    )
+}
+
+
+def gpu_spec(name: str, *, peak_tflops: float | None = None) -> GPUSpec:
+    """The :class:`GPUSpec` of ``name``; an unknown type needs ``peak_tflops``."""
+    if name in GPU_TYPES and peak_tflops is None:
+        return GPU_TYPES[name]
+    if peak_tflops is None:
+        raise ConfigError(
+            f"hardware.gpu_type: {name!r} has no known peak FLOP/s; use one of "
+            f"{', '.join(GPU_TYPES)} or give its dense bf16 peak_tflops"
+        )
+    known = GPU_TYPES.get(name)
+    return GPUSpec(
+        name=name,
+        peak_tflops=peak_tflops,
+        hbm_gbps=known.hbm_gbps if known else 1000.0,
+        link_gbps=known.link_gbps if known else 32.0,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Coefficients:
+    """Fitted constants of the step-time model (see the module docstring)."""
+
+    base_efficiency: float
+    """e_b: fraction of peak FLOP/s the frozen base's FLOPs run at."""
+    lora_efficiency: float
+    """e_l: fraction of peak the LoRA FLOPs run at (small GEMMs: lower)."""
+    overhead_per_layer_s: float
+    """o: per-step overhead per decoder layer (launches, framework), seconds."""
+    adapter_step_s: float
+    """a: per-adapter per-step overhead (its optimizer step, bookkeeping), seconds."""
+    comm_efficiency: float = 0.7
+    """Fraction of link bandwidth collectives reach."""
+    source: str = ""
+    """Where the numbers come from (measurement label or 'fit of N samples')."""
+
+    def __post_init__(self) -> None:
+        for name in ("base_efficiency", "lora_efficiency", "comm_efficiency"):
+            v = getattr(self, name)
+            if not 0 < v <= 1:
+                raise ConfigError(f"coefficients: {name}={v!r} must be in (0, 1]")
+        if self.overhead_per_layer_s < 0 or self.adapter_step_s < 0:
+            raise ConfigError("coefficients: overheads must be >= 0")
+
+    def to_dict(self) -> dict[str, float | str]:
+        """JSON-able dict (inverse: ``Coefficients(**d)``)."""
+        return asdict(self)
+
+    def _theta(self) -> np.ndarray:
+        return np.array(
+            [
+                self.overhead_per_layer_s,
+                1.0 / self.base_efficiency,
+                1.0 / self.lora_efficiency,
+                self.adapter_step_s,
+                1.0 / self.comm_efficiency,
+            ]
+        )
+
+    @classmethod
+    def _from_theta(cls, theta: np.ndarray, source: str) -> Coefficients:
+        o, ib, il, a, ic = (float(x) for x in theta)
+        return cls(
+            overhead_per_layer_s=max(o, 0.0),
+            base_efficiency=1.0 / max(ib, 1.0),
+            lora_efficiency=1.0 / max(il, 1.0),
+            adapter_step_s=max(a, 0.0),
+            comm_efficiency=1.0 / max(ic, 1.0),
+            source=source,
+        )
+
+
+# --- Defaults from H200 measurements -------------------------------------------------------
+# Measured on an H200, bf16, seq 1024, Qwen2.5-3B shape (random weights):
+#   PEFT, one adapter, batch 1 ........................ 8.3k tok/s
+#   HF frozen base, 16 sequences, no adapter .......... 30.7k tok/s
+#   the same with Liger-Kernel ........................ 42.0k tok/s
+#   FLOP ceiling: measured peak bf16 GEMM (~780 TFLOP/s) / (4·P_mm + 6·s·h·L) = 61k tok/s.
+# The two HF points fix e_b and the per-step overhead (given a); a, e_l and the communication
+# efficiency are not measured there: they are assumptions, refit from a job's first steps.
+H200_MEASURED = {
+    "seq_len": 1024,
+    "peft_one_adapter_tok_s": 8.3e3,
+    "hf_base_x16_tok_s": 30.7e3,
+    "liger_base_x16_tok_s": 42.0e3,
+}
+_ASSUMED_ADAPTER_STEP_S = 2e-3
+_ASSUMED_LORA_EFFICIENCY = 0.3
+
+
+def _derive_h200(base_x16_tok_s: float, label: str) -> Coefficients:
+    spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-3B")
+    gpu, s = GPU_TYPES["H200"], H200_MEASURED["seq_len"]
+    per_tok = spec.train_flops_per_token(s) / gpu.peak_flops  # seconds/token at 100% of peak
+    weights = 2.0 * 2.0 * spec.total_params / (gpu.hbm_gbps * 1e9)  # bf16, read fwd + bwd
+    t_one = s / H200_MEASURED["peft_one_adapter_tok_s"]  # 1 adapter, 1 sequence
+    t_hf = 16 * s / H200_MEASURED["hf_base_x16_tok_s"]  # 0 adapters, 16 sequences
+    eff = 15 * s * per_tok / (t_hf - t_one + _ASSUMED_ADAPTER_STEP_S)
+    overhead = t_hf - 16 * s * per_tok / eff - weights
+    if label != "hf":  # same overhead, faster kernels
+        eff = 16 * s * per_tok / (16 * s / base_x16_tok_s - overhead - weights)
+    return Coefficients(
+        base_efficiency=eff,
+        lora_efficiency=_ASSUMED_LORA_EFFICIENCY,
+        overhead_per_layer_s=overhead / spec.num_layers,
+        adapter_step_s=_ASSUMED_ADAPTER_STEP_S,
+        comm_efficiency=0.7,
+        source=f"H200 measurements, Qwen2.5-3B shape, seq 1024 ({label})",
+    )
+
+
+#: Defaults: HF eager kernels (the PEFT and bare-HF H200 measurements above).
+DEFAULT_COEFFICIENTS = _derive_h200(H200_MEASURED["hf_base_x16_tok_s"], "hf")
+#: With Liger-Kernel's fused RMSNorm/SwiGLU/RoPE/linear-cross-entropy.
+LIGER_COEFFICIENTS = _derive_h200(H200_MEASURED["liger_base_x16_tok_s"], "liger")
+
+
+# --- The model -----------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdapterLoad:
+    """What one config brings to each step: its rank, targets and sequences."""
+
+    rank: int
+    targets: tuple[str, ...]
+    sequences: int
+    """Sequences per step (the config's batch size)."""
+
+    @classmethod
+    def of(cls, config: LoRAConfig) -> AdapterLoad:
+        """The load of a :class:`LoRAConfig`."""
+        return cls(rank=config.rank, targets=config.target_modules, sequences=config.batch_size)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepSample:
+    """One measured optimizer step of a job (what profiles store and :func:`fit` consumes)."""
+
+    adapters: tuple[AdapterLoad, ...]
+    seq_len: int
+    """Padded sequence length of the step's rows."""
+    d: int = 1
+    strategy: Strategy | None = None
+    step_time_s: float
+    peak_memory_bytes: float | None = None
+    """``torch.cuda.max_memory_allocated`` over the step, if measured."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", check_parallel(self.d, self.strategy))
+        object.__setattr__(self, "adapters", tuple(self.adapters))
+        if not self.step_time_s > 0:
+            raise ConfigError(f"step sample: step_time_s={self.step_time_s!r} must be > 0")
+
+    @classmethod
+    def from_configs(
+        cls, configs: Sequence[LoRAConfig], *, seq_len: int, step_time_s: float, d: int = 1,
+        strategy: Strategy | None = None, peak_memory_bytes: float | None = None,
+    ) -> StepSample:  # fmt: skip
+        """A sample for a step in which ``configs`` were active."""
+        return cls(
+            adapters=tuple(AdapterLoad.of(c) for c in configs), seq_len=seq_len, d=d,
+            strategy=strategy, step_time_s=step_time_s, peak_memory_bytes=peak_memory_bytes,
+        )  # fmt: skip
+
+    def to_dict(self) -> dict:
+        """JSON-able dict (inverse: :meth:`from_dict`)."""
+        return {
+            "adapters": [
+                {"rank": a.rank, "targets": list(a.targets), "sequences": a.sequences}
+                for a in self.adapters
+            ],
+            "seq_len": self.seq_len,
+            "d": self.d,
+            "strategy": None if self.strategy is None else str(self.strategy),
+            "step_time_s": self.step_time_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StepSample:
+        """Inverse of :meth:`to_dict`."""
+        adapters = tuple(
+            AdapterLoad(
+                rank=int(a["rank"]), targets=tuple(a["targets"]), sequences=int(a["sequences"])
+            )
+            for a in data["adapters"]
+        )
+        strat = data.get("strategy")
+        return cls(
+            adapters=adapters, seq_len=int(data["seq_len"]), d=int(data.get("d", 1)),
+            strategy=None if strat is None else Strategy(strat),
+            step_time_s=float(data["step_time_s"]), peak_memory_bytes=data.get("peak_memory_bytes"),
+        )  # fmt: skip
+
+
+class StepTimeModel:
+    """``t_step`` split into the job's fixed part and each config's part (see module doc)."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        gpu: GPUSpec,
+        coefficients: Coefficients,
+        *,
+        weight_bytes: float | None = None,
+    ) -> None:
+        """``weight_bytes``: bytes of the frozen weights (default bf16: 2·params)."""
+        self.spec, self.gpu, self.coefficients = spec, gpu, coefficients
+        self._weight_bytes = 2.0 * spec.total_params if weight_bytes is None else weight_bytes
+
+    # Each part returns its terms as a feature vector over theta (o, 1/e_b, 1/e_l, a, 1/e_c)
+    # plus a known time; time = known + features · theta.
+    def _fixed_terms(self, d: int, strategy: Strategy | None) -> tuple[float, np.ndarray]:
+        strat = check_parallel(d, strategy)
+        link = self.gpu.link_gbps * 1e9
+        reads = self._weight_bytes / (1 if strat is Strategy.FSDP else d)
+        known = 2.0 * reads / (self.gpu.hbm_gbps * 1e9)
+        comm = 0.0
+        if strat is Strategy.FSDP:
+            comm = 2.0 * self._weight_bytes * (d - 1) / d / link
+        return known, np.array([self.spec.num_layers, 0.0, 0.0, 0.0, comm])
+
+    def _adapter_terms(
+        self, load: AdapterLoad, seq_len: int, d: int, strategy: Strategy | None
+    ) -> tuple[float, np.ndarray]:
+        strat = check_parallel(d, strategy)
+        spec, peak, link = self.spec, self.gpu.peak_flops, self.gpu.link_gbps * 1e9
+        tokens = float(load.sequences * seq_len)
+        slow = 1.0 + (d - 1) / (2.0 * d) if strat is Strategy.PP else 1.0
+        base = tokens * spec.train_flops_per_token(seq_len) / (peak * d) * slow
+        lora = tokens * spec.lora_flops_per_token(load.rank, load.targets) / (peak * d) * slow
+        comm = 0.0
+        if strat is Strategy.TP:
+            comm = tokens * 4 * spec.num_layers * spec.hidden_size * 2.0 * 2 * (d - 1) / d / link
+        elif strat is Strategy.FSDP:
+            grads = 4.0 * spec.lora_params(load.rank, load.targets)
+            comm = grads * (d - 1) / d / link
+        elif strat is Strategy.PP:
+            comm = tokens * 2 * spec.hidden_size * 2.0 * (d - 1) / d / link
+        return 0.0, np.array([0.0, base, lora, 1.0, comm])
+
+    def fixed_step_time(self, d: int = 1, strategy: Strategy | None = None) -> float:
+        """Seconds per step that do not depend on the pack."""
+        known, feats = self._fixed_terms(d, strategy)
+        return known + float(feats @ self.coefficients._theta())
+
+    def adapter_step_time(
+        self, load: AdapterLoad, seq_len: int, d: int = 1, strategy: Strategy | None = None
+    ) -> float:
+        """Seconds one config adds to each step it is active in."""
+        known, feats = self._adapter_terms(load, seq_len, d, strategy)
+        return known + float(feats @ self.coefficients._theta())
+
+    def step_time(
+        self,
+        loads: Sequence[AdapterLoad],
+        seq_len: int,
+        d: int = 1,
+        strategy: Strategy | None = None,
+    ) -> float:
+        """Seconds of one step with ``loads`` active."""
+        return self.fixed_step_time(d, strategy) + sum(
+            self.adapter_step_time(x, seq_len, d, strategy) for x in loads
+        )
+
+    def sample_terms(self, sample: StepSample) -> tuple[float, np.ndarray]:
+        """(known seconds, feature row) of a measured step."""
+        known, feats = self._fixed_terms(sample.d, sample.strategy)
+        for load in sample.adapters:
+            k, f = self._adapter_terms(load, sample.seq_len, sample.d, sample.strategy)
+            known, feats = known + k, feats + f
+        return known, feats
+
+
+def fit(
+    samples: Sequence[StepSample],
+    model: StepTimeModel,
+    *,
+    prior_weight: float = 1e-3,
+) -> Coefficients:
+    """Least-squares refit of the coefficients of ``model`` from measured steps.
+
+    Minimizes ``Σ_i ((t̂_i - t_i)/t_i)² + λ·Σ_j ((θ_j - θ0_j)/θ0_j)²`` over
+    ``θ = (o, 1/e_b, 1/e_l, a, 1/e_c)`` (λ = ``prior_weight``, θ0 the model's coefficients),
+    then clips efficiencies to (0, 1] and overheads to >= 0.
+
+    Raises:
+        ConfigError: no samples.
+    """
+    if not samples:
+        raise ConfigError("cost-model fit: no step samples to fit")
+    prior = model.coefficients._theta()
+    scale = np.where(prior > 0, prior, 1.0)
+    rows, rhs = [], []
+    for s in samples:
+        known, feats = model.sample_terms(s)
+        rows.append(feats * scale / s.step_time_s)  # solve for u = theta / scale
+        rhs.append((s.step_time_s - known) / s.step_time_s)
+    lam = math.sqrt(prior_weight)
+    a = np.vstack([np.array(rows), lam * np.eye(len(prior))])
+    b = np.concatenate([np.array(rhs), lam * np.ones(len(prior))])
+    u, *_ = np.linalg.lstsq(a, b, rcond=None)
+    return Coefficients._from_theta(u * scale, source=f"fit of {len(samples)} measured steps")
+
+
+def relative_errors(samples: Sequence[StepSample], model: StepTimeModel) -> np.ndarray:
+    """``(predicted - measured) / measured`` per sample."""
+    theta = model.coefficients._theta()
+    out = []
+    for s in samples:
+        known, feats = model.sample_terms(s)
+        out.append((known + feats @ theta - s.step_time_s) / s.step_time_s)
+    return np.array(out)
+
+
+__all__ = [
+    "DEFAULT_COEFFICIENTS",
+    "GPU_TYPES",
+    "H200_MEASURED",
+    "LIGER_COEFFICIENTS",
+    "AdapterLoad",
+    "Coefficients",
+    "GPUSpec",
+    "StepSample",
+    "StepTimeModel",
+    "fit",
+    "gpu_spec",
+    "relative_errors",
+]
