@@ -36,27 +36,38 @@ def _mul_parts(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mulhi, mullo
 
 
-def philox_uint32(seed: int, c0: torch.Tensor, c1: torch.Tensor) -> torch.Tensor:
-    """First output word of Philox4x32-10 for counters ``(c0, c1, 0, 0)``, as int64 in [0, 2³²).
+def philox4x32(
+    key: tuple[int, int], c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Philox4x32-10 (Salmon et al. 2011) on int64 tensors holding 32-bit words.
 
     Args:
-        seed: 64-bit key (``k0`` = low word, ``k1`` = high word).
-        c0: int64 tensor of counters' first words (< 2³²).
-        c1: int64 tensor (broadcastable to ``c0``) of second words (< 2³²).
+        key: ``(k0, k1)``, each < 2³².
+        c0, c1, c2, c3: broadcastable int64 tensors of counter words (< 2³²).
+
+    Returns:
+        The four output words, int64 in [0, 2³²).
     """
-    seed &= 0xFFFFFFFFFFFFFFFF
-    k0, k1 = seed & _M32, (seed >> 32) & _M32
-    c0 = c0.to(torch.int64)
-    c1 = torch.broadcast_to(c1.to(torch.int64), c0.shape)
-    c2 = torch.zeros_like(c0)
-    c3 = torch.zeros_like(c0)
+    k0, k1 = key
+    c0, c1, c2, c3 = torch.broadcast_tensors(*(c.to(torch.int64) for c in (c0, c1, c2, c3)))
     for _ in range(_N_ROUNDS):
         hi_b, lo_b = _mul_parts(_ROUND_B, c2)
         hi_a, lo_a = _mul_parts(_ROUND_A, c0)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0 = (k0 + _KEY_A) & _M32
         k1 = (k1 + _KEY_B) & _M32
-    return c0
+    return c0, c1, c2, c3
+
+
+def philox_uint32(seed: int, c0: torch.Tensor, c1: torch.Tensor) -> torch.Tensor:
+    """Triton's ``randint(seed, offset)``: first Philox word for counters ``(c0, c1, 0, 0)``.
+
+    ``seed`` is the 64-bit key (``k0`` = low word, ``k1`` = high word); ``c0``/``c1`` the low and
+    high words of Triton's 64-bit offset.
+    """
+    seed &= 0xFFFFFFFFFFFFFFFF
+    zero = torch.zeros((), dtype=torch.int64, device=c0.device)
+    return philox4x32((seed & _M32, (seed >> 32) & _M32), c0, c1, zero, zero)[0]
 
 
 def uniform_from_uint32(bits: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,150 @@
+"""Triton packed-LoRA kernels under the CPU interpreter, against the fp64 torch oracle.
+
+``TRITON_INTERPRET=1`` must be set before triton is first imported (triton's own ``tl.cumsum`` and
+``tl.rand`` are jit functions decorated at import), and it must not leak into other tests (a GPU
+test in the same process would run interpreted). So the outer test re-runs this file in a child
+pytest with the variable set; the child runs the real tests. Shapes are small: the interpreter
+runs each program in numpy. fp32 and fp16 only (bf16 is not exact there).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from plora.kernels import dropout_mask, packed_lora_delta, packed_lora_linear
+from plora.kernels.testing import Case, make_tensors, oracle, random_case, rel_err, table
+
+CHILD = os.environ.get("PLORA_KERNELS_INTERPRETER_CHILD") == "1"
+pytestmark = pytest.mark.skipif(
+    CHILD and os.environ.get("TRITON_INTERPRET") != "1", reason="child run needs TRITON_INTERPRET=1"
+)
+
+
+@pytest.mark.skipif(CHILD, reason="this is the child run")
+def test_interpreter_suite_in_child_process():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PLORA_KERNELS_INTERPRETER_CHILD": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
+    assert " passed" in proc.stdout, proc.stdout
+
+
+child = pytest.mark.skipif(not CHILD, reason="runs in the interpreter child process")
+
+
+if CHILD:
+    from plora.kernels import triton_kernels as TK
+
+
+def run_triton(case: Case, tensors, dy, seed: int, *, fused: bool):
+    x, w, b, a, bb = (t if t is None else t.detach().clone() for t in tensors)
+    for t in (x, a, bb):
+        t.requires_grad_(True)
+    y = packed_lora_linear(
+        x, w, b, a, bb, **table(case), dropout_seed=seed, fused=fused, backend="triton"
+    )
+    dx, da, db = torch.autograd.grad(y, (x, a, bb), dy)
+    return y.detach(), dx, da, db
+
+
+CASES = [
+    # (n_slots, in, out, max tokens per slot, dropout)
+    (1, 40, 24, 37, False),
+    (3, 33, 37, 20, True),
+    (7, 48, 20, 9, True),
+    (32, 24, 40, 4, True),
+]
+
+
+@child
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+@pytest.mark.parametrize("spec", CASES, ids=lambda s: f"slots{s[0]}-in{s[1]}-out{s[2]}")
+def test_fp32_matches_fp64_oracle(spec, fused):
+    n_slots, in_f, out_f, max_seg, drop = spec
+    gen = torch.Generator().manual_seed(n_slots * 100 + in_f)
+    case = random_case(gen, n_slots=n_slots, in_f=in_f, out_f=out_f, max_seg=max_seg, dropout=drop)
+    tensors = make_tensors(case, dtype=torch.float32, device="cpu", seed=n_slots)
+    dy = torch.randn(case.n_tokens, out_f, generator=gen)
+    seed = 2**40 + 17 * n_slots  # > 2^32: the key's high word matters
+    got = run_triton(case, tensors, dy, seed, fused=fused)
+    ref = oracle(case, tensors, dy, seed)
+    for name, g, r in zip(("y", "dx", "dA", "dB"), got, ref, strict=True):
+        assert rel_err(g, r) < 2e-6, (name, rel_err(g, r), case)
+
+
+@child
+def test_fp16_odd_dim_2049():
+    case = Case(n_tokens=7, in_f=2049, out_f=24, seg_lens=(1, 0, 5), ranks=(24, 8, 16),
+                dropout=(0.0, 0.5, 0.25), lead=1)  # fmt: skip
+    tensors = make_tensors(case, dtype=torch.float16, device="cpu", seed=3)
+    dy = torch.randn(case.n_tokens, case.out_f).half()
+    got = run_triton(case, tensors, dy, 99, fused=True)
+    ref = oracle(case, tensors, dy, 99)
+    for name, g, r in zip(("y", "dx", "dA", "dB"), got, ref, strict=True):
+        assert g.dtype == torch.float16
+        assert rel_err(g, r) < 3e-3, (name, rel_err(g, r))
+
+
+@child
+def test_bitwise_repeatable_and_pad_rows():
+    gen = torch.Generator().manual_seed(5)
+    case = random_case(gen, n_slots=5, in_f=40, out_f=36, max_seg=12)
+    x, w, b, a, bb = make_tensors(case, dtype=torch.float32, device="cpu", seed=5)
+    dy = torch.randn(case.n_tokens, case.out_f, generator=gen)
+    first = run_triton(case, (x, w, b, a, bb), dy, 7, fused=False)
+    again = run_triton(case, (x, w, b, a, bb), dy, 7, fused=False)
+    for g1, g2 in zip(first, again, strict=True):
+        assert torch.equal(g1, g2)
+    # Garbage in the pad rows/columns of the rank blocks changes nothing; their grads are zero.
+    a2, b2 = a.clone(), bb.clone()
+    for i, r in enumerate(case.ranks):
+        lo, hi = case.rank_offsets[i] + r, case.rank_offsets[i + 1]
+        a2[lo:hi] = 1e3
+        b2[:, lo:hi] = -1e3
+        assert torch.count_nonzero(first[2][lo:hi]) == 0
+        assert torch.count_nonzero(first[3][:, lo:hi]) == 0
+    padded = run_triton(case, (x, w, b, a2, b2), dy, 7, fused=True)
+    assert rel_err(padded[0], first[0]) < 1e-6
+
+
+@child
+def test_kernel_keep_mask_equals_torch_philox():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def keep_kernel(out_ptr, seed, slot, rows, cols, p, BT: tl.constexpr, BC: tl.constexpr):
+        t = tl.arange(0, BT)
+        c = tl.arange(0, BC)
+        keep = TK._keep(seed, slot, t, c, cols, p)
+        tl.store(out_ptr + t[:, None] * cols + c[None, :], keep.to(tl.int8),
+                 mask=(t[:, None] < rows) & (c[None, :] < cols))  # fmt: skip
+
+    for seed, slot, p in ((3, 0, 0.5), (2**33 + 5, 6, 0.1), (123456789, 31, 0.9)):
+        out = torch.empty(13, 29, dtype=torch.int8)
+        keep_kernel[(1,)](out, seed, slot, 13, 29, p, BT=16, BC=32)
+        ref = dropout_mask(seed, slot, (13, 29), p)
+        assert torch.equal(out.bool(), ref)
+
+
+@child
+def test_delta_and_degenerate_tables():
+    gen = torch.Generator().manual_seed(11)
+    case = random_case(gen, n_slots=4, in_f=20, out_f=18, max_seg=6, dropout=True)
+    x, w, b, a, bb = make_tensors(case, dtype=torch.float32, device="cpu", seed=11)
+    y = packed_lora_linear(x, w, b, a, bb, **table(case), dropout_seed=4, backend="triton")
+    delta = packed_lora_delta(x, a, bb, **table(case), dropout_seed=4, backend="triton")
+    torch.testing.assert_close(delta, y - torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    # All segments empty: the frozen linear alone, and zero LoRA grads.
+    empty = Case(n_tokens=6, in_f=20, out_f=18, seg_lens=(0, 0), ranks=(8, 16), dropout=(0.1, 0.0))
+    xe, we, be, ae, bbe = make_tensors(empty, dtype=torch.float32, device="cpu")
+    ae.requires_grad_(True)
+    ye = packed_lora_linear(xe, we, be, ae, bbe, **table(empty), dropout_seed=1, backend="triton")
+    torch.testing.assert_close(ye, torch.nn.functional.linear(xe, we, be))
+    (ga,) = torch.autograd.grad(ye.sum(), (ae,))
+    assert torch.count_nonzero(ga) == 0
