@@ -282,8 +282,13 @@ class Coordinator:
             status = _config_status(r.get("status"), stopped=cid in self._stop_requests)
             share = tokens[cid] / total_tokens if total_tokens > 0 else 1 / len(run.config_ids)
             self.status[cid] = status
+            fields = {k: v for k, v in r.items() if k not in ("status", "config_id", "job_id")}
             self.results[cid] = self._result_row(
-                cid, status=status, job_id=job_id, gpu_seconds=wall * run.spec.gpus * share, **r
+                cid,
+                status=status,
+                job_id=job_id,
+                gpu_seconds=wall * run.spec.gpus * share,
+                **fields,
             )
             self._decide(
                 Decision.CONFIG_DONE
@@ -564,24 +569,28 @@ class Coordinator:
 
     def _measure(self, run: _Running, profile: Mapping[str, Any], *, oom: bool) -> None:
         """Record what the job measured and refit the cost model from all measurements."""
-        m = {
-            "job_id": run.spec.job_id,
-            "config_ids": list(run.config_ids),
-            "gpus": run.spec.gpus,
-            "strategy": run.spec.strategy,
-            "oom": oom,
-            **{k: v for k, v in profile.items() if _jsonable(v)},
-        }
-        self.measurements.append(m)
+        if oom or not profile.get("steps"):
+            return
+        self.measurements.append(
+            {
+                "job_id": run.spec.job_id,
+                "config_ids": list(profile.get("config_ids") or run.spec.config_ids),
+                "gpus": run.spec.gpus,
+                "strategy": run.spec.strategy,
+                "device": profile.get("device"),
+                "steps": list(profile["steps"]),
+            }
+        )
         before = describe_cost(self.cost)
-        new, used = refit_cost(self.cost, self.measurements, self.configs)
+        new, report = refit_cost(self.cost, self.measurements, self.configs)
         if new is None:
             return
         self.cost = new
         self._decide(
             Decision.REFIT,
             job_id=run.spec.job_id,
-            measurements=used,
+            measured_jobs=[m["job_id"] for m in self.measurements],
+            report=report,
             cost_before=before,
             cost_after=describe_cost(self.cost),
         )
@@ -622,7 +631,7 @@ class Coordinator:
     def _job_row(
         self, run: _Running, *, status: JobStatus, end: float | None, error: str = ""
     ) -> None:
-        key = (run.spec.job_id, run.spec.attempt)
+        key = (run.spec.job_id, run.spec.attempt, run.started_s)
         row = {
             "job_id": run.spec.job_id,
             "config_ids": list(run.config_ids),
@@ -636,7 +645,7 @@ class Coordinator:
             "strategy": run.spec.strategy,
         }
         for i, old in enumerate(self.job_rows):
-            if (old["job_id"], old["attempt"]) == key:
+            if (old["job_id"], old["attempt"], old["start"]) == key:
                 self.job_rows[i] = row
                 break
         else:

@@ -41,31 +41,64 @@ def describe_cost(cost: Any) -> dict[str, Any]:
 
 def refit_cost(
     cost: Any, measurements: Sequence[Mapping[str, Any]], configs: Mapping[str, LoRAConfig]
-) -> tuple[Any | None, list[dict[str, Any]]]:
+) -> tuple[Any | None, dict[str, Any]]:
     """Refit ``cost`` from every measurement so far.
 
     Args:
         cost: The cost model; models without ``refit`` are left alone.
-        measurements: One dict per job attempt: ``config_ids``, ``gpus``, ``strategy``, ``oom``
-            and what the job's profile measured (``step_time_s``, ``peak_memory_bytes``, ...).
-        configs: The configs by id (to hand the cost model whole configs).
+        measurements: One dict per job attempt: ``config_ids`` (the pack its profile measured),
+            ``gpus``, ``strategy``, ``device`` and ``steps``: measured steps as
+            ``{"time_s", "seq_len", "peak_memory_bytes"}`` (warm-up step already dropped).
+        configs: The configs by id.
 
     Returns:
-        ``(new_cost, used)``: the refit model (None when nothing could be refit) and the
-        measurements that went into it, as JSON.
+        ``(new_cost, report)``: the refit model (None when there was nothing to fit) and what
+        went in / changed, as JSON.
     """
     refit = getattr(cost, "refit", None)
     if not callable(refit):
-        return None, []
-    used = [dict(m) for m in measurements if m.get("step_time_s") or m.get("oom")]
-    if not used:
-        return None, []
-    fitted = refit([_with_configs(m, configs) for m in used])
-    return (cost if fitted is None else fitted), _jsonable(used)
+        return None, {}
+    samples = step_samples(cost, measurements, configs)
+    if not samples:
+        return None, {}
+    fitted = refit(samples)
+    fitted = cost if fitted is None else fitted
+    report = getattr(fitted, "last_refit", None)
+    out = {"num_samples": len(samples)}
+    if report is not None and hasattr(report, "to_dict"):
+        out.update(_jsonable(report.to_dict()))
+    return fitted, out
 
 
-def _with_configs(m: Mapping[str, Any], configs: Mapping[str, LoRAConfig]) -> dict[str, Any]:
-    return {**m, "configs": [configs[c] for c in m["config_ids"] if c in configs]}
+def step_samples(
+    cost: Any, measurements: Sequence[Mapping[str, Any]], configs: Mapping[str, LoRAConfig]
+) -> list[Any]:
+    """The measurements as ``plora.cost.throughput.StepSample`` s (one per measured step)."""
+    from plora.cost.throughput import StepSample
+
+    seq_default = int(getattr(cost, "seq_len", 0) or 0)
+    out = []
+    for m in measurements:
+        pack = [configs[c] for c in m.get("config_ids", ()) if c in configs]
+        if not pack:
+            continue
+        gpu = str(m.get("device", "")).startswith("cuda")
+        for st in m.get("steps", ()):
+            if not st.get("time_s") or st["time_s"] <= 0:
+                continue
+            d = int(m.get("gpus", 1))
+            out.append(
+                StepSample.from_configs(
+                    pack,
+                    seq_len=int(st.get("seq_len") or seq_default or 1),
+                    step_time_s=float(st["time_s"]),
+                    d=d,
+                    strategy=None if d == 1 else m.get("strategy"),
+                    # on CPU the engine reports process RSS: not a model of activations
+                    peak_memory_bytes=st.get("peak_memory_bytes") if gpu else None,
+                )
+            )
+    return out
 
 
 def _jsonable(x: Any) -> Any:
@@ -82,4 +115,4 @@ def _jsonable(x: Any) -> Any:
     return repr(x)
 
 
-__all__ = ["cost_strategy", "describe_cost", "job_memory", "refit_cost"]
+__all__ = ["cost_strategy", "describe_cost", "job_memory", "refit_cost", "step_samples"]

@@ -84,8 +84,9 @@ def prepare(
     Raises:
         ConfigError: missing dataset files, an empty dataset, configs that fit no GPU, ...
     """
-    from plora.cost.model import build_cost_model
     from plora.engine.data import load_dataset
+
+    from plora.cost.model import build_cost_model
 
     sweep.check_trainable()
     tokenizer = _load_tokenizer(sweep.model)

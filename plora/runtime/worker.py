@@ -181,8 +181,37 @@ class PackWorker:
         return {
             "status": "ok",
             "results": {cid: _as_dict(r) for cid, r in result.results.items()},
-            "profile": _as_dict(result.profile),
+            "profile": profile_dict(result.profile, configs),
         }
+
+
+def profile_dict(
+    profile: Any, configs: Sequence[LoRAConfig], *, max_steps: int = 16
+) -> dict[str, Any]:
+    """A small view of the engine's ``PackProfile`` for the cost-model refit.
+
+    Keeps up to ``max_steps`` measured steps after the first (warm-up) one, each as
+    ``{"time_s", "seq_len", "peak_memory_bytes", "adapters"}``.
+    """
+    steps = list(getattr(profile, "steps", ()))
+    steps = steps[1:] if len(steps) > 1 else steps
+    n0 = len(configs)
+    rows = [
+        {
+            "time_s": float(s.time_s),
+            "seq_len": int(s.seq_len),
+            "peak_memory_bytes": int(s.peak_memory_bytes),
+            "adapters": int(s.adapters),
+        }
+        for s in steps
+        if int(s.adapters) == n0  # steps where exactly the launched pack was active
+    ][:max_steps]
+    return {
+        "device": str(getattr(profile, "device", "")),
+        "config_ids": [c.config_id for c in configs],
+        "step_time_s": float(getattr(profile, "mean_step_time_s", 0.0) or 0.0),
+        "steps": rows,
+    }
 
 
 def _as_dict(x: Any) -> dict[str, Any]:
@@ -209,4 +238,4 @@ def _small(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["PackWorker", "RelayHooks"]
+__all__ = ["PackWorker", "RelayHooks", "profile_dict"]

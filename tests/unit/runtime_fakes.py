@@ -1,0 +1,145 @@
+"""Small real implementations the runtime tests drive the coordinator with.
+
+``AffineCost`` is a complete :class:`plora.cost.CostModel` (memory linear in rank, time affine in
+the pack's tokens) with a least-squares ``refit``; ``GreedyPlanner`` packs configs first-fit by
+memory into d = 1 jobs and list-schedules them. The coordinator's logic is tested against these
+so a failure points at the coordinator, not at the ILP or the physics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from plora.config import LoRAConfig
+from plora.cost import Strategy
+from plora.cost.throughput import StepSample
+from plora.planner.types import Job, Plan
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AffineCost:
+    """T(pack) = t0 + sec_per_sample * Σ_k steps_k * batch_k; M = base + per_rank * Σ r_k."""
+
+    base_bytes: float = 1.0
+    per_rank_bytes: float = 0.1
+    capacity_bytes: float = 4.0
+    t0: float = 1.0
+    sec_per_sample: float = 0.01
+    seq_len: int = 16
+
+    def base_memory(self, d: int, strategy: Strategy) -> float:
+        return self.base_bytes
+
+    def config_memory(self, config: LoRAConfig, d: int, strategy: Strategy) -> float:
+        return self.per_rank_bytes * config.rank
+
+    def capacity(self, d: int) -> float:
+        return self.capacity_bytes
+
+    def steps(self, config: LoRAConfig) -> int:
+        return int(config.max_steps or 1)
+
+    def fixed_time(self, steps: int, d: int, strategy: Strategy) -> float:
+        return self.t0
+
+    def config_time(self, config: LoRAConfig, d: int, strategy: Strategy) -> float:
+        return self.sec_per_sample * self.steps(config) * config.batch_size
+
+    def job_time(self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy) -> float:
+        return self.fixed_time(0, d, strategy) + sum(self.config_time(c, d, strategy) for c in pack)
+
+    def config_work(self, config: LoRAConfig) -> float:
+        return self.config_time(config, 1, Strategy.TP)
+
+    def strategies(self) -> Sequence[Strategy]:
+        return ()
+
+    def coefficients(self) -> dict[str, float]:
+        return {"t0": self.t0, "sec_per_sample": self.sec_per_sample}
+
+    def refit(self, samples: Sequence[StepSample]) -> AffineCost:
+        """Least-squares sec_per_sample (t0 kept) from measured steps: t ≈ t0/steps + s·Σ B_k."""
+        num = den = 0.0
+        for smp in samples:
+            rows = sum(a.sequences for a in smp.adapters)
+            num += smp.step_time_s * rows
+            den += rows * rows
+        return dataclasses.replace(self, sec_per_sample=num / den)
+
+
+class GreedyPlanner:
+    """First-fit-decreasing packing by memory into d = 1 jobs, list-scheduled on G GPUs."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def _pack(self, configs: Sequence[LoRAConfig], cost: Any) -> list[list[LoRAConfig]]:
+        packs: list[list[LoRAConfig]] = []
+        for c in sorted(configs, key=lambda c: -c.rank):
+            for p in packs:
+                used = cost.base_memory(1, Strategy.TP) + sum(
+                    cost.config_memory(k, 1, Strategy.TP) for k in [*p, c]
+                )
+                if used <= cost.capacity(1):
+                    p.append(c)
+                    break
+            else:
+                packs.append([c])
+        return packs
+
+    def _schedule(self, packs: list[list[LoRAConfig]], cost: Any, gpu_free_at: list[float]) -> Plan:
+        jobs = []
+        for i, p in enumerate(packs):
+            g = min(range(len(gpu_free_at)), key=lambda j: gpu_free_at[j])
+            start = gpu_free_at[g]
+            end = start + cost.job_time(p, 1, Strategy.TP)
+            gpu_free_at[g] = end
+            jobs.append(
+                Job(
+                    job_id=f"p{i:03d}",
+                    config_ids=tuple(c.config_id for c in p),
+                    gpus=1,
+                    strategy=None,
+                    start_s=start,
+                    end_s=end,
+                    memory_gib_per_gpu=0.0,
+                    gpu_ids=(g,),
+                )
+            )
+        end = max((j.end_s for j in jobs), default=0.0)
+        return Plan(
+            jobs=tuple(jobs),
+            num_configs=sum(len(p) for p in packs),
+            num_gpus=len(gpu_free_at),
+            makespan_s=end,
+            lower_bound_s=0.0,
+            ratio_bound=1.0,
+        )
+
+    def plan_sweep(self, configs: Sequence[LoRAConfig], cost: Any, num_gpus: int, **_: Any) -> Plan:
+        self.calls.append({"kind": "plan", "n": len(configs), "cost": cost})
+        return self._schedule(self._pack(configs, cost), cost, [0.0] * num_gpus)
+
+    def replan(
+        self,
+        remaining: Sequence[LoRAConfig],
+        free_gpus: int,
+        running: Sequence[Job],
+        now: float,
+        cost: Any,
+        num_gpus: int,
+    ) -> Plan:
+        self.calls.append(
+            {"kind": "replan", "n": len(remaining), "free": free_gpus, "cost": cost, "now": now}
+        )
+        busy = sorted(max(j.end_s, now) for j in running)[: num_gpus - free_gpus]
+        free_at = [now] * free_gpus + busy
+        return self._schedule(self._pack(remaining, cost), cost, free_at)
+
+
+def lora(i: int, *, rank: int = 8, steps: int = 10, batch: int = 2) -> LoRAConfig:
+    return LoRAConfig(
+        config_id=f"c{i:02d}", rank=rank, alpha=16, lr=1e-3, batch_size=batch, max_steps=steps
+    )

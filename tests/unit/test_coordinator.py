@@ -1,0 +1,271 @@
+"""The coordinator as a state machine: feed events, check decisions (no Ray)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from runtime_fakes import AffineCost, GreedyPlanner, lora
+
+from plora.runtime.coordinator import Coordinator
+from plora.runtime.records import ConfigStatus, Decision, FailureKind, JobSpec
+from plora.runtime.store import SweepStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(configs, *, gpus=2, cost=None, store=None, **kw):
+    clock = Clock()
+    coord = Coordinator(
+        cost=cost or AffineCost(),
+        num_gpus=gpus,
+        configs=configs,
+        planner=GreedyPlanner(),
+        store=store,
+        clock=clock,
+        metrics_flush_s=0.0,
+        **kw,
+    )
+    return coord, clock
+
+
+def finish(
+    coord: Coordinator, spec: JobSpec, *, step_time: float = 0.05, status="done"
+) -> list[JobSpec]:
+    results = {
+        c.config_id: {
+            "config_id": c.config_id,
+            "status": status,
+            "steps": c.max_steps,
+            "tokens": 100 * c.batch_size,
+            "final_train_loss": 1.0,
+            "eval_loss": 1.5 - c.rank / 100,
+            "eval_metric": c.rank / 100,
+            "adapter_path": f"adapters/{c.config_id}",
+        }
+        for c in spec.configs
+    }
+    profile = {"device": "cpu", "steps": [{"time_s": step_time, "seq_len": 16}] * 3}
+    return coord.on_job_finished(spec.job_id, {"results": results, "profile": profile})
+
+
+def run_to_end(coord: Coordinator, clock: Clock, launches: list[JobSpec], **kw) -> list[JobSpec]:
+    """Finish jobs in launch order until the sweep is done; return every launch."""
+    every = list(launches)
+    queue = list(launches)
+    while queue:
+        spec = queue.pop(0)
+        clock.t += 1.0
+        new = finish(coord, spec, **kw)
+        every += new
+        queue += new
+    return every
+
+
+def test_every_config_trained_once_within_gpu_budget() -> None:
+    configs = [lora(i, rank=r) for i, r in enumerate([8, 16, 24, 8, 16, 24, 30, 8, 16, 4, 4, 8])]
+    coord, clock = make(configs, gpus=3)
+    launches = coord.start()
+    assert launches and sum(s.gpus for s in launches) <= 3
+    busy_max = 0
+    every = list(launches)
+    queue = list(launches)
+    while queue:
+        busy_max = max(busy_max, coord.counts()["gpus_busy"])
+        spec = queue.pop(0)
+        clock.t += 1.0
+        new = finish(coord, spec)
+        every += new
+        queue += new
+    assert busy_max <= 3
+    trained = [c for s in every for c in s.config_ids]
+    assert sorted(trained) == sorted(c.config_id for c in configs)
+    assert coord.is_done()
+    assert all(s is ConfigStatus.DONE for s in coord.status.values())
+    kinds = [d.kind for d in coord.decisions]
+    assert kinds[0] is Decision.ASK and Decision.PLAN in kinds and kinds[-1] is Decision.SWEEP_DONE
+    # packs respect memory (capacity 4, base 1, 0.1 per rank unit)
+    for s in every:
+        assert 1.0 + 0.1 * sum(c.rank for c in s.configs) <= 4.0 + 1e-9
+
+
+def test_gpu_ids_never_double_booked() -> None:
+    coord, clock = make([lora(i, rank=64) for i in range(7)], gpus=2)  # one config per job
+    launches = coord.start()
+    assert len(launches) == 2 and {s.gpu_ids for s in launches} == {(0,), (1,)}
+    clock.t = 1.0
+    (nxt,) = finish(coord, launches[0])
+    assert nxt.gpu_ids == launches[0].gpu_ids  # the freed GPU, not the busy one
+
+
+def test_refit_uses_measurements_and_replan_sees_new_cost() -> None:
+    configs = [lora(i, rank=30, steps=10, batch=2) for i in range(6)]  # 1 config per job (cap 4)
+    prior = AffineCost(sec_per_sample=0.01)
+    coord, clock = make(configs, gpus=2, cost=prior)
+    launches = coord.start()
+    clock.t = 5.0
+    # measured: 0.4 s per step for a 2-sample pack -> 0.2 s/sample (20x the prior)
+    finish(coord, launches[0], step_time=0.4)
+    refit = [d for d in coord.decisions if d.kind is Decision.REFIT]
+    assert len(refit) == 1
+    assert refit[0].inputs["cost_before"]["sec_per_sample"] == pytest.approx(0.01)
+    assert refit[0].inputs["cost_after"]["sec_per_sample"] == pytest.approx(0.2)
+    replan = [d for d in coord.decisions if d.kind is Decision.REPLAN][-1]
+    assert replan.inputs["cost"]["sec_per_sample"] == pytest.approx(0.2)
+    assert coord.planner.calls[-1]["cost"].sec_per_sample == pytest.approx(0.2)
+    assert coord.planner.calls[-1]["now"] == pytest.approx(5.0)
+
+
+def test_dead_worker_retries_from_checkpoint_then_fails() -> None:
+    coord, clock = make([lora(0, rank=30), lora(1, rank=30)], gpus=1, max_retries=1)
+    (spec,) = coord.start()
+    (retry,) = coord.on_job_failed(spec.job_id, FailureKind.DIED, "actor died")
+    assert retry.job_id == spec.job_id and retry.attempt == 1 and retry.resume
+    assert retry.config_ids == spec.config_ids
+    assert coord.decisions[-1].kind is Decision.START_JOB
+    assert any(d.kind is Decision.RETRY for d in coord.decisions)
+    nxt = coord.on_job_failed(spec.job_id, FailureKind.DIED, "actor died again")
+    assert coord.status[spec.config_ids[0]] is ConfigStatus.FAILED
+    assert "died 2 times" in coord.results[spec.config_ids[0]]["error"]
+    assert [s.config_ids for s in nxt] == [
+        (c,) for c in coord.queued_ids()
+    ] or nxt  # other config goes on
+    run_to_end(coord, clock, nxt)
+    assert coord.is_done()
+
+
+def test_oom_splits_pack_in_halves_and_single_oom_fails() -> None:
+    configs = [lora(i, rank=4) for i in range(5)]  # all fit one job by the model
+    coord, clock = make(configs, gpus=1)
+    (spec,) = coord.start()
+    assert len(spec.configs) == 5
+    (first,) = coord.on_job_failed(spec.job_id, FailureKind.OOM, "CUDA out of memory")
+    split = next(d for d in coord.decisions if d.kind is Decision.SPLIT_OOM)
+    halves = list(split.inputs["into"].values())
+    assert sorted(len(h) for h in halves) == [2, 3]
+    assert sorted(c for h in halves for c in h) == sorted(spec.config_ids)
+    assert first.config_ids == tuple(halves[0])
+    # the 3-config half OOMs again -> 2 + 1; then a single config OOMs -> it fails alone
+    (a,) = coord.on_job_failed(first.job_id, FailureKind.OOM, "oom")
+    single = [s for s in [a] if len(s.configs) == 1]
+    while not single:
+        (a,) = coord.on_job_failed(a.job_id, FailureKind.OOM, "oom")
+        single = [s for s in [a] if len(s.configs) == 1]
+    cid = single[0].config_ids[0]
+    coord.on_job_failed(single[0].job_id, FailureKind.OOM, "oom")
+    assert coord.status[cid] is ConfigStatus.FAILED
+    assert "out of memory even alone" in coord.results[cid]["error"]
+
+
+def test_stop_config_queued_and_running() -> None:
+    coord, clock = make([lora(i, rank=64) for i in range(3)], gpus=1)
+    (spec,) = coord.start()
+    queued = coord.queued_ids()
+    coord.stop_config(queued[0])
+    assert coord.status[queued[0]] is ConfigStatus.STOPPED
+    running = spec.config_ids[0]
+    coord.stop_config(running)
+    assert coord.poll(spec.job_id)["stop"] == [running]
+    assert coord.poll(spec.job_id)["stop"] == []  # delivered once
+    nxt = finish(coord, spec)
+    assert coord.status[running] is ConfigStatus.STOPPED
+    assert [s.config_ids for s in nxt] == [(queued[1],)]
+
+
+def test_refill_adds_queued_config_into_freed_slot() -> None:
+    # capacity 4 with base 1 -> 30 rank units: long (rank 10, 100 steps) + short (rank 10, 5 steps)
+    # + rank 10 fill a job; a queued rank-10 config of 20 steps fits once the short one ends.
+    long_ = lora(0, rank=10, steps=100)
+    short = lora(1, rank=10, steps=5)
+    mid = lora(2, rank=10, steps=100)
+    late = lora(3, rank=10, steps=20)
+    coord, clock = make([long_, short, mid, late], gpus=1)
+    (spec,) = coord.start()
+    assert set(spec.config_ids) == {"c00", "c01", "c02"}
+    assert coord.poll(spec.job_id)["add"] == []  # no slot free yet
+    coord.on_metrics(spec.job_id, [{"config_id": "c01", "step": 5, "loss": 1.0}])
+    coord.on_metrics(spec.job_id, [{"config_id": "c00", "step": 5, "loss": 1.0}])
+    ctl = coord.poll(spec.job_id)
+    assert [d["config_id"] for d in ctl["add"]] == ["c03"]
+    assert coord.status["c03"] is ConfigStatus.RUNNING
+    rec = next(d for d in coord.decisions if d.kind is Decision.REFILL)
+    assert rec.inputs["memory_bytes"] <= rec.inputs["capacity_bytes"]
+    assert rec.inputs["steps"] <= rec.inputs["steps_left_in_job"]
+    assert coord.poll(spec.job_id)["add"] == []
+    spec_now = JobSpec(job_id=spec.job_id, configs=(long_, short, mid, late), gpus=1)
+    assert finish(coord, spec_now) == []
+    assert coord.is_done()
+
+
+def test_refill_refuses_configs_that_outlast_the_job() -> None:
+    a, b, c = lora(0, rank=10, steps=10), lora(1, rank=10, steps=5), lora(2, rank=10, steps=10)
+    late = lora(3, rank=10, steps=50)
+    coord, _ = make([a, b, c, late], gpus=1)
+    (spec,) = coord.start()
+    coord.on_metrics(
+        spec.job_id, [{"config_id": "c01", "step": 5}, {"config_id": "c00", "step": 6}]
+    )
+    assert coord.poll(spec.job_id)["add"] == []  # 50 steps > 4 left
+
+
+def test_state_roundtrip_resumes_without_retraining(tmp_path) -> None:
+    store = SweepStore(tmp_path)
+    configs = [lora(i, rank=64) for i in range(4)]
+    coord, clock = make(configs, gpus=2, store=store)
+    first = coord.start()
+    clock.t = 3.0
+    finish(coord, first[0])
+    done = first[0].config_ids
+    interrupted = first[1]
+    state = json.loads(store.state_json.read_text())
+
+    coord2, clock2 = make(configs, gpus=2, store=store)
+    coord2.set_state(state)
+    assert coord2.now() == pytest.approx(3.0)
+    launches = coord2.start()
+    resumed = [s for s in launches if s.job_id == interrupted.job_id]
+    assert resumed and resumed[0].resume and resumed[0].config_ids == interrupted.config_ids
+    every = run_to_end(coord2, clock2, launches)
+    retrained = [c for s in every for c in s.config_ids]
+    assert not set(done) & set(retrained)
+    assert sorted(retrained + list(done)) == sorted(c.config_id for c in configs)
+    assert coord2.is_done()
+    assert any(d["kind"] == "resume" for d in store.read_decisions())
+    jobs = store.read_jobs()
+    assert "interrupted" in set(jobs["status"])
+
+
+def test_store_files_follow_decisions(tmp_path) -> None:
+    store = SweepStore(tmp_path)
+    configs = [lora(i, rank=r) for i, r in enumerate([8, 32, 64, 16])]
+    coord, clock = make(configs, gpus=2, store=store)
+    launches = coord.start()
+    for s in launches:
+        coord.on_metrics(
+            s.job_id,
+            [
+                {"config_id": c, "step": 1, "loss": 2.0, "lr": 1e-3, "tokens": 10, "time_s": 0.1}
+                for c in s.config_ids
+            ],
+        )
+    run_to_end(coord, clock, launches)
+    lines = store.decisions_jsonl.read_text().splitlines()
+    assert [json.loads(x)["kind"] for x in lines] == [str(d.kind) for d in coord.decisions]
+    results = store.read_results()
+    assert sorted(results["config_id"]) == sorted(c.config_id for c in configs)
+    assert set(results["status"]) == {"done"}
+    assert results.set_index("config_id").loc["c02", "rank"] == 64
+    metrics = store.read_metrics()
+    assert len(metrics) >= len(launches) and set(metrics["step"]) == {1}
+    plans = sorted(store.plans_dir.glob("plan-*.json"))
+    assert len(plans) >= 2 and json.loads(store.plan_json.read_text()) == json.loads(
+        plans[-1].read_text()
+    )
+    jobs = store.read_jobs()
+    assert set(jobs["status"]) == {"done"} and (jobs["end"] >= jobs["start"]).all()
