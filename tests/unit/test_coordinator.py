@@ -142,7 +142,7 @@ def test_dead_worker_retries_from_checkpoint_then_fails() -> None:
 
 def test_oom_splits_pack_in_halves_and_single_oom_fails() -> None:
     configs = [lora(i, rank=4) for i in range(5)]  # all fit one job by the model
-    coord, clock = make(configs, gpus=1)
+    coord, _clock = make(configs, gpus=1)
     (spec,) = coord.start()
     assert len(spec.configs) == 5
     (first,) = coord.on_job_failed(spec.job_id, FailureKind.OOM, "CUDA out of memory")
@@ -164,7 +164,7 @@ def test_oom_splits_pack_in_halves_and_single_oom_fails() -> None:
 
 
 def test_stop_config_queued_and_running() -> None:
-    coord, clock = make([lora(i, rank=64) for i in range(3)], gpus=1)
+    coord, _clock = make([lora(i, rank=64) for i in range(3)], gpus=1)
     (spec,) = coord.start()
     queued = coord.queued_ids()
     coord.stop_config(queued[0])
@@ -185,7 +185,7 @@ def test_refill_adds_queued_config_into_freed_slot() -> None:
     short = lora(1, rank=10, steps=5)
     mid = lora(2, rank=10, steps=100)
     late = lora(3, rank=10, steps=20)
-    coord, clock = make([long_, short, mid, late], gpus=1)
+    coord, _clock = make([long_, short, mid, late], gpus=1)
     (spec,) = coord.start()
     assert set(spec.config_ids) == {"c00", "c01", "c02"}
     assert coord.poll(spec.job_id)["add"] == []  # no slot free yet
