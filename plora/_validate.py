@@ -272,6 +272,8 @@ def load_yaml(path: str | os.PathLike[str]) -> tuple[Any, dict[str, int]]:
             else ""
         )
         problem = " ".join(str(err.problem or err.context or "syntax error").split())
+        if err.context and err.context_mark and err.problem:
+            problem = f"{err.context} (line {err.context_mark.line + 1}): {problem}"
         raise ConfigError(
             f"invalid YAML: {problem}", value=src or _NOVALUE, file=path, line=line,
             fix="fix the YAML syntax (check brackets, quotes, colons and indentation)",
