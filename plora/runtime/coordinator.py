@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plora.config import LoRAConfig
-from plora.runtime.costview import describe_cost, job_memory, refit_cost
+from plora.runtime.costview import cost_strategy, describe_cost, job_memory, refit_cost
 from plora.runtime.records import (
     ConfigSource,
     ConfigStatus,
@@ -487,7 +487,22 @@ class Coordinator:
         self.free_gpus.difference_update(gpu_ids)
         spec = dataclasses.replace(spec, gpu_ids=gpu_ids)
         now = self.now()
-        if plan_job is not None:
+        if plan_job is None:
+            from plora.planner import Job
+
+            s = cost_strategy(spec.gpus, spec.strategy)
+            plan_job = Job(
+                job_id=spec.job_id,
+                config_ids=spec.config_ids,
+                gpus=spec.gpus,
+                strategy=None if spec.gpus == 1 else s,
+                start_s=now,
+                end_s=now + float(self.cost.job_time(list(spec.configs), spec.gpus, s)),
+                memory_gib_per_gpu=job_memory(self.cost, spec.configs, spec.gpus, spec.strategy)[0]
+                / 2**30,
+                gpu_ids=gpu_ids,
+            )
+        else:
             plan_job = dataclasses.replace(
                 plan_job,
                 config_ids=spec.config_ids,

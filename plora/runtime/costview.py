@@ -31,9 +31,11 @@ def job_memory(
 def describe_cost(cost: Any) -> dict[str, Any]:
     """A JSON view of the cost model's fitted coefficients (what a refit changes)."""
     for name in ("coefficients", "describe", "to_json_dict", "to_dict"):
-        fn = getattr(cost, name, None)
-        if callable(fn):
-            return _jsonable(fn())
+        value = getattr(cost, name, None)
+        if value is None:
+            continue
+        value = value() if callable(value) else value
+        return _jsonable(value.to_dict() if hasattr(value, "to_dict") else value)
     if dataclasses.is_dataclass(cost):
         return _jsonable(dataclasses.asdict(cost))
     return {"type": type(cost).__name__}

@@ -8,6 +8,7 @@ import pytest
 from runtime_fakes import AffineCost, GreedyPlanner, lora
 
 from plora.runtime.coordinator import Coordinator
+from plora.runtime.costview import describe_cost
 from plora.runtime.records import ConfigStatus, Decision, FailureKind, JobSpec
 from plora.runtime.store import SweepStore
 
@@ -269,3 +270,46 @@ def test_store_files_follow_decisions(tmp_path) -> None:
     )
     jobs = store.read_jobs()
     assert set(jobs["status"]) == {"done"} and (jobs["end"] >= jobs["start"]).all()
+
+
+def test_real_planner_and_cost_model_replan_after_refit(tmp_path) -> None:
+    """With plora's planner and SweepCostModel: steps measured 20x slower than the prior predicts
+    are refit into the model, and the re-plan that follows is made with the refit model."""
+    from plora.config import SweepConfig
+    from plora.cost.model import build_cost_model
+    from plora.space import expand
+
+    sweep = SweepConfig.from_yaml("sweeps/quickstart.yaml")
+    configs = expand(sweep)
+    cost = build_cost_model(sweep, use_profile=False)
+    store = SweepStore(tmp_path)
+    clock = Clock()
+    coord = Coordinator(
+        cost=cost, num_gpus=1, configs=configs, store=store, clock=clock, ask_batch=4
+    )  # 4 configs now, 4 more after the first job: a re-plan with the refit model
+    launches = coord.start()
+    assert launches and {c for s in launches for c in s.config_ids} <= {
+        c.config_id for c in configs
+    }
+    spec = launches[0]
+    s = cost.seq_len
+    predicted = cost.job_time(list(spec.configs), 1, None) / max(
+        cost.steps(c) for c in spec.configs
+    )
+    measured = 20 * predicted
+    clock.t = 60.0
+    results = {
+        c.config_id: {"status": "done", "steps": 100, "tokens": 1000, "eval_metric": 0.5}
+        for c in spec.configs
+    }
+    profile = {"device": "cpu", "steps": [{"time_s": measured, "seq_len": s}] * 4}
+    coord.on_job_finished(spec.job_id, {"results": results, "profile": profile})
+    refit = next(d for d in store.read_decisions() if d["kind"] == "refit")
+    assert refit["inputs"]["cost_before"] != refit["inputs"]["cost_after"]
+    assert refit["inputs"]["cost_after"] == describe_cost(coord.cost)
+    after = coord.cost.job_time(list(spec.configs), 1, None) / 100
+    assert after > 10 * predicted  # moved most of the way from the prior to the measurement
+    replan = next(d for d in store.read_decisions() if d["kind"] == "replan")
+    assert replan["time_s"] == 60.0 and replan["inputs"]["cost"] == refit["inputs"]["cost_after"]
+    (job,) = [j for j in json.loads(store.plan_json.read_text())["jobs"]]
+    assert job["end_s"] - job["start_s"] > 10 * predicted * 100 * 0.5
