@@ -70,8 +70,14 @@ def _gpu_entry(device_index: int) -> dict[str, Any]:
     return _tuned_file().get(name, {})
 
 
+#: Per-kind configs that win over everything else (set by the tuner in benchmarks/kernels.py).
+CONFIG_OVERRIDES: dict[str, dict[str, int]] = {}
+
+
 def kernel_config(kind: str, device: torch.device) -> dict[str, int]:
     """Tile config of ``kind`` (shrink, gemm, lora, wgrad) on ``device``."""
+    if kind in CONFIG_OVERRIDES:
+        return dict(CONFIG_OVERRIDES[kind])
     if device.type != "cuda" or _interpreting():
         return dict(_INTERPRETER_CONFIGS[kind])
     tuned = _gpu_entry(device.index or 0).get("configs", {}).get(kind)

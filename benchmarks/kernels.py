@@ -1,0 +1,438 @@
+"""Benchmarks of the packed multi-LoRA kernels (plora.kernels) on one GPU.
+
+Sections:
+  a) PLoRA Table 7: LoRA term only, r = 64, 1,024 tokens per adapter, d in {2048, 11008, 3584,
+     18944} (in = out = d), K in {2, 8, 32} adapters: packed kernels vs sequential per-adapter
+     torch LoRA, forward and backward separately. Target: speedup >= 0.9·K.
+  b) The whole packed LoRA linear (fwd + bwd: y, dX, dA, dB) vs the frozen linear alone (x·Wᵀ
+     forward + dY·W backward): 8,192 tokens, d = 4,096, 32 slots of ranks 8-128, ragged
+     segments; fused / unfused / auto, dropout 0 and 0.1. Target: <= 1.10x.
+  c) The same shape vs the naive per-adapter torch loop (mLoRA BatchLoRA style).
+  --tune first sweeps tile configs per kernel on the (b) shape, then measures fused vs unfused
+  per phase on a grid of shapes, and writes the tuned.json entry for this GPU.
+
+Timing: triton.testing.do_bench, median, after its warm-up; inputs rotate over several buffers
+(each larger than L2 at the big shapes); random data. Usage on the GPU:
+    PYTHONPATH=$PWD python benchmarks/kernels.py --tune --out $OUT
+``--dry-run`` runs every code path at toy sizes on the CPU under the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if "--dry-run" in sys.argv:  # before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import argparse
+import datetime
+import itertools
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from plora.kernels import ops, packed_lora_delta, packed_lora_linear
+from plora.kernels.meta import make_meta, padded_rank
+
+DRY = "--dry-run" in sys.argv
+
+
+def bench(fn, grad_to_none=None) -> float:
+    """Median milliseconds of ``fn``."""
+    if DRY:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return triton.testing.do_bench(
+        fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"
+    )
+
+
+def cycler(items):
+    """Zero-argument function returning the next item, round-robin."""
+    it = itertools.cycle(items)
+    return lambda: next(it)
+
+
+def rotate_calls(fns):
+    """Zero-argument function calling the next of ``fns``, round-robin (rotating inputs)."""
+    nxt = cycler(fns)
+    return lambda: nxt()()
+
+
+class Pack:
+    """Random packed-LoRA problem: tokens, frozen weight, K adapters, segment table."""
+
+    def __init__(
+        self, *, seg_lens, ranks, in_f, out_f, dtype, device, dropout=0.0, n_rot=3, seed=0
+    ):
+        g = torch.Generator().manual_seed(seed)
+        self.n = sum(seg_lens)
+        self.in_f, self.out_f = in_f, out_f
+        self.seg = [0, *itertools.accumulate(seg_lens)]
+        self.ranks = list(ranks)
+        self.offs = [0, *itertools.accumulate(padded_rank(r) for r in ranks)]
+        self.scales = [16.0 / r for r in ranks]
+        self.dropout = [dropout] * len(ranks)
+
+        def rnd(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=g) * scale).to(device, dtype)
+
+        self.xs = [rnd(self.n, in_f).requires_grad_() for _ in range(n_rot)]
+        self.dys = [rnd(self.n, out_f) for _ in range(n_rot)]
+        self.w = rnd(out_f, in_f, scale=in_f**-0.5)
+        self.a = rnd(self.offs[-1], in_f, scale=in_f**-0.5).requires_grad_()
+        self.b = rnd(out_f, self.offs[-1], scale=0.1).requires_grad_()
+        # The same adapters as separate leaf tensors, for the per-adapter torch baselines.
+        self.a_list = [
+            self.a[o : o + r].detach().clone().requires_grad_()
+            for o, r in zip(self.offs, ranks, strict=False)
+        ]
+        self.b_list = [
+            self.b[:, o : o + r].detach().clone().requires_grad_()
+            for o, r in zip(self.offs, ranks, strict=False)
+        ]
+
+    @property
+    def table(self):
+        return dict(
+            seg_starts=self.seg,
+            rank_offsets=self.offs,
+            ranks=self.ranks,
+            scales=self.scales,
+            dropout_p=self.dropout,
+        )
+
+    def meta(self):
+        return make_meta(
+            n_tokens=self.n, r_total=self.offs[-1], in_features=self.in_f, **self.table
+        )
+
+    def packed(self, x, fused):
+        return packed_lora_linear(
+            x,
+            self.w,
+            None,
+            self.a,
+            self.b,
+            **self.table,
+            dropout_seed=1,
+            fused=fused,
+            backend="triton",
+        )
+
+    def delta(self, x):
+        return packed_lora_delta(x, self.a, self.b, **self.table, dropout_seed=1, backend="triton")
+
+    def seq_delta(self, x):
+        """Sequential per-adapter torch LoRA (PEFT-style), one output per adapter."""
+        return [
+            ((x[s:e] @ a.t()) @ b.t()) * sc
+            for s, e, a, b, sc in zip(
+                self.seg, self.seg[1:], self.a_list, self.b_list, self.scales, strict=False
+            )
+        ]
+
+    def naive(self, x):
+        """mLoRA BatchLoRA style: the base GEMM once, then a torch loop over adapters."""
+        return F.linear(x, self.w) + torch.cat(self.seq_delta(x))
+
+    def leaves(self):
+        return [*self.xs, self.a, self.b, *self.a_list, *self.b_list]
+
+
+def time_fwd_bwd(pk: Pack, fwd) -> tuple[float, float]:
+    """(forward ms, backward ms) of ``fwd(x) -> tensor | list`` with rotating inputs."""
+    t_f = bench(rotate_calls([lambda x=x: fwd(x) for x in pk.xs]), grad_to_none=pk.leaves())
+    graphs = []
+    for x, dy in zip(pk.xs, pk.dys, strict=True):
+        y = fwd(x)
+        if isinstance(y, list):
+            graphs.append((y, list(dy.split([t.shape[0] for t in y]))))
+        else:
+            graphs.append(([y], [dy]))
+    step = rotate_calls(
+        [
+            lambda ys=ys, gs=gs: torch.autograd.backward(ys, gs, retain_graph=True)
+            for ys, gs in graphs
+        ]
+    )
+    t_b = bench(step, grad_to_none=pk.leaves())
+    return t_f, t_b
+
+
+def frozen_times(pk: Pack) -> tuple[float, float]:
+    x_it = cycler(pk.xs)
+    dy_it = cycler(pk.dys)
+    t_f = bench(lambda: F.linear(x_it(), pk.w))
+    t_b = bench(lambda: dy_it() @ pk.w)
+    return t_f, t_b
+
+
+# ----------------------------------------------------------------------------------- tuning
+CANDIDATES = {
+    "shrink": [
+        dict(BM=64, BK=64, num_warps=4, num_stages=3),
+        dict(BM=64, BK=128, num_warps=4, num_stages=3),
+        dict(BM=128, BK=64, num_warps=8, num_stages=3),
+        dict(BM=32, BK=128, num_warps=4, num_stages=4),
+        dict(BM=64, BK=64, num_warps=4, num_stages=4),
+        dict(BM=128, BK=32, num_warps=8, num_stages=4),
+    ],
+    "gemm": [
+        dict(BM=128, BN=128, BK=64, BR=32, GROUP_M=8, num_warps=8, num_stages=3),
+        dict(BM=128, BN=128, BK=64, BR=64, GROUP_M=8, num_warps=8, num_stages=3),
+        dict(BM=128, BN=256, BK=64, BR=32, GROUP_M=8, num_warps=8, num_stages=3),
+        dict(BM=128, BN=128, BK=64, BR=32, GROUP_M=8, num_warps=4, num_stages=4),
+        dict(BM=256, BN=128, BK=64, BR=32, GROUP_M=8, num_warps=8, num_stages=3),
+        dict(BM=128, BN=128, BK=64, BR=64, GROUP_M=8, num_warps=8, num_stages=4),
+    ],
+    "lora": [
+        dict(BM=64, BN=128, BK=32, BR=32, GROUP_M=8, num_warps=4, num_stages=2),
+        dict(BM=128, BN=128, BK=32, BR=64, GROUP_M=8, num_warps=8, num_stages=2),
+        dict(BM=64, BN=256, BK=32, BR=32, GROUP_M=8, num_warps=4, num_stages=2),
+        dict(BM=128, BN=64, BK=32, BR=64, GROUP_M=8, num_warps=4, num_stages=2),
+        dict(BM=64, BN=128, BK=32, BR=64, GROUP_M=8, num_warps=4, num_stages=3),
+    ],
+    "wgrad": [
+        dict(BN=64, BT=64, num_warps=4, num_stages=3),
+        dict(BN=32, BT=64, num_warps=4, num_stages=3),
+        dict(BN=64, BT=128, num_warps=4, num_stages=3),
+        dict(BN=128, BT=64, num_warps=8, num_stages=3),
+        dict(BN=32, BT=128, num_warps=4, num_stages=4),
+        dict(BN=64, BT=32, num_warps=4, num_stages=4),
+    ],
+}
+if DRY:
+    CANDIDATES = {k: [ops._INTERPRETER_CONFIGS[k]] for k in CANDIDATES}
+
+
+def kernel_calls(pk: Pack) -> dict:
+    """One zero-argument launch per kernel kind, on ``pk``'s first input."""
+    meta = pk.meta()
+    x, dy = pk.xs[0].detach(), pk.dys[0]
+    table = meta.device_table(x.device)
+    s_buf = ops.shrink(
+        x, pk.a.detach(), (pk.a.stride(0), pk.a.stride(1)), table, meta, 1, dropout=True
+    )
+    y = F.linear(x, pk.w)
+    da, db = torch.empty_like(pk.a), torch.empty_like(pk.b)
+    a_str, b_str = (pk.a.stride(0), pk.a.stride(1)), (pk.b.stride(0), pk.b.stride(1))
+    return {
+        "shrink": lambda: ops.shrink(x, pk.a.detach(), a_str, table, meta, 1, dropout=True),
+        "lora": lambda: ops.lora_gemm(
+            y, s_buf, pk.b.detach(), b_str, table, meta, 1, accumulate=True
+        ),
+        "gemm": lambda: ops.lora_gemm(
+            y, s_buf, pk.b.detach(), b_str, table, meta, 1, base=(x, pk.w, pk.w.stride())
+        ),
+        "wgrad": lambda: (
+            ops.wgrad(x, s_buf, da, (pk.a.stride(1), pk.a.stride(0)), table, meta, 1, dropout=True),
+            ops.wgrad(dy, s_buf, db, b_str, table, meta, 1, dropout=False),
+        ),
+    }
+
+
+def tune_configs(pk: Pack, log) -> dict:
+    calls = kernel_calls(pk)
+    best = {}
+    for kind, cands in CANDIDATES.items():
+        rows = []
+        for cfg in cands:
+            ops.CONFIG_OVERRIDES[kind] = cfg
+            try:
+                ms = bench(calls[kind])
+            except Exception as err:  # a config that does not compile (shared memory) is skipped
+                log(f"  {kind} {cfg}: failed ({type(err).__name__}: {str(err)[:80]})")
+                continue
+            rows.append((ms, cfg))
+            log(f"  {kind} {cfg}: {ms:.4f} ms")
+        ms, cfg = min(rows, key=lambda r: r[0])
+        best[kind] = cfg
+        ops.CONFIG_OVERRIDES[kind] = cfg
+        log(f"  -> {kind}: {cfg} ({ms:.4f} ms)")
+    return best
+
+
+DISPATCH_SHAPES = [(t, i, o) for t in (2048, 8192) for i, o in
+                   [(2048, 2048), (2048, 11008), (11008, 2048), (3584, 3584), (3584, 18944),
+                    (18944, 3584), (4096, 4096)]]  # fmt: skip
+if DRY:
+    DISPATCH_SHAPES = [(64, 32, 48), (128, 48, 32)]
+
+
+def tune_dispatch(dtype, device, log) -> list[dict]:
+    rows = []
+    for tokens, in_f, out_f in DISPATCH_SHAPES:
+        n_slots = 16
+        lens = [tokens // n_slots] * n_slots
+        ranks = [(8, 16, 32, 64, 128, 24, 48, 96)[i % 8] for i in range(n_slots)]
+        pk = Pack(
+            seg_lens=lens, ranks=ranks, in_f=in_f, out_f=out_f, dtype=dtype, device=device, n_rot=2
+        )
+        times = {
+            fused: time_fwd_bwd(pk, lambda x, f=fused, pk=pk: pk.packed(x, f))
+            for fused in (False, True)
+        }
+        for phase, k in (("fwd", 0), ("bwd", 1)):
+            fused = times[True][k] < times[False][k]
+            rows.append(dict(phase=phase, tokens=tokens, **{"in": in_f, "out": out_f}, fused=fused,
+                             fused_ms=round(times[True][k], 4), unfused_ms=round(times[False][k], 4)))  # fmt: skip
+            log(
+                f"  {phase} {tokens}x{in_f}->{out_f}: fused {times[True][k]:.3f} ms, unfused {times[False][k]:.3f} ms"
+            )
+        del pk
+    return rows
+
+
+# --------------------------------------------------------------------------------- sections
+def section_a(dtype, device, log) -> list[dict]:
+    dims, ks, tokens, rank = (2048, 11008, 3584, 18944), (2, 8, 32), 1024, 64
+    if DRY:
+        dims, ks, tokens, rank = (32, 48), (2, 3), 16, 16
+    rows = []
+    for d in dims:
+        for k in ks:
+            pk = Pack(
+                seg_lens=[tokens] * k,
+                ranks=[rank] * k,
+                in_f=d,
+                out_f=d,
+                dtype=dtype,
+                device=device,
+                n_rot=2,
+            )
+            seq = time_fwd_bwd(pk, pk.seq_delta)
+            packed = time_fwd_bwd(pk, pk.delta)
+            row = dict(d=d, adapters=k, seq_fwd_ms=seq[0], seq_bwd_ms=seq[1], packed_fwd_ms=packed[0],
+                       packed_bwd_ms=packed[1], speedup_fwd=seq[0] / packed[0], speedup_bwd=seq[1] / packed[1])  # fmt: skip
+            rows.append(row)
+            log(f"  d={d} K={k}: fwd {row['speedup_fwd']:.2f}x bwd {row['speedup_bwd']:.2f}x "
+                f"(packed {packed[0]:.3f}/{packed[1]:.3f} ms, seq {seq[0]:.3f}/{seq[1]:.3f} ms)")  # fmt: skip
+            del pk
+    return rows
+
+
+def section_bc(dtype, device, log) -> dict:
+    n, d, n_slots = 8192, 4096, 32
+    if DRY:
+        n, d, n_slots = 256, 64, 6
+    g = torch.Generator().manual_seed(1)
+    w = torch.rand(n_slots, generator=g) + 0.5
+    lens = (w / w.sum() * n).floor().long().tolist()
+    lens[-1] += n - sum(lens)
+    ranks = [(8, 16, 24, 32, 48, 64, 96, 128)[i % 8] for i in range(n_slots)]
+    out: dict = {
+        "tokens": n,
+        "d": d,
+        "slots": n_slots,
+        "ranks": ranks,
+        "seg_lens": lens,
+        "rows": [],
+    }
+    pk0 = Pack(seg_lens=lens, ranks=ranks, in_f=d, out_f=d, dtype=dtype, device=device)
+    f_f, f_b = frozen_times(pk0)
+    out["frozen_fwd_ms"], out["frozen_bwd_ms"] = f_f, f_b
+    log(f"  frozen linear: fwd {f_f:.4f} ms, bwd (dY·W) {f_b:.4f} ms, total {f_f + f_b:.4f} ms")
+    for p in (0.0, 0.1):
+        pk = Pack(
+            seg_lens=lens, ranks=ranks, in_f=d, out_f=d, dtype=dtype, device=device, dropout=p
+        )
+        for fused in (False, True, None):
+            t_f, t_b = time_fwd_bwd(pk, lambda x, f=fused, pk=pk: pk.packed(x, f))
+            ratio = (t_f + t_b) / (f_f + f_b)
+            out["rows"].append(
+                dict(dropout=p, fused=fused, fwd_ms=t_f, bwd_ms=t_b, ratio_vs_frozen=ratio)
+            )
+            log(
+                f"  packed p={p} fused={fused}: fwd {t_f:.4f} bwd {t_b:.4f} ms -> {ratio:.3f}x frozen"
+            )
+        if p == 0.0:
+            calls = kernel_calls(pk)
+            out["kernels_ms"] = {k: bench(c) for k, c in calls.items()}
+            log(f"  per-kernel ms (p=0): {out['kernels_ms']}")
+            n_f, n_b = time_fwd_bwd(pk, pk.naive)
+            out["naive_fwd_ms"], out["naive_bwd_ms"] = n_f, n_b
+            best = min(
+                (r for r in out["rows"] if r["dropout"] == 0.0),
+                key=lambda r: r["fwd_ms"] + r["bwd_ms"],
+            )
+            out["speedup_vs_naive"] = (n_f + n_b) / (best["fwd_ms"] + best["bwd_ms"])
+            log(
+                f"  naive loop: fwd {n_f:.4f} bwd {n_b:.4f} ms; packed best is {out['speedup_vs_naive']:.2f}x faster"
+            )
+        del pk
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--tune", action="store_true", help="tune configs and dispatch first; write tuned.json"
+    )
+    ap.add_argument("--sections", default="a,b", help="comma list of a, b (b includes c)")
+    ap.add_argument(
+        "--out", default="runs/kernels", help="directory for results JSON and tuned.json"
+    )
+    ap.add_argument(
+        "--dry-run", action="store_true", help="toy sizes on CPU under the Triton interpreter"
+    )
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if DRY else "cuda"
+    dtype = torch.float32 if DRY else torch.bfloat16
+    gpu = "cpu (interpreter)" if DRY else torch.cuda.get_device_name()
+    lines: list[str] = []
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        lines.append(msg)
+
+    info = dict(gpu=gpu, date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                torch=torch.__version__, triton=triton.__version__, command=" ".join(sys.argv), dtype=str(dtype))  # fmt: skip
+    log(json.dumps(info))
+    results: dict = {"info": info}
+    if args.tune:
+        log("== tune: tile configs on the (b) shape")
+        n, d = (8192, 4096) if not DRY else (128, 48)
+        ranks = [(8, 16, 24, 32, 48, 64, 96, 128)[i % 8] for i in range(32 if not DRY else 4)]
+        pk = Pack(seg_lens=[n // len(ranks)] * len(ranks), ranks=ranks, in_f=d, out_f=d, dtype=dtype,
+                  device=device, n_rot=1)  # fmt: skip
+        configs = tune_configs(pk, log)
+        del pk
+        log("== tune: fused vs unfused per phase")
+        dispatch = tune_dispatch(dtype, device, log)
+        entry = dict(
+            configs=configs, dispatch=dispatch, measured=info["date"], triton=info["triton"]
+        )
+        tuned = json.loads(ops.TUNED_PATH.read_text()) if ops.TUNED_PATH.exists() else {}
+        tuned[gpu] = entry
+        (out_dir / "tuned.json").write_text(json.dumps(tuned, indent=1, sort_keys=True) + "\n")
+        if not DRY:
+            ops.TUNED_PATH.write_text(json.dumps(tuned, indent=1, sort_keys=True) + "\n")
+        ops.CONFIG_OVERRIDES.clear()
+        ops._tuned_file.cache_clear()
+        ops._gpu_entry.cache_clear()
+        results["tuned"] = entry
+    sections = set(args.sections.split(","))
+    if "a" in sections:
+        log(
+            "== a) Table 7 shapes: packed vs sequential per-adapter LoRA (speedup; target >= 0.9*K)"
+        )
+        results["table7"] = section_a(dtype, device, log)
+    if "b" in sections:
+        log("== b/c) packed LoRA linear vs frozen linear (target <= 1.10x) and vs naive loop")
+        results["linear"] = section_bc(dtype, device, log)
+    (out_dir / "kernels_results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out_dir / "kernels_log.txt").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
