@@ -1,0 +1,606 @@
+"""PackedTrainer: one forward and one backward per step over every active adapter.
+
+Each step, adapter ``i`` draws its own batch ``b_i`` (its ``AdapterStream``: batch size, seed and
+order as if it trained alone); the rows of all adapters are packed into one batch whose rows
+``[start_i, stop_i)`` go through slot ``i`` only (:func:`plora.engine.lora.packed_segments`).
+The loss is::
+
+    L = Σ_i  (1 / N_i) Σ_{t ∈ b_i, label_t ≠ -100}  CE(logits_t, label_t)
+
+with ``N_i`` the number of target tokens of ``b_i`` (labels shifted by one; prompt and padding
+are -100). Since slot ``i``'s parameters only touch its own rows, ``∂L/∂θ_i`` is exactly the
+gradient of adapter ``i``'s own mean token loss. Each adapter then clips by its own L2 norm and
+steps its own AdamW and schedule (:mod:`plora.engine.optim`).
+
+When the packed rows exceed ``max_rows`` they are split into micro-batches (rows of one adapter
+may straddle two); each micro-batch backpropagates its share ``Σ_{t ∈ micro} CE / N_i`` so the
+accumulated gradient equals the full batch's. Logits are computed only at target positions, in
+chunks, recomputed in backward when large (never ``R × S × V`` at once).
+
+GPU: bf16 autocast, fp32 master LoRA weights, fused kernels via the layer's hook; CPU: fp32.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from plora.config import ConfigError, LoRAConfig
+from plora.engine import lora, optim
+from plora.engine.lora import _mix
+
+_IGNORE = -100
+#: Above this many logits (tokens x vocab) per chunk, the head + CE is recomputed in backward.
+_LOGIT_CHUNK = 1 << 24
+
+
+class AdapterStatus(StrEnum):
+    """Where an adapter is in its life inside a pack."""
+
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepMetrics:
+    """One adapter's numbers for one optimizer step."""
+
+    config_id: str
+    step: int
+    """The adapter's own step count after this update (1-based)."""
+    loss: float
+    """Mean token loss of the adapter's batch (before the update)."""
+    lr: float
+    """Learning rate used for this update."""
+    tokens: int
+    """Non-padding input tokens of the adapter's batch."""
+    grad_norm: float
+    """L2 norm of the adapter's gradient before clipping."""
+    time_s: float
+    """Wall time of the whole packed step."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepProfile:
+    """Measurements of one packed step (for the cost model)."""
+
+    step: int
+    time_s: float
+    adapters: int
+    rows: int
+    seq_len: int
+    """Longest padded row length of the step."""
+    tokens: int
+    """Non-padding input tokens over all adapters."""
+    padded_tokens: int
+    micro_batches: int
+    peak_memory_bytes: int
+    """``torch.cuda.max_memory_allocated`` during the step on GPU; process max RSS on CPU."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackProfile:
+    """The first steps of a pack, as measured; handed to ``plora.cost.profile``."""
+
+    device: str
+    dtype: str
+    ranks: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    steps: tuple[StepProfile, ...]
+
+    @property
+    def mean_step_time_s(self) -> float:
+        """Mean step time, skipping the first (warm-up) step when there are more."""
+        steps = self.steps[1:] if len(self.steps) > 1 else self.steps
+        return sum(s.time_s for s in steps) / max(1, len(steps))
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Non-padding tokens per second over the measured steps (after warm-up)."""
+        steps = self.steps[1:] if len(self.steps) > 1 else self.steps
+        t = sum(s.time_s for s in steps)
+        return sum(s.tokens for s in steps) / t if t > 0 else 0.0
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max((s.peak_memory_bytes for s in self.steps), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "ranks": list(self.ranks),
+            "batch_sizes": list(self.batch_sizes),
+            "steps": [{k: getattr(s, k) for k in StepProfile.__slots__} for s in self.steps],
+        }
+
+
+@dataclass(slots=True)
+class _Adapter:
+    config: LoRAConfig
+    slot: int
+    total_steps: int
+    stream: Any
+    params: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any
+    step: int = 0
+    tokens: int = 0
+    last_loss: float | None = None
+    status: AdapterStatus = AdapterStatus.ACTIVE
+    losses: list[float] = field(default_factory=list)
+
+
+class PackedTrainer:
+    """Trains many LoRA adapters at once on one frozen causal LM.
+
+    Args:
+        model: a HF causal LM (Llama/Qwen2 family) on ``device``; frozen and injected here.
+        tokenizer: its tokenizer (``pad_token_id``, else ``eos_token_id``, pads rows).
+        dataset: a ``plora.engine.data.TokenizedDataset`` (``train``: examples with
+            ``input_ids`` and aligned ``labels``).
+        device: defaults to the model's device.
+        dtype: autocast dtype; default bf16 on CUDA, none (fp32) on CPU.
+        seq_len: truncate examples to this many tokens (None: as tokenized).
+        max_rows: most sequences per forward; more rows are split into micro-batches.
+        gradient_checkpointing: recompute the frozen base's activations in backward.
+        profile_steps: how many first steps :meth:`profile` keeps.
+        base_model_name_or_path: written into exported ``adapter_config.json``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        dataset: Any,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        seq_len: int | None = None,
+        max_rows: int | None = None,
+        gradient_checkpointing: bool = False,
+        profile_steps: int = 10,
+        base_model_name_or_path: str | None = None,
+    ) -> None:
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.model = model.to(self.device)
+        self.dataset = dataset
+        self.train_examples = list(dataset.train)
+        if not self.train_examples:
+            raise ConfigError("dataset: the training split is empty; give it at least one example")
+        self.autocast_dtype = (
+            dtype if dtype is not None else (torch.bfloat16 if self.device.type == "cuda" else None)
+        )
+        if self.autocast_dtype == torch.float32:
+            self.autocast_dtype = None
+        self.seq_len = seq_len
+        if max_rows is not None and max_rows < 1:
+            raise ConfigError(f"trainer: max_rows={max_rows} must be >= 1 or None")
+        self.max_rows = max_rows
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
+        self.base_model_name_or_path = base_model_name_or_path or str(
+            getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+        )
+        if not lora.packed_layers(model):
+            lora.inject(model)
+        self.layers = lora.packed_layers(model)
+        model.requires_grad_(False)
+        model.train()
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self._decoder = getattr(model, model.base_model_prefix)
+        self._head = model.get_output_embeddings()
+        self.adapters: dict[str, _Adapter] = {}
+        self.global_step = 0
+        self.profile_steps = profile_steps
+        self._profile: list[StepProfile] = []
+
+    # ------------------------------------------------------------- adapters
+    @property
+    def active(self) -> list[str]:
+        """Config ids still training, in slot order."""
+        ads = [a for a in self.adapters.values() if a.status is AdapterStatus.ACTIVE]
+        return [a.config.config_id for a in sorted(ads, key=lambda a: a.slot)]
+
+    @property
+    def finished(self) -> list[str]:
+        """Config ids that reached their steps or were stopped (weights still held)."""
+        return [c for c, a in self.adapters.items() if a.status is not AdapterStatus.ACTIVE]
+
+    def adapter(self, config_id: str) -> _Adapter:
+        try:
+            return self.adapters[config_id]
+        except KeyError:
+            raise KeyError(f"no adapter {config_id!r} in this pack") from None
+
+    def status(self, config_id: str) -> AdapterStatus:
+        return self.adapter(config_id).status
+
+    def slot_of(self, config_id: str) -> int:
+        return self.adapter(config_id).slot
+
+    def add(self, config: LoRAConfig, *, slot: int | None = None) -> int:
+        """Add ``config`` as a fresh adapter in a free slot (between steps); return the slot."""
+        from plora.engine.data import AdapterStream
+
+        if config.config_id in self.adapters:
+            raise ConfigError(
+                f"config {config.config_id}: already in this pack; use a new config_id"
+            )
+        used = {a.slot for a in self.adapters.values()}
+        if slot is None:
+            slot = next(i for i in range(len(used) + 1) if i not in used)
+        elif slot in used:
+            raise ValueError(f"slot {slot} is taken")
+        params = lora.add_adapter(self.model, slot, config)
+        steps = optim.total_steps(config, len(self.train_examples))
+        opt = optim.make_optimizer(params, config)
+        self.adapters[config.config_id] = _Adapter(
+            config=config,
+            slot=slot,
+            total_steps=steps,
+            stream=AdapterStream(len(self.train_examples), config.batch_size, config.seed),
+            params=params,
+            optimizer=opt,
+            scheduler=optim.make_schedule(opt, config, steps),
+        )
+        return slot
+
+    def remove(self, config_id: str) -> None:
+        """Stop an active adapter early (its weights stay for export until :meth:`release`)."""
+        ad = self.adapter(config_id)
+        if ad.status is AdapterStatus.ACTIVE:
+            self._retire(ad, AdapterStatus.STOPPED)
+
+    def release(self, config_id: str) -> None:
+        """Forget a finished or stopped adapter and free its slot."""
+        ad = self.adapters.pop(config_id)
+        lora.remove_adapter(self.model, ad.slot)
+
+    def _retire(self, ad: _Adapter, status: AdapterStatus) -> None:
+        ad.status = status
+        ad.optimizer = None
+        ad.scheduler = None
+        for p in ad.params:
+            p.grad = None
+            p.requires_grad_(False)
+
+    # ----------------------------------------------------------------- step
+    def step(self) -> list[StepMetrics]:
+        """One packed optimizer step for every active adapter; returns their metrics."""
+        active = [self.adapters[c] for c in self.active]
+        if not active:
+            return []
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        t0 = time.perf_counter()
+        batches = {ad.slot: self._draw(ad) for ad in active}
+        denoms = {s: max(1, sum(_n_targets(ex) for ex in exs)) for s, exs in batches.items()}
+        ce_sums = dict.fromkeys(batches, 0.0)
+        micros = _plan_micro_batches(batches, self.max_rows)
+        rows = padded = seq_len = 0
+        for m, micro in enumerate(micros):
+            pb, keys = self._pack(micro, active)
+            rows += pb.input_ids.shape[0]
+            padded += pb.input_ids.numel()
+            seq_len = max(seq_len, pb.input_ids.shape[1])
+            nonce = _mix(self.global_step, m)
+            with lora.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
+                loss, sums = self._forward_loss(pb, denoms)
+                loss.backward()
+            for slot, value in sums.items():
+                ce_sums[slot] += value
+        metrics = []
+        elapsed = None
+        updates = []
+        for ad in active:
+            norm = optim.clip_and_norm(ad.params, ad.config.max_grad_norm)
+            lr = float(ad.scheduler.get_last_lr()[0])
+            ad.optimizer.step()
+            ad.scheduler.step()
+            ad.optimizer.zero_grad(set_to_none=True)
+            updates.append((ad, norm, lr))
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - t0
+        tokens_total = 0
+        for ad, norm, lr in updates:
+            exs = batches[ad.slot]
+            tokens = sum(len(ex.input_ids) for ex in exs)
+            tokens_total += tokens
+            ad.step += 1
+            ad.tokens += tokens
+            ad.last_loss = ce_sums[ad.slot] / denoms[ad.slot]
+            ad.losses.append(ad.last_loss)
+            metrics.append(
+                StepMetrics(
+                    config_id=ad.config.config_id,
+                    step=ad.step,
+                    loss=ad.last_loss,
+                    lr=lr,
+                    tokens=tokens,
+                    grad_norm=norm,
+                    time_s=elapsed,
+                )
+            )
+            if ad.step >= ad.total_steps:
+                self._retire(ad, AdapterStatus.COMPLETED)
+        self.global_step += 1
+        if len(self._profile) < self.profile_steps:
+            self._profile.append(
+                StepProfile(
+                    step=self.global_step,
+                    time_s=elapsed,
+                    adapters=len(active),
+                    rows=rows,
+                    seq_len=seq_len,
+                    tokens=tokens_total,
+                    padded_tokens=padded,
+                    micro_batches=len(micros),
+                    peak_memory_bytes=_peak_memory(self.device),
+                )
+            )
+        return metrics
+
+    def _draw(self, ad: _Adapter) -> list[Any]:
+        exs = [self.train_examples[i] for i in ad.stream.next_batch()]
+        if self.seq_len is not None:
+            exs = [_truncate(ex, self.seq_len) for ex in exs]
+        return exs
+
+    def _pack(self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[_Adapter]):
+        from plora.engine.data import pack_batch
+
+        step_of = {ad.slot: ad.step for ad in active}
+        width = max(micro) + 1
+        rows = [micro[s][1] if s in micro else [] for s in range(width)]
+        pb = pack_batch(rows, self.pad_id)
+        keys = {s: (step_of[s], micro[s][0]) for s in micro}
+        return pb.to(self.device) if hasattr(pb, "to") else _batch_to(pb, self.device), keys
+
+    def _forward_loss(
+        self, pb: Any, denoms: dict[int, int]
+    ) -> tuple[torch.Tensor, dict[int, float]]:
+        ctx = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None
+            else torch.autocast(self.device.type, enabled=False)
+        )
+        with ctx:
+            hidden = self._decoder(
+                input_ids=pb.input_ids, attention_mask=pb.attention_mask, use_cache=False
+            ).last_hidden_state
+            return packed_loss(self._head, hidden, pb.labels, pb.segments, denoms)
+
+    # -------------------------------------------------------------- outputs
+    def profile(self) -> PackProfile:
+        """Measurements of the first ``profile_steps`` steps."""
+        ads = sorted(self.adapters.values(), key=lambda a: a.slot)
+        return PackProfile(
+            device=_device_name(self.device),
+            dtype=str(self.autocast_dtype or torch.float32).removeprefix("torch."),
+            ranks=tuple(a.config.rank for a in ads),
+            batch_sizes=tuple(a.config.batch_size for a in ads),
+            steps=tuple(self._profile),
+        )
+
+    def export_adapter(self, config_id: str, path: Any) -> None:
+        """Write ``config_id``'s adapter in PEFT format to directory ``path``."""
+        from plora.engine.checkpoint import export_peft_adapter
+
+        ad = self.adapter(config_id)
+        export_peft_adapter(
+            path,
+            config=ad.config,
+            weights=lora.adapter_state_dict(self.model, ad.slot),
+            base_model_name_or_path=self.base_model_name_or_path,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: weights, optimizer, schedule, data, RNG."""
+        adapters = {}
+        for cid, ad in self.adapters.items():
+            adapters[cid] = {
+                "config": ad.config.to_dict(),
+                "slot": ad.slot,
+                "total_steps": ad.total_steps,
+                "step": ad.step,
+                "tokens": ad.tokens,
+                "last_loss": ad.last_loss,
+                "losses": list(ad.losses),
+                "status": str(ad.status),
+                "stream": ad.stream.get_state(),
+                "weights": lora.adapter_state_dict(self.model, ad.slot),
+                "optimizer": ad.optimizer.state_dict() if ad.optimizer else None,
+                "scheduler": ad.scheduler.state_dict() if ad.scheduler else None,
+            }
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        state = {"version": 1, "global_step": self.global_step, "adapters": adapters, "rng": rng}
+        return _detached_copy(state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into this trainer (which must hold no adapters)."""
+        if self.adapters:
+            raise RuntimeError("load_state_dict needs a trainer without adapters")
+        if state.get("version") != 1:
+            raise ValueError(f"unknown train-state version {state.get('version')!r}")
+        for cid, st in sorted(state["adapters"].items(), key=lambda kv: kv[1]["slot"]):
+            self.add(LoRAConfig.from_dict(st["config"]), slot=st["slot"])
+            ad = self.adapters[cid]
+            lora.load_adapter_state_dict(self.model, ad.slot, st["weights"])
+            ad.total_steps = st["total_steps"]
+            ad.step, ad.tokens, ad.last_loss = st["step"], st["tokens"], st["last_loss"]
+            ad.losses = list(st["losses"])
+            ad.stream.set_state(st["stream"])
+            status = AdapterStatus(st["status"])
+            if status is AdapterStatus.ACTIVE:
+                ad.optimizer.load_state_dict(st["optimizer"])
+                ad.scheduler.load_state_dict(st["scheduler"])
+            else:
+                self._retire(ad, status)
+        self.global_step = state["global_step"]
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(_as_tuple(state["rng"]["python"]))
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+
+
+# ------------------------------------------------------------------ loss
+def packed_loss(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    segments: Sequence[Any],
+    denoms: dict[int, int],
+) -> tuple[torch.Tensor, dict[int, float]]:
+    """``Σ_i Σ_{t ∈ rows_i} CE_t / N_i`` over target tokens only.
+
+    Args:
+        head: the LM head (hidden -> vocab logits).
+        hidden: ``(R, S, H)`` final hidden states.
+        labels: ``(R, S)`` aligned labels (-100 = ignore); position ``t`` predicts ``t+1``.
+        segments: ``(slot, start, stop)`` rows of each slot.
+        denoms: ``N_i`` per slot (target tokens of the slot's whole step batch).
+
+    Returns:
+        The scalar loss (fp32) and each slot's detached CE sum in this micro-batch.
+    """
+    targets = labels[:, 1:]
+    valid = targets != _IGNORE
+    row_w = torch.zeros(labels.shape[0], dtype=torch.float32, device=labels.device)
+    row_slot = torch.full((labels.shape[0],), -1, dtype=torch.long, device=labels.device)
+    slots = []
+    for k, seg in enumerate(segments):
+        slot, start, stop = (seg.slot, seg.start, seg.stop) if hasattr(seg, "slot") else seg
+        row_w[start:stop] = 1.0 / denoms[slot]
+        row_slot[start:stop] = k
+        slots.append(slot)
+    rows = valid.nonzero()[:, 0]
+    h = hidden[:, :-1][valid]
+    t = targets[valid]
+    ce = _chunked_ce(head, h, t)
+    loss = (ce * row_w[rows]).sum()
+    per_slot = torch.zeros(len(slots), dtype=torch.float64, device=labels.device)
+    per_slot.index_add_(0, row_slot[rows], ce.detach().to(torch.float64))
+    return loss, dict(zip(slots, per_slot.tolist(), strict=True))
+
+
+def _ce(head: nn.Module, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(h).float(), t, reduction="none")
+
+
+def _chunked_ce(head: nn.Module, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Per-token CE of ``head(h)`` without holding all logits (recomputed in backward)."""
+    vocab = head.weight.shape[0]
+    chunk = max(1, _LOGIT_CHUNK // vocab)
+    if h.shape[0] <= chunk:
+        return _ce(head, h, t)
+    parts = [
+        checkpoint(_ce, head, h[i : i + chunk], t[i : i + chunk], use_reentrant=False)
+        for i in range(0, h.shape[0], chunk)
+    ]
+    return torch.cat(parts)
+
+
+# --------------------------------------------------------------- helpers
+def _plan_micro_batches(
+    batches: dict[int, list[Any]], max_rows: int | None
+) -> list[dict[int, tuple[int, list[Any]]]]:
+    """Split the step's rows (slot order) into micro-batches of at most ``max_rows`` rows.
+
+    Returns a list of ``{slot: (row offset in the slot's batch, examples)}``.
+    """
+    flat = [(slot, j, ex) for slot in sorted(batches) for j, ex in enumerate(batches[slot])]
+    size = max_rows or max(1, len(flat))
+    micros = []
+    for i in range(0, len(flat), size):
+        micro: dict[int, tuple[int, list[Any]]] = {}
+        for slot, j, ex in flat[i : i + size]:
+            micro.setdefault(slot, (j, []))[1].append(ex)
+        micros.append(micro)
+    return micros
+
+
+def _n_targets(ex: Any) -> int:
+    return sum(1 for y in ex.labels[1:] if y != _IGNORE)
+
+
+def _truncate(ex: Any, n: int) -> Any:
+    if len(ex.input_ids) <= n:
+        return ex
+    import dataclasses
+
+    return dataclasses.replace(ex, input_ids=list(ex.input_ids[:n]), labels=list(ex.labels[:n]))
+
+
+def _batch_to(pb: Any, device: torch.device) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(
+        pb,
+        input_ids=pb.input_ids.to(device),
+        attention_mask=pb.attention_mask.to(device),
+        labels=pb.labels.to(device),
+    )
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _detached_copy(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _detached_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_detached_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_detached_copy(v) for v in obj)
+    return obj
+
+
+def _as_tuple(obj: Any) -> Any:
+    return tuple(_as_tuple(v) for v in obj) if isinstance(obj, list | tuple) else obj
+
+
+__all__ = [
+    "AdapterStatus",
+    "PackProfile",
+    "PackedTrainer",
+    "StepMetrics",
+    "StepProfile",
+    "packed_loss",
+]
