@@ -24,7 +24,8 @@ needs), per layer, in bytes with bf16 activations ``a = 2``:
 
 * attention: RMSNorm (eager HF keeps an fp32 copy: 4h; fused: 2h), its output (q/k/v and
   LoRA input, a·h), q, k, v and the attention output (``a·(2·q_dim + 2·kv_dim)``), the
-  softmax statistics (4·heads); eager attention adds the probabilities, ``6·heads·s``;
+  softmax statistics (4·heads); eager attention adds the fp32 softmax and the probabilities
+  (bf16: ``6·heads·s``);
 * MLP: RMSNorm and its output as above, gate and up outputs, SiLU(gate) and the product fed
   to down_proj (``4·a·i``; a fused SwiGLU recomputes SiLU: ``3·a·i``);
 * logits (:class:`Loss`): bf16 logits, their fp32 copy and the saved log-softmax, plus its
@@ -54,7 +55,7 @@ GIB = float(1 << 30)
 #: 8-bit absmax per 64 weights and an fp32 constant per 256 blocks.
 NF4_BYTES_PER_PARAM = 0.5 + 1.0 / 64 + 4.0 / (64 * 256)
 
-_LOGIT_BYTES = {"eager": 14.0, "chunked": 2.0 + 12.0 / 8, "fused": 0.0}
+
 _COLWISE = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"})
 
 
@@ -62,9 +63,10 @@ class Loss(StrEnum):
     """How the LM head and cross-entropy keep logits alive."""
 
     EAGER = "eager"
-    """HF: bf16 logits, an fp32 copy, the saved log-softmax and its gradient (14·V B/token)."""
+    """HF: logits, their fp32 copy, the saved log-softmax and its gradient (bf16: 14·V B/token;
+    fp32: 12·V)."""
     CHUNKED = "chunked"
-    """torchtune-style chunked CE (8 chunks): bf16 logits + one chunk's fp32 work (3.5·V)."""
+    """torchtune-style chunked CE (8 chunks): logits + one chunk's fp32 work (bf16: 3.5·V)."""
     FUSED = "fused"
     """Fused linear-cross-entropy (Liger) or plora's chunked-and-recomputed CE: logits are
     never materialized for all tokens."""
@@ -75,6 +77,16 @@ class Attention(StrEnum):
 
     SDPA = "sdpa"
     EAGER = "eager"
+
+
+def _logit_bytes(loss: Loss, a: float) -> float:
+    """Bytes per token per vocab entry kept for the loss (see :class:`Loss`)."""
+    upcast = 4.0 if a < 4 else 0.0  # the fp32 copy of low-precision logits
+    if loss is Loss.EAGER:
+        return a + upcast + 8.0  # logits, fp32 copy, log-softmax, its gradient
+    if loss is Loss.CHUNKED:
+        return a + (upcast + 8.0) / 8
+    return 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -210,7 +222,7 @@ def base_activation_bytes_per_token(
     # Sharded under TP: attention tensors and MLP intermediates.
     attn = a * (2 * spec.q_dim + 2 * spec.kv_dim) + 4.0 * spec.num_heads
     if options.attention is Attention.EAGER:
-        attn += 6.0 * spec.num_heads * seq_len
+        attn += (4.0 + (a if a < 4 else 0.0)) * spec.num_heads * seq_len  # fp32 softmax + probs
     mlp = (3.0 if options.fused_kernels else 4.0) * a * i
     tp = d if strat is Strategy.TP else 1
     per_layer = replicated + (attn + mlp) / tp
@@ -220,7 +232,7 @@ def base_activation_bytes_per_token(
         layers = per_layer * spec.num_layers + norm  # + final norm
     if strat is Strategy.PP:
         layers /= d
-    logits = _LOGIT_BYTES[Loss(options.loss)] * spec.vocab_size
+    logits = _logit_bytes(Loss(options.loss), a) * spec.vocab_size
     scale = options.activation_scale
     if strat is Strategy.FSDP:  # rows are split over the d GPUs
         return {"layers": scale * layers / d, "logits": scale * logits / d}
