@@ -1,0 +1,46 @@
+"""The packed multi-LoRA training engine.
+
+* :mod:`plora.engine.lora` -- :class:`PackedLoRALinear`, :func:`inject`, slot routing contexts.
+* :mod:`plora.engine.trainer` -- :class:`PackedTrainer` (one forward/backward per step over
+  every active adapter, per-adapter loss, AdamW, schedule and clipping).
+* :mod:`plora.engine.checkpoint` -- PEFT-format export, exact train-state checkpoints.
+* :func:`run_pack` -- train one pack to completion (the Ray worker's entry).
+
+Submodules load lazily so that ``import plora.engine`` stays light (no transformers import).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {
+    "PackedLoRALinear": "plora.engine.lora",
+    "inject": "plora.engine.lora",
+    "packed_segments": "plora.engine.lora",
+    "use_slot": "plora.engine.lora",
+    "base_only": "plora.engine.lora",
+    "PackedTrainer": "plora.engine.trainer",
+    "StepMetrics": "plora.engine.trainer",
+    "StepProfile": "plora.engine.trainer",
+    "PackProfile": "plora.engine.trainer",
+    "AdapterStatus": "plora.engine.trainer",
+    "export_peft_adapter": "plora.engine.checkpoint",
+    "save_train_state": "plora.engine.checkpoint",
+    "load_train_state": "plora.engine.checkpoint",
+    "run_pack": "plora.engine.pack",
+    "Control": "plora.engine.pack",
+    "PackHooks": "plora.engine.pack",
+    "PackResult": "plora.engine.pack",
+    "ConfigResult": "plora.engine.pack",
+    "ConfigStatus": "plora.engine.pack",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'plora.engine' has no attribute {name!r}")
