@@ -465,6 +465,19 @@ class PlannerOptions:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingOptions:
+    """How every job of the sweep trains (the same for all configs; planning assumes it too)."""
+
+    gradient_checkpointing: bool = False
+    """Recompute the frozen base's layer activations in backward: activation memory drops from
+    all layers to one layer plus the layer inputs, for about one extra forward of compute.
+    Needed for large batches at long sequences (e.g. the paper's batch 32 at 1024 tokens)."""
+
+    def __post_init__(self) -> None:
+        as_bool(self.gradient_checkpointing, "gradient_checkpointing")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SweepConfig:
     """A whole sweep: what to fine-tune, on what, over which space, on which hardware.
 
@@ -496,6 +509,8 @@ class SweepConfig:
     """The GPUs."""
     planner: PlannerOptions = field(default_factory=PlannerOptions)
     """Job planner options."""
+    training: TrainingOptions = field(default_factory=TrainingOptions)
+    """Training options shared by all jobs."""
     source: str | None = field(default=None, compare=False)
     """The YAML file this sweep was read from (for error messages); not part of the sweep."""
 
@@ -507,7 +522,7 @@ class SweepConfig:
             raise ConfigError("must be letters, digits, '.', '_' or '-'", key="name", value=name,
                               fix="it names the sweep directory; e.g. qwen-lr-rank")  # fmt: skip
         for key, cls in (("model", ModelRef), ("dataset", DatasetSpec), ("space", SearchSpace),
-                         ("hardware", HardwareConfig), ("planner", PlannerOptions)):  # fmt: skip
+                         ("hardware", HardwareConfig), ("planner", PlannerOptions), ("training", TrainingOptions)):  # fmt: skip
             if not isinstance(getattr(self, key), cls):
                 raise ConfigError(f"must be a {cls.__name__}", key=key, value=getattr(self, key))
         object.__setattr__(self, "search", SearchAlgo(as_choice(str(self.search) if isinstance(self.search, SearchAlgo) else self.search, "search", [a.value for a in SearchAlgo])))  # fmt: skip
@@ -558,6 +573,7 @@ class SweepConfig:
                 **{k: getattr(self.planner, k) for k in _fields(PlannerOptions)},
                 "strategies": [str(s) for s in self.planner.strategies],
             },
+            "training": {k: getattr(self.training, k) for k in _fields(TrainingOptions)},
         }
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -598,7 +614,7 @@ class SweepConfig:
 
 
 _TOP_KEYS = ("name", "model", "dataset", "space", "search", "num_samples", "metric", "mode",
-             "seed", "hardware", "planner", "seq_len")  # fmt: skip
+             "seed", "hardware", "planner", "training", "seq_len")  # fmt: skip
 
 
 def _fields(cls: type) -> list[str]:
@@ -662,6 +678,7 @@ def _parse_sweep(cls: type[SweepConfig], data: Any, space_cls: Any, *, source: s
         "dataset": _section(DatasetSpec, dataset, "dataset"),
         "hardware": _section(HardwareConfig, data.get("hardware") or {}, "hardware"),
         "planner": _section(PlannerOptions, data.get("planner") or {}, "planner"),
+        "training": _section(TrainingOptions, data.get("training") or {}, "training"),
     }
     try:
         kwargs["space"] = space_cls.from_dict(data["space"])
@@ -704,6 +721,7 @@ __all__ = [
     "SearchAlgo",
     "SearchSpace",
     "SweepConfig",
+    "TrainingOptions",
     "looks_like_path",
     "normalize_targets",
 ]

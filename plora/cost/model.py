@@ -355,7 +355,10 @@ def build_cost_model(
         dataset_size = n if ds.eval_path else max(1, n - round(n * ds.eval_fraction))
     if memory is None:
         fp32 = getattr(hw, "is_cpu", False) or sweep.model.dtype == "float32"
-        memory = MemoryOptions(loss=Loss.FUSED, **({"precision": FULL_FP32} if fp32 else {}))
+        ckpt = bool(getattr(getattr(sweep, "training", None), "gradient_checkpointing", False))
+        memory = MemoryOptions(
+            loss=Loss.FUSED, checkpointing=ckpt, **({"precision": FULL_FP32} if fp32 else {})
+        )
     strategies = tuple(sweep.planner.strategies) or _runtime_strategies()
     profile = None
     if use_profile:

@@ -1,0 +1,356 @@
+"""The ``plora`` command line: ``plora plan | validate`` (and ``sweep | status | report``).
+
+Commands are thin: they load a sweep, call library functions and print. Bad input of any kind
+(a :class:`~plora.config.ConfigError`, including the planner's ``NoFeasibleJobError``) ends the
+command with one red ``error: ...`` line on stderr, exit code 2 and nothing written; use
+:func:`user_errors` and :func:`load_sweep` in new commands to get the same behaviour.
+Heavy modules (torch, ray, cvxpy, matplotlib) are imported inside commands, so ``plora --help``
+starts fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import time
+from collections.abc import Iterator
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from plora.config import ConfigError, SweepConfig
+
+if TYPE_CHECKING:
+    from plora.planner import Plan
+
+app = typer.Typer(
+    name="plora",
+    help="Packed LoRA hyperparameter sweeps: plan and run many LoRA configs at once.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+#: Exit code for bad user input (a config, option or sweep file problem).
+EXIT_USER_ERROR = 2
+
+
+@app.callback()
+def _main() -> None:
+    """Packed LoRA hyperparameter sweeps: plan and run many LoRA configs at once."""
+
+
+# ------------------------------------------------------------------------------ shared helpers
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` as one red line on stderr and exit with code 2."""
+    from rich.console import Console
+    from rich.text import Text
+
+    line = " ".join(message.split())
+    Console(stderr=True, highlight=False, soft_wrap=True).print(Text("error: " + line, style="red"))
+    raise typer.Exit(EXIT_USER_ERROR)
+
+
+@contextlib.contextmanager
+def user_errors(source: str | None = None) -> Iterator[None]:
+    """Turn a :class:`ConfigError` raised inside into :func:`fail` (naming ``source`` if the
+    error does not name a file yet)."""
+    try:
+        yield
+    except ConfigError as err:
+        fail(str(err.located(file=source) if source and not err.file else err))
+
+
+def load_sweep(
+    path: Path, *, gpus: int | None = None, gpu_memory_gib: float | None = None
+) -> SweepConfig:
+    """Read a sweep file and apply the command-line hardware overrides (validated, keyed by
+    the option name). Raises :class:`ConfigError`."""
+    sweep = SweepConfig.from_yaml(path)
+    overrides = {"num_gpus": gpus, "gpu_memory_gib": gpu_memory_gib}
+    options = {"num_gpus": "--gpus", "gpu_memory_gib": "--gpu-memory-gib"}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        try:
+            hw = dataclasses.replace(sweep.hardware, **{key: value})
+        except ConfigError as err:
+            raise ConfigError(
+                err.problem, key=options[key], value=value, fix=err.fix, file=path
+            ) from None
+        sweep = dataclasses.replace(sweep, hardware=hw)
+    return sweep
+
+
+def check_output_path(path: Path | None, option: str, suffixes: tuple[str, ...]) -> None:
+    """Reject an output path with a wrong suffix or that is a directory, before any work."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ConfigError("is a directory", key=option, value=str(path), fix="give a file name")
+    if path.suffix.lower() not in suffixes:
+        raise ConfigError(f"unsupported file type {path.suffix or '(none)'!r}", key=option, value=str(path),
+                          fix=f"use one of {', '.join(suffixes)}")  # fmt: skip
+
+
+def fmt_duration(seconds: float) -> str:
+    """``3725 -> '1h 02m'``, ``95 -> '1m 35s'``, ``4.2 -> '4.2s'``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, s = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {s:02d}s"
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h {m:02d}m"
+
+
+# ------------------------------------------------------------------------------------ plan
+
+
+class BaselineOption(StrEnum):
+    """A baseline schedule to output instead of PLoRA's plan."""
+
+    MIN_GPU = "min-gpu"
+    MAX_GPU = "max-gpu"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanReport:
+    """What ``plora plan`` computed: the plan it outputs and the schedules it compares."""
+
+    sweep: SweepConfig
+    configs: tuple[Any, ...]
+    plan: Plan
+    plora: Plan
+    baselines: dict[str, Plan]
+    seconds: float
+
+    @property
+    def plan_name(self) -> str:
+        """``plora``, ``min-gpu`` or ``max-gpu``: which schedule :attr:`plan` is."""
+        return next(
+            (k.replace("_", "-") for k, p in self.baselines.items() if p is self.plan), "plora"
+        )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """``plan.json``: the plan (contract keys) plus sweep name, baselines and configs."""
+        return {
+            **self.plan.to_json_dict(),
+            "sweep": self.sweep.name,
+            "schedule": self.plan_name,
+            "seq_len": self.sweep.seq_len,
+            "hardware": dataclasses.asdict(self.sweep.hardware),
+            "baselines": {k: {"makespan_s": p.makespan_s, "num_jobs": len(p.jobs)} for k, p in self.baselines.items()},
+            "plora_makespan_s": self.plora.makespan_s,
+            "configs": [c.to_dict() for c in self.configs],
+        }  # fmt: skip
+
+
+def make_plan(sweep: SweepConfig, *, baseline: BaselineOption | None = None) -> PlanReport:
+    """Expand the sweep, build its cost model and plan it (plus both baselines).
+
+    Raises:
+        ConfigError: bad sweep, unknown model shape, or a config that fits no GPU count.
+    """
+    from plora.cost.model import build_cost_model
+    from plora.planner import Baseline, NoFeasibleJobError, baseline_plan, plan_sweep
+    from plora.space import expand
+
+    t0 = time.perf_counter()
+    configs = expand(sweep, sample_adaptive=True)
+    cost = build_cost_model(sweep)
+    g = sweep.hardware.num_gpus
+    try:
+        plora = plan_sweep(configs, cost, g, solver=sweep.planner.solver)
+        baselines = {
+            str(b): baseline_plan(configs, cost, g, b) for b in (Baseline.MIN_GPU, Baseline.MAX_GPU)
+        }
+    except NoFeasibleJobError as err:
+        hw = sweep.hardware
+        fix = None if "; " in err.problem else (
+            f"use GPUs with more memory, more GPUs (now {hw.num_gpus}), a smaller model, "
+            "shorter dataset.max_seq_len or smaller batch_size/rank"
+        )  # fmt: skip
+        raise ConfigError(
+            err.problem,
+            key="hardware.gpu_memory_gib",
+            value=hw.gpu_memory_gib,
+            file=sweep.source,
+            fix=fix,
+        ) from None
+    chosen = plora if baseline is None else baselines[str(baseline).replace("-", "_")]
+    return PlanReport(sweep=sweep, configs=tuple(configs), plan=chosen, plora=plora,
+                      baselines=baselines, seconds=time.perf_counter() - t0)  # fmt: skip
+
+
+def print_plan(report: PlanReport) -> None:
+    """The job table and the makespan comparison, with rich."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    plan, sweep = report.plan, report.sweep
+    hw = sweep.hardware
+    title = (f"{sweep.name}: {plan.num_configs} configs of {sweep.model.name_or_path} on "
+             f"{hw.num_gpus}x {hw.gpu_type} ({hw.gpu_memory_gib:g} GiB, load {hw.load_factor:g}), seq {sweep.seq_len}")  # fmt: skip
+    rows = [
+        [
+            job.job_id, str(len(job.config_ids)),
+            f"{job.gpus} {job.strategy}" if job.strategy else str(job.gpus),
+            fmt_duration(job.start_s), fmt_duration(job.end_s), f"{job.memory_gib_per_gpu:.1f}",
+            ",".join(map(str, job.gpu_ids)), " ".join(job.config_ids),
+        ]
+        for job in plan.jobs
+    ]  # fmt: skip
+    heads = ("job", "#", "d", "start", "end", "GiB/GPU", "GPUs", "configs")
+    fixed = sum(max([len(h), *(len(r[i]) for r in rows)]) + 2 for i, h in enumerate(heads[:-1]))
+    budget = max(12, console.width - fixed - 2 * len(heads) - 4)  # + padding and separators
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in heads:
+        table.add_column(
+            col, justify="left" if col in ("job", "GPUs", "configs") else "right", no_wrap=True
+        )
+    for row in rows:
+        ids = row[-1]
+        table.add_row(*row[:-1], ids if len(ids) <= budget else ids[: budget - 1] + "…")
+    console.print(table)
+    name = "PLoRA" if plan is report.plora else f"baseline {report.plan_name}"
+    console.print(f"{name} makespan: [bold]{fmt_duration(plan.makespan_s)}[/bold] "
+                  f"({len(plan.jobs)} jobs, solver {plan.solver}, planned in {report.seconds:.2f}s)")  # fmt: skip
+    for key, base in report.baselines.items():
+        speedup = (
+            base.makespan_s / report.plora.makespan_s
+            if report.plora.makespan_s > 0
+            else float("nan")
+        )
+        console.print(f"  vs {key.replace('_', '-')}: {fmt_duration(base.makespan_s)} "
+                      f"({len(base.jobs)} jobs) -> PLoRA is {speedup:.2f}x faster")  # fmt: skip
+    console.print(f"  lower bound: {fmt_duration(plan.lower_bound_s)} (plan <= {plan.makespan_s / plan.lower_bound_s:.3f}x optimal)"
+                  if plan.lower_bound_s > 0 else "  lower bound: 0")  # fmt: skip
+    console.print(f"  Thm 6.1 ratio bound: {plan.ratio_bound:.3f}")
+    for note in plan.notes:
+        console.print(f"  note: {note}")
+
+
+@app.command()
+def plan(
+    sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP.yaml", help="Sweep definition.")],
+    gpus: Annotated[int | None, typer.Option("--gpus", help="Override hardware.num_gpus.")] = None,
+    gpu_memory_gib: Annotated[
+        float | None, typer.Option("--gpu-memory-gib", help="Override hardware.gpu_memory_gib.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the plan as JSON.")] = None,
+    gantt: Annotated[
+        Path | None, typer.Option("--gantt", help="Draw the plan's jobs on GPUs (.png/.pdf/.svg).")
+    ] = None,
+    baseline: Annotated[
+        BaselineOption | None,
+        typer.Option("--baseline", help="Output this baseline schedule instead of PLoRA's plan."),
+    ] = None,
+) -> None:
+    """Plan a sweep: pack its configs into jobs on the GPUs and predict the makespan."""
+    with user_errors(str(sweep_file)):
+        check_output_path(out, "--out", (".json",))
+        check_output_path(gantt, "--gantt", (".png", ".pdf", ".svg"))
+        sweep = load_sweep(sweep_file, gpus=gpus, gpu_memory_gib=gpu_memory_gib)
+        report = make_plan(sweep, baseline=baseline)
+        image = _render_gantt(report.plan, gantt) if gantt else None
+    print_plan(report)
+    from plora.utils import atomic_write_bytes, atomic_write_json
+
+    if out is not None:
+        atomic_write_json(out, report.to_json_dict())
+        typer.echo(f"wrote {out}")
+    if gantt is not None and image is not None:
+        atomic_write_bytes(gantt, image)
+        typer.echo(f"wrote {gantt}")
+
+
+def _render_gantt(plan: Plan, path: Path) -> bytes:
+    from plora.analysis.plots import plot_plan_gantt
+
+    fig = plot_plan_gantt(plan)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lstrip(".").lower(), dpi=150, bbox_inches="tight")
+    return buf.getvalue()
+
+
+@app.command()
+def validate(
+    sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP.yaml", help="Sweep definition.")],
+) -> None:
+    """Check a sweep file for training: values, search space and that the data files exist."""
+    from plora.space import expand
+
+    with user_errors(str(sweep_file)):
+        sweep = load_sweep(sweep_file)
+        sweep.check_trainable()
+        n = len(expand(sweep, sample_adaptive=True))
+    kind = "configs" if sweep.search in ("grid", "random") else "trials (proposed by the searcher)"
+    typer.echo(
+        f"{sweep_file}: ok ({n} {kind}, {sweep.search} search, model {sweep.model.name_or_path})"
+    )
+
+
+@app.command()
+def sweep(
+    sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP.yaml", help="Sweep definition.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Sweep directory (default runs/<name>).")
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="Ray cluster address (auto, host:port); default local."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the sweep in --out from its state.json.")
+    ] = False,
+    checkpoint_every: Annotated[
+        int, typer.Option("--checkpoint-every", min=1, help="Train-state checkpoint every N steps.")
+    ] = 50,
+) -> None:
+    """Run a sweep on Ray: plan, train every config in packed jobs, re-plan as jobs finish."""
+    from plora.runtime.progress import Progress
+    from plora.runtime.sweep import RunOptions, run_sweep
+
+    with user_errors(str(sweep_file)):
+        spec = load_sweep(sweep_file)
+        out = out if out is not None else Path("runs") / spec.name
+        with Progress() as progress:
+            summary = run_sweep(
+                spec,
+                out,
+                address=address,
+                resume=resume,
+                options=RunOptions(checkpoint_every=checkpoint_every),
+                on_update=progress,
+            )
+    c = summary.counts
+    typer.echo(
+        f"sweep {summary.out}: {c['done']} done, {c['stopped']} stopped, {c['failed']} failed "
+        f"in {fmt_duration(summary.wall_s)}; see `plora status {summary.out}`"
+    )
+    if not summary.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    sweep_dir: Annotated[Path, typer.Argument(metavar="DIR", help="A `plora sweep --out` dir.")],
+) -> None:
+    """Show a sweep directory: configs by status, jobs, the latest plan, the best configs."""
+    from plora.runtime.progress import status_text
+
+    with user_errors():
+        text = status_text(str(sweep_dir))
+    typer.echo(text)
+
+
+__all__ = ["EXIT_USER_ERROR", "app", "fail", "load_sweep", "make_plan", "user_errors"]

@@ -1,0 +1,162 @@
+"""``plora plan`` / ``plora validate``: bad input, the paper's sweep, start-up cost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plora.cli import app
+from plora.config import SweepConfig
+from plora.space import expand
+
+REPO = Path(__file__).resolve().parents[2]
+BAD = sorted((Path(__file__).parent / "bad_sweeps").glob("*.yaml"))
+PAPER = REPO / "sweeps" / "paper-table1.yaml"
+PLORA = [sys.executable, "-c", "from plora.cli import app; app()"]
+
+
+def expectations(path: Path) -> tuple[str, list[str]]:
+    """The ``# expect-cmd:`` command and ``# expect:`` substrings at the top of a bad sweep."""
+    cmd, needles = "plan", []
+    for line in path.read_text().splitlines():
+        if line.startswith("# expect-cmd:"):
+            cmd = line.split(":", 1)[1].strip()
+        elif line.startswith("# expect:"):
+            needles += [n.strip() for n in line.split(":", 1)[1].split(" | ")]
+    return cmd, needles
+
+
+def run(args: list[str]):
+    return CliRunner().invoke(app, args)
+
+
+def assert_one_error_line(result, *needles: str) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert result.stdout == ""
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def test_at_least_15_distinct_bad_sweeps() -> None:
+    assert len(BAD) >= 15
+    assert len({p.read_text() for p in BAD}) == len(BAD)
+    assert all(expectations(p)[1] for p in BAD)
+
+
+@pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
+def test_bad_sweep_gives_one_error_line_and_writes_nothing(path: Path, tmp_path: Path) -> None:
+    cmd, needles = expectations(path)
+    out, gantt = tmp_path / "plan.json", tmp_path / "plan.png"
+    args = [cmd, str(path)] + (["--out", str(out), "--gantt", str(gantt)] if cmd == "plan" else [])
+    assert_one_error_line(run(args), str(path), *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (["--gpus", "0"], ("--gpus=0", "must be >= 1")),
+        (["--gpu-memory-gib", "-5"], ("--gpu-memory-gib=-5", "must be > 0")),
+        (["--out", "{tmp}/plan.txt"], ("--out=", "plan.txt", ".json")),
+        (["--gantt", "{tmp}/plan.gif"], ("--gantt=", "plan.gif", ".png")),
+        (["--out", "{tmp}"], ("--out=", "is a directory")),
+    ],
+)
+def test_bad_options(extra: list[str], needles: tuple[str, ...], tmp_path: Path) -> None:
+    args = ["plan", str(PAPER), *(a.format(tmp=tmp_path) for a in extra)]
+    assert_one_error_line(run(args), *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_sweep_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    assert_one_error_line(run(["plan", str(missing)]), str(missing), "file not found")
+
+
+def check_plan(plan: dict, sweep: SweepConfig, num_gpus: int, gpu_gib: float) -> None:
+    """Independent checks of a plan.json: coverage, GPU and memory limits, bounds."""
+    for key in ("num_configs", "num_gpus", "makespan_s", "lower_bound_s", "ratio_bound", "jobs"):
+        assert key in plan
+    ids = [c for job in plan["jobs"] for c in job["config_ids"]]
+    expected = {c.config_id for c in expand(sweep)}
+    assert sorted(ids) == sorted(expected) and len(ids) == plan["num_configs"]
+    assert {c["config_id"] for c in plan["configs"]} == expected
+    jobs = plan["jobs"]
+    for job in jobs:
+        for key in ("job_id", "gpus", "strategy", "start_s", "end_s", "memory_gib_per_gpu"):
+            assert key in job
+        assert job["end_s"] > job["start_s"] >= 0
+        assert job["memory_gib_per_gpu"] <= 0.9 * gpu_gib + 1e-6
+        assert len(job["gpu_ids"]) == job["gpus"] and set(job["gpu_ids"]) <= set(range(num_gpus))
+        # at every job start, the jobs running then use at most G GPUs, on disjoint GPU ids
+        t = job["start_s"]
+        live = [j for j in jobs if j["start_s"] <= t < j["end_s"]]
+        assert sum(j["gpus"] for j in live) <= num_gpus
+        used = [g for j in live for g in j["gpu_ids"]]
+        assert len(used) == len(set(used))
+    assert plan["makespan_s"] == pytest.approx(max(j["end_s"] for j in jobs))
+    assert plan["lower_bound_s"] <= plan["makespan_s"] * (1 + 1e-9)
+    assert plan["makespan_s"] <= plan["baselines"]["min_gpu"]["makespan_s"] * (1 + 1e-9)
+    assert plan["makespan_s"] <= plan["baselines"]["max_gpu"]["makespan_s"] * (1 + 1e-9)
+
+
+def test_paper_table1_plans_within_5_seconds(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    args = ["plan", str(PAPER), "--gpus", "8", "--gpu-memory-gib", "40", "--out", str(out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run([*PLORA, *args], capture_output=True, text=True, cwd=tmp_path)
+    wall = time.perf_counter() - t0
+    print(f"plora plan paper-table1 (120 configs, 8 GPUs): {wall:.2f} s wall")
+    assert proc.returncode == 0, proc.stderr
+    assert wall <= 5.0
+    plan = json.loads(out.read_text())
+    assert (plan["num_configs"], plan["num_gpus"], plan["schedule"]) == (120, 8, "plora")
+    check_plan(plan, SweepConfig.from_yaml(PAPER), 8, 40.0)
+    assert "makespan" in proc.stdout and "min-gpu" in proc.stdout and "max-gpu" in proc.stdout
+
+
+def test_baseline_output_and_gantt(tmp_path: Path) -> None:
+    out, gantt = tmp_path / "min.json", tmp_path / "min.png"
+    result = run(
+        ["plan", str(PAPER), "--baseline", "min-gpu", "--out", str(out), "--gantt", str(gantt)]
+    )
+    assert result.exit_code == 0, result.output
+    plan = json.loads(out.read_text())
+    assert plan["schedule"] == "min-gpu"
+    assert all(len(j["config_ids"]) == 1 for j in plan["jobs"])  # no packing in the baseline
+    assert plan["makespan_s"] == pytest.approx(plan["baselines"]["min_gpu"]["makespan_s"])
+    assert plan["plora_makespan_s"] <= plan["makespan_s"]
+    check_plan(plan, SweepConfig.from_yaml(PAPER), 8, 40.0)
+    assert gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_validate_ok() -> None:
+    result = run(["validate", str(REPO / "sweeps" / "quickstart.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "8 configs" in result.stdout
+
+
+def test_help_and_plan_import_no_heavy_modules() -> None:
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from plora.cli import app, load_sweep, make_plan\n"
+        "assert CliRunner().invoke(app, ['--help']).exit_code == 0\n"
+        "heavy = ('torch', 'ray', 'cvxpy', 'matplotlib', 'pandas', 'transformers')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        f"make_plan(load_sweep(__import__('pathlib').Path({str(PAPER)!r})))\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[]", "[]"]
