@@ -202,20 +202,21 @@ def print_plan(report: PlanReport) -> None:
              f"{hw.num_gpus}x {hw.gpu_type} ({hw.gpu_memory_gib:g} GiB, load {hw.load_factor:g}), seq {sweep.seq_len}")  # fmt: skip
     rows = [
         [
-            job.job_id, str(len(job.config_ids)),
-            f"{job.gpus} {job.strategy}" if job.strategy else str(job.gpus),
+            job.job_id, str(len(job.config_ids)), str(job.gpus), str(job.strategy or "-"),
             fmt_duration(job.start_s), fmt_duration(job.end_s), f"{job.memory_gib_per_gpu:.1f}",
             ",".join(map(str, job.gpu_ids)), " ".join(job.config_ids),
         ]
         for job in plan.jobs
     ]  # fmt: skip
-    heads = ("job", "#", "d", "start", "end", "GiB/GPU", "GPUs", "configs")
+    heads = ("job", "#", "d", "strategy", "start", "end", "GiB/GPU", "GPUs", "configs")
     fixed = sum(max([len(h), *(len(r[i]) for r in rows)]) + 2 for i, h in enumerate(heads[:-1]))
     budget = max(12, console.width - fixed - 2 * len(heads) - 4)  # + padding and separators
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in heads:
         table.add_column(
-            col, justify="left" if col in ("job", "GPUs", "configs") else "right", no_wrap=True
+            col,
+            justify="left" if col in ("job", "strategy", "GPUs", "configs") else "right",
+            no_wrap=True,
         )
     for row in rows:
         ids = row[-1]
@@ -236,7 +237,10 @@ def print_plan(report: PlanReport) -> None:
                   if plan.lower_bound_s > 0 else "  lower bound: 0")  # fmt: skip
     console.print(f"  Thm 6.1 ratio bound: {plan.ratio_bound:.3f}")
     for note in plan.notes:
-        console.print(f"  note: {note}")
+        console.print(f"  note: {note}", soft_wrap=True)
+    if sweep.search in ("optuna", "hyperopt"):
+        console.print(f"  note: {sweep.search} proposes configs at run time; this plan packs "
+                      f"{plan.num_configs} random draws of the space as an estimate", soft_wrap=True)  # fmt: skip
 
 
 @app.command()

@@ -580,7 +580,15 @@ class SweepConfig:
         """The sweep as YAML text; also written atomically to ``path`` when given."""
         import yaml
 
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=100)
+        class Dumper(yaml.SafeDumper):
+            """Block style, except lists of scalars (``[8, 16, 32]``)."""
+
+        def represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+            flow = all(not isinstance(v, list | dict) for v in data)
+            return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+        Dumper.add_representer(list, represent_list)
+        text = yaml.dump(self.to_dict(), Dumper=Dumper, sort_keys=False, width=100)
         if path is not None:
             from plora.utils import atomic_write_text
 

@@ -121,7 +121,9 @@ class Domain:
         """The YAML form this domain is read back from (see the module docstring)."""
         if self.kind is Kind.FIXED:
             return encode(self.values[0])
-        if self.kind in (Kind.GRID, Kind.CHOICE):
+        if self.kind is Kind.GRID:
+            return [encode(v) for v in self.values]
+        if self.kind is Kind.CHOICE:
             return {str(self.kind): [encode(v) for v in self.values]}
         bounds = [self.low, self.high] + ([self.q] if self.q is not None else [])
         return {str(self.kind): bounds}
