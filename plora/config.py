@@ -625,6 +625,11 @@ _TOP_KEYS = ("name", "model", "dataset", "space", "search", "num_samples", "metr
              "seed", "hardware", "planner", "training", "seq_len")  # fmt: skip
 
 
+def _or_empty(section: Any) -> Any:
+    """An absent or empty (``key:`` with no value) section means all defaults."""
+    return {} if section is None else section
+
+
 def _fields(cls: type) -> list[str]:
     return [f.name for f in fields(cls)]
 
@@ -684,9 +689,9 @@ def _parse_sweep(cls: type[SweepConfig], data: Any, space_cls: Any, *, source: s
     kwargs: dict[str, Any] = {
         "model": _section(ModelRef, model, "model", required=("name_or_path",)),
         "dataset": _section(DatasetSpec, dataset, "dataset"),
-        "hardware": _section(HardwareConfig, data.get("hardware") or {}, "hardware"),
-        "planner": _section(PlannerOptions, data.get("planner") or {}, "planner"),
-        "training": _section(TrainingOptions, data.get("training") or {}, "training"),
+        "hardware": _section(HardwareConfig, _or_empty(data.get("hardware")), "hardware"),
+        "planner": _section(PlannerOptions, _or_empty(data.get("planner")), "planner"),
+        "training": _section(TrainingOptions, _or_empty(data.get("training")), "training"),
     }
     try:
         kwargs["space"] = space_cls.from_dict(data["space"])

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plora.config import PROJECTIONS, ConfigError, SearchAlgo, SweepConfig
 from plora.space import Domain, Kind, SearchSpace, config_from_tune, expand, to_tune_param_space
@@ -297,3 +299,31 @@ def test_optuna_searcher_proposes_valid_configs() -> None:
         assert 3e-4 <= cfg.lr <= 1e-2 and cfg.rank in (4, 8, 16)
         assert 0.5 * cfg.rank <= cfg.alpha <= 4.0 * cfg.rank
         searcher.on_trial_complete(f"t{i}", {"eval_loss": cfg.lr})
+
+
+@given(
+    kind=st.sampled_from([Kind.UNIFORM, Kind.QUNIFORM, Kind.LOGUNIFORM, Kind.QLOGUNIFORM,
+                          Kind.RANDINT, Kind.QRANDINT, Kind.LOGRANDINT, Kind.QLOGRANDINT]),
+    low=st.integers(1, 1000), width=st.integers(1, 1000), q=st.integers(1, 50), seed=st.integers(0, 10**6),
+)  # fmt: skip
+@settings(max_examples=200, deadline=None)
+def test_every_draw_respects_its_domain(
+    kind: Kind, low: int, width: int, q: int, seed: int
+) -> None:
+    """Property: parsed through the YAML path, every draw lies in the domain (Ray's bounds)."""
+    high = low + width
+    quantized = kind.value.startswith("q")
+    if quantized and high // q < -(-low // q):
+        return  # no multiple of q in range: rejected at parse time (tested above)
+    is_int = kind.value.endswith("randint")
+    name = "warmup_steps" if is_int else "weight_decay"
+    body = [low, high, q] if quantized else [low, high]
+    dom = sweep_of({name: {kind.value: body}}).space.domains()[name]
+    rng = random.Random(seed)
+    for _ in range(20):
+        v = dom.sample(rng)
+        assert isinstance(v, int) if is_int else isinstance(v, float)
+        upper_ok = v < high if kind in (Kind.RANDINT, Kind.LOGRANDINT) else v <= high + 1e-9
+        assert low - 1e-9 <= v and upper_ok, (v, low, high)
+        if quantized:
+            assert abs(v / q - round(v / q)) < 1e-6
