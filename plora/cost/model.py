@@ -260,10 +260,16 @@ class SweepCostModel:
             raise ConfigError("cost-model refit: no measurements")
         new_coef = fit(samples, self.timer, prior_weight=prior_weight)
         new = SweepCostModel(
-            self.spec, self.seq_len, self.dataset_size, self.hardware, gpu=self.gpu,
-            coefficients=new_coef, profile=self.profile, memory=self.memory,
+            self.spec,
+            self.seq_len,
+            self.dataset_size,
+            self.hardware,
+            gpu=self.gpu,
+            coefficients=new_coef,
+            profile=self.profile,
+            memory=self.memory,
             strategies=self._strategies,
-        )  # fmt: skip
+        )
         scale, mfit = self._refit_activation_scale(samples)
         if scale is not None:
             new.memory = replace(self.memory, activation_scale=scale)
@@ -291,8 +297,15 @@ class SweepCostModel:
             static = base_memory(self.spec, options=unit).total
             act = 0.0
             for a in s.adapters:
-                m = adapter_memory(self.spec, rank=a.rank, targets=a.targets, batch_size=a.sequences,
-                                   seq_len=s.seq_len, options=unit).components  # fmt: skip
+                m = adapter_memory(
+                    self.spec,
+                    rank=a.rank,
+                    targets=a.targets,
+                    batch_size=a.sequences,
+                    seq_len=s.seq_len,
+                    dropout=a.dropout,
+                    options=unit,
+                ).components
                 static += (
                     m["lora_params"] + m["lora_grads"] + m["optimizer"] + m["lora_activations"]
                 )
@@ -308,8 +321,14 @@ class SweepCostModel:
         except ConfigError:  # one batch x length size: fall back to the ratio
             mfit = None
         if mfit is not None:
-            one = adapter_memory(self.spec, rank=1, targets=("q_proj",), batch_size=1,
-                                 seq_len=self.seq_len, options=unit).components  # fmt: skip
+            one = adapter_memory(
+                self.spec,
+                rank=1,
+                targets=("q_proj",),
+                batch_size=1,
+                seq_len=self.seq_len,
+                options=unit,
+            ).components
             per_seq = one["base_activations"] + one["logits"]
             scale = mfit.per_sequence(self.seq_len) / per_seq
         else:
@@ -364,9 +383,15 @@ def build_cost_model(
     if use_profile:
         profile = ProfileStore(profile_dir).load(sweep.model.name_or_path, hw.gpu_type)
     return SweepCostModel(
-        spec, int(sweep.seq_len), int(dataset_size), hw, gpu=gpu, profile=profile,
-        memory=memory, strategies=strategies,
-    )  # fmt: skip
+        spec,
+        int(sweep.seq_len),
+        int(dataset_size),
+        hw,
+        gpu=gpu,
+        profile=profile,
+        memory=memory,
+        strategies=strategies,
+    )
 
 
 __all__ = ["RefitReport", "SweepCostModel", "build_cost_model"]

@@ -208,11 +208,18 @@ class AdapterLoad:
     targets: tuple[str, ...]
     sequences: int
     """Sequences per step (the config's batch size)."""
+    dropout: float = 0.0
+    """LoRA dropout (memory only: its input copy)."""
 
     @classmethod
     def of(cls, config: LoRAConfig) -> AdapterLoad:
         """The load of a :class:`LoRAConfig`."""
-        return cls(rank=config.rank, targets=config.target_modules, sequences=config.batch_size)
+        return cls(
+            rank=config.rank,
+            targets=config.target_modules,
+            sequences=config.batch_size,
+            dropout=config.dropout,
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -236,20 +243,35 @@ class StepSample:
 
     @classmethod
     def from_configs(
-        cls, configs: Sequence[LoRAConfig], *, seq_len: int, step_time_s: float, d: int = 1,
-        strategy: Strategy | None = None, peak_memory_bytes: float | None = None,
-    ) -> StepSample:  # fmt: skip
+        cls,
+        configs: Sequence[LoRAConfig],
+        *,
+        seq_len: int,
+        step_time_s: float,
+        d: int = 1,
+        strategy: Strategy | None = None,
+        peak_memory_bytes: float | None = None,
+    ) -> StepSample:
         """A sample for a step in which ``configs`` were active."""
         return cls(
-            adapters=tuple(AdapterLoad.of(c) for c in configs), seq_len=seq_len, d=d,
-            strategy=strategy, step_time_s=step_time_s, peak_memory_bytes=peak_memory_bytes,
-        )  # fmt: skip
+            adapters=tuple(AdapterLoad.of(c) for c in configs),
+            seq_len=seq_len,
+            d=d,
+            strategy=strategy,
+            step_time_s=step_time_s,
+            peak_memory_bytes=peak_memory_bytes,
+        )
 
     def to_dict(self) -> dict:
         """JSON-able dict (inverse: :meth:`from_dict`)."""
         return {
             "adapters": [
-                {"rank": a.rank, "targets": list(a.targets), "sequences": a.sequences}
+                {
+                    "rank": a.rank,
+                    "targets": list(a.targets),
+                    "sequences": a.sequences,
+                    "dropout": a.dropout,
+                }
                 for a in self.adapters
             ],
             "seq_len": self.seq_len,
@@ -270,10 +292,13 @@ class StepSample:
         )
         strat = data.get("strategy")
         return cls(
-            adapters=adapters, seq_len=int(data["seq_len"]), d=int(data.get("d", 1)),
+            adapters=adapters,
+            seq_len=int(data["seq_len"]),
+            d=int(data.get("d", 1)),
             strategy=None if strat is None else Strategy(strat),
-            step_time_s=float(data["step_time_s"]), peak_memory_bytes=data.get("peak_memory_bytes"),
-        )  # fmt: skip
+            step_time_s=float(data["step_time_s"]),
+            peak_memory_bytes=data.get("peak_memory_bytes"),
+        )
 
 
 class StepTimeModel:

@@ -43,8 +43,9 @@ def test_rank64_adapter_is_243_mb() -> None:
 
 
 def test_one_vs_two_adapters_on_a100_like_the_paper() -> None:
-    opts = MemoryOptions(precision=PURE_BF16, checkpointing=True, loss=Loss.CHUNKED,
-                         reserved_bytes=0.0)  # fmt: skip
+    opts = MemoryOptions(
+        precision=PURE_BF16, checkpointing=True, loss=Loss.CHUNKED, reserved_bytes=0.0
+    )
     base = base_memory(QWEN7B, options=opts).total
     one = adapter_memory(QWEN7B, rank=64, targets=MLP, batch_size=2, seq_len=1024, options=opts)
     assert base + one.total == pytest.approx(18.2e9, rel=0.01)  # 18.13 GB
@@ -69,19 +70,28 @@ def _saved_activation_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
 
 @pytest.mark.parametrize(
     ("attention", "dropout", "targets", "lo", "hi"),
-    [("sdpa", 0.0, PROJECTIONS, 0.95, 1.05), ("eager", 0.0, PROJECTIONS, 0.95, 1.05),
-     # A pack keeps every projection's input alive if any adapter targets it: the model
-     # counts them always, an upper bound for one adapter on a subset.
-     ("sdpa", 0.1, ("q_proj", "down_proj"), 0.85, 1.0)],
-)  # fmt: skip
+    [
+        ("sdpa", 0.0, PROJECTIONS, 0.95, 1.05),
+        ("eager", 0.0, PROJECTIONS, 0.95, 1.05),
+        # A pack keeps every projection's input alive if any adapter targets it: the model
+        # counts them always, an upper bound for one adapter on a subset.
+        ("sdpa", 0.1, ("q_proj", "down_proj"), 0.85, 1.0),
+    ],
+)
 def test_activations_match_autograd_saved_tensors(attention, dropout, targets, lo, hi) -> None:
     """fp32 CPU, PEFT LoRA: the model's activations vs what autograd actually saves."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-                      tie_word_embeddings=False)  # fmt: skip
+    cfg = Qwen2Config(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        tie_word_embeddings=False,
+    )
     cfg._attn_implementation = attention
     spec = ModelSpec.from_hf_config(cfg)
     rank, b, s = 8, 4, 64
@@ -91,11 +101,11 @@ def test_activations_match_autograd_saved_tensors(attention, dropout, targets, l
     )
     got = _saved_activation_bytes(model, torch.randint(0, cfg.vocab_size, (b, s)))
     opts = MemoryOptions(precision=FULL_FP32, attention=Attention(attention))
-    m = adapter_memory(spec, rank=rank, targets=targets, batch_size=b, seq_len=s,
-                       dropout=dropout, options=opts).components  # fmt: skip
+    m = adapter_memory(
+        spec, rank=rank, targets=targets, batch_size=b, seq_len=s, dropout=dropout, options=opts
+    ).components
     # Saved tensors hold the log-softmax (4·V per token) of the loss's 12·V peak.
     want = m["base_activations"] + m["lora_activations"] + 4.0 * spec.vocab_size * b * s
-    print(f"saved={got} model={want:.0f} ratio={got / want:.3f}")
     assert lo * want <= got <= hi * want
 
 
@@ -121,8 +131,17 @@ def test_monotonic_in_rank_batch_seq_targets_dropout() -> None:
 
 def test_precision_and_kernel_options_order() -> None:
     amp = _adapter()
-    assert adapter_memory(QWEN7B, rank=16, targets=("q_proj",), batch_size=1, seq_len=512,
-                          options=MemoryOptions(precision=PURE_BF16)).total < amp  # fmt: skip
+    assert (
+        adapter_memory(
+            QWEN7B,
+            rank=16,
+            targets=("q_proj",),
+            batch_size=1,
+            seq_len=512,
+            options=MemoryOptions(precision=PURE_BF16),
+        ).total
+        < amp
+    )
     kw = dict(rank=16, targets=("q_proj", "v_proj"), batch_size=2, seq_len=512)
     eager = adapter_memory(QWEN7B, **kw, options=MemoryOptions(loss=Loss.EAGER)).total
     chunked = adapter_memory(QWEN7B, **kw, options=MemoryOptions(loss=Loss.CHUNKED)).total
@@ -137,10 +156,18 @@ def test_precision_and_kernel_options_order() -> None:
 @pytest.mark.parametrize("d", [2, 4, 8])
 def test_zero_stages_order_per_gpu(d: int) -> None:
     per_stage = [
-        adapter_memory(QWEN7B, rank=64, targets=PROJECTIONS, batch_size=1, seq_len=1024, d=d,
-                       strategy=Strategy.FSDP, options=MemoryOptions(zero_stage=z)).total
+        adapter_memory(
+            QWEN7B,
+            rank=64,
+            targets=PROJECTIONS,
+            batch_size=1,
+            seq_len=1024,
+            d=d,
+            strategy=Strategy.FSDP,
+            options=MemoryOptions(zero_stage=z),
+        ).total
         for z in (1, 2, 3)
-    ]  # fmt: skip
+    ]
     assert per_stage[2] < per_stage[1] < per_stage[0]
 
 
@@ -148,9 +175,18 @@ def test_zero_stages_order_per_gpu(d: int) -> None:
 def test_splitting_over_gpus_lowers_memory_per_gpu(strategy: Strategy) -> None:
     one = base_memory(QWEN7B).total + _adapter(batch_size=8)
     for d in (2, 4, 8):
-        split = base_memory(QWEN7B, d=d, strategy=strategy).total + adapter_memory(
-            QWEN7B, rank=16, targets=("q_proj", "v_proj"), batch_size=8, seq_len=512, d=d,
-            strategy=strategy).total  # fmt: skip
+        split = (
+            base_memory(QWEN7B, d=d, strategy=strategy).total
+            + adapter_memory(
+                QWEN7B,
+                rank=16,
+                targets=("q_proj", "v_proj"),
+                batch_size=8,
+                seq_len=512,
+                d=d,
+                strategy=strategy,
+            ).total
+        )
         assert split < one
         one = split
 
@@ -158,8 +194,9 @@ def test_splitting_over_gpus_lowers_memory_per_gpu(strategy: Strategy) -> None:
 def test_tensor_parallel_shards_the_lora_factor_on_the_split_side() -> None:
     # q_proj is colwise: A (r x in) replicated, B (out x r) sharded.
     full = adapter_memory(QWEN7B, rank=8, targets=("q_proj",), batch_size=1, seq_len=8)
-    tp = adapter_memory(QWEN7B, rank=8, targets=("q_proj",), batch_size=1, seq_len=8, d=4,
-                        strategy=Strategy.TP)  # fmt: skip
+    tp = adapter_memory(
+        QWEN7B, rank=8, targets=("q_proj",), batch_size=1, seq_len=8, d=4, strategy=Strategy.TP
+    )
     h = QWEN7B.hidden_size
     per_param = full.components["lora_params"] / (QWEN7B.num_layers * 8 * 2 * h)
     want = QWEN7B.num_layers * 8 * (h + h / 4) * per_param

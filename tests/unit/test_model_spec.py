@@ -31,16 +31,28 @@ KNOWN_TOTALS = [
 
 
 def tiny_qwen2(**kw) -> Qwen2Config:
-    base = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
-                tie_word_embeddings=False)  # fmt: skip
+    base = dict(
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+        tie_word_embeddings=False,
+    )
     return Qwen2Config(**{**base, **kw})
 
 
 def tiny_llama(**kw) -> LlamaConfig:
-    base = dict(hidden_size=96, intermediate_size=200, num_hidden_layers=3,
-                num_attention_heads=6, num_key_value_heads=3, vocab_size=257,
-                tie_word_embeddings=True)  # fmt: skip
+    base = dict(
+        hidden_size=96,
+        intermediate_size=200,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        vocab_size=257,
+        tie_word_embeddings=True,
+    )
     return LlamaConfig(**{**base, **kw})
 
 
@@ -62,9 +74,13 @@ def test_every_model_of_the_paper_is_shipped() -> None:
 
 @pytest.mark.parametrize(
     "cfg",
-    [tiny_qwen2(), tiny_qwen2(tie_word_embeddings=True), tiny_llama(),
-     tiny_llama(attention_bias=True, mlp_bias=True, tie_word_embeddings=False),
-     tiny_llama(head_dim=32)],  # fmt: skip
+    [
+        tiny_qwen2(),
+        tiny_qwen2(tie_word_embeddings=True),
+        tiny_llama(),
+        tiny_llama(attention_bias=True, mlp_bias=True, tie_word_embeddings=False),
+        tiny_llama(head_dim=32),
+    ],
     ids=["qwen2", "qwen2-tied", "llama-tied", "llama-bias", "llama-head-dim"],
 )
 def test_counts_and_shapes_match_transformers_modules(cfg) -> None:
@@ -80,7 +96,9 @@ def test_counts_and_shapes_match_transformers_modules(cfg) -> None:
     assert spec.layer_params == sum(p.numel() for p in layer.parameters())
 
 
-@pytest.mark.parametrize("name", ["Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-3B", "Qwen/Qwen2.5-7B"])
+@pytest.mark.parametrize(
+    "name", ["Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-3B", "Qwen/Qwen2.5-7B"]
+)
 def test_shipped_configs_instantiate_with_the_same_count(name: str) -> None:
     cfg = AutoConfig.for_model(**json.loads(shipped_config_path(name).read_text()))
     assert ModelSpec.from_hf_config(name).total_params == sum(
@@ -88,8 +106,10 @@ def test_shipped_configs_instantiate_with_the_same_count(name: str) -> None:
     )
 
 
-@pytest.mark.parametrize(("rank", "targets"), [(4, ("q_proj", "v_proj")), (8, PROJECTIONS),
-                                               (3, ("down_proj", "o_proj", "k_proj"))])  # fmt: skip
+@pytest.mark.parametrize(
+    ("rank", "targets"),
+    [(4, ("q_proj", "v_proj")), (8, PROJECTIONS), (3, ("down_proj", "o_proj", "k_proj"))],
+)
 def test_lora_params_match_peft(rank: int, targets: tuple[str, ...]) -> None:
     from peft import LoraConfig, get_peft_model
 
@@ -166,13 +186,20 @@ def test_sources_dict_dir_file_and_errors(tmp_path) -> None:
     assert ModelSpec.from_hf_config(tmp_path / "m").total_params == want
     assert ModelSpec.from_hf_config(str(tmp_path / "m" / "config.json")).total_params == want
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         ModelSpec.from_hf_config(str(tmp_path / "empty"))
     with pytest.raises(ConfigError, match="model_type"):
         ModelSpec.from_hf_config({"model_type": "gpt2", "n_embd": 8})
     with pytest.raises(ConfigError, match="lacks intermediate_size"):
-        ModelSpec.from_hf_config({"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 1,
-                                  "num_attention_heads": 2, "vocab_size": 10})  # fmt: skip
+        ModelSpec.from_hf_config(
+            {
+                "model_type": "llama",
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "vocab_size": 10,
+            }
+        )
     with pytest.raises(ConfigError, match="cannot resolve model 'no-such-org/no-such-model'"):
         ModelSpec.from_hf_config("no-such-org/no-such-model")
 

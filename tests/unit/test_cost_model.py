@@ -1,0 +1,246 @@
+"""SweepCostModel: the CostModel protocol, the affine job-time identity, refit, build from a sweep."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+
+import pytest
+
+from plora.config import PROJECTIONS, ConfigError, HardwareConfig, LoRAConfig, SweepConfig
+from plora.cost import CostModel, Strategy
+from plora.cost.memory import GIB, MemoryOptions, adapter_memory, base_memory
+from plora.cost.model import SweepCostModel, build_cost_model
+from plora.cost.profile import ProfileStore
+from plora.cost.throughput import (
+    DEFAULT_COEFFICIENTS,
+    Coefficients,
+    StepSample,
+    StepTimeModel,
+)
+from plora.model_spec import ModelSpec
+
+QWEN7B = ModelSpec.from_hf_config("Qwen/Qwen2.5-7B")
+A100 = HardwareConfig(gpu_type="A100-80GB", num_gpus=8)
+
+
+def configs(n: int = 24, seed: int = 0) -> list[LoRAConfig]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        kw = (
+            {"max_steps": rng.choice([50, 100, 400])}
+            if rng.random() < 0.5
+            else {"epochs": rng.choice([0.5, 1.0, 2.0])}
+        )
+        out.append(
+            LoRAConfig(
+                rank=rng.choice([8, 32, 128]),
+                alpha=16.0,
+                lr=rng.choice([1e-4, 2e-4]),
+                batch_size=rng.choice([1, 4, 16]),
+                dropout=rng.choice([0.0, 0.05]),
+                target_modules=rng.choice([("q_proj", "v_proj"), PROJECTIONS]),
+                seed=rng.randrange(1000),
+                **kw,
+            )
+        )
+    return out
+
+
+def model(**kw) -> SweepCostModel:
+    args = dict(strategies=(Strategy.TP, Strategy.FSDP, Strategy.PP))
+    return SweepCostModel(QWEN7B, 1024, 7473, A100, **{**args, **kw})
+
+
+def test_implements_the_protocol() -> None:
+    assert isinstance(model(), CostModel)
+
+
+def test_job_time_is_affine_in_the_pack() -> None:
+    cm, rng = model(), random.Random(1)
+    ks = configs(40)
+    for d, strat in [
+        (1, None),
+        (1, Strategy.TP),
+        (2, Strategy.TP),
+        (4, Strategy.FSDP),
+        (8, Strategy.PP),
+    ]:
+        for _ in range(20):
+            pack = rng.sample(ks, rng.randint(1, 12))
+            longest = max(cm.steps(k) for k in pack)
+            want = cm.fixed_time(longest, d, strat) + sum(cm.config_time(k, d, strat) for k in pack)
+            assert cm.job_time(pack, d, strat) == pytest.approx(want, rel=1e-12)
+    assert cm.job_time([], 1, None) == 0.0
+
+
+def test_job_time_equals_stepping_the_pack_to_completion() -> None:
+    """Independent reference: simulate each step with the adapters still active."""
+    cm = model()
+    timer = StepTimeModel(QWEN7B, cm.gpu, cm.coefficients)
+    pack = configs(6, seed=3)
+    from plora.cost.throughput import AdapterLoad
+
+    total, steps = 0.0, {k.config_id: cm.steps(k) for k in pack}
+    for step in range(max(steps.values())):
+        active = [AdapterLoad.of(k) for k in pack if steps[k.config_id] > step]
+        total += timer.step_time(active, 1024)
+    assert cm.job_time(pack, 1, None) == pytest.approx(total, rel=1e-9)
+
+
+def test_steps_from_max_steps_or_epochs() -> None:
+    cm = model()
+    assert cm.steps(LoRAConfig(rank=8, alpha=8, lr=1e-4, batch_size=4, max_steps=77)) == 77
+    assert cm.steps(LoRAConfig(rank=8, alpha=8, lr=1e-4, batch_size=4, epochs=1.0)) == math.ceil(
+        7473 / 4
+    )
+    assert cm.steps(LoRAConfig(rank=8, alpha=8, lr=1e-4, batch_size=16, epochs=0.5)) == math.ceil(
+        7473 / 32
+    )
+
+
+def test_memory_matches_the_memory_module_and_capacity() -> None:
+    cm = model()
+    k = configs(1)[0]
+    for d, s in [(1, None), (2, Strategy.TP), (4, Strategy.FSDP)]:
+        assert cm.base_memory(d, s) == base_memory(QWEN7B, d=d, strategy=s, options=cm.memory).total
+        want = adapter_memory(
+            QWEN7B,
+            rank=k.rank,
+            targets=k.target_modules,
+            batch_size=k.batch_size,
+            seq_len=1024,
+            dropout=k.dropout,
+            d=d,
+            strategy=s,
+            options=cm.memory,
+        )
+        assert cm.config_memory(k, d, s) == want.total
+    assert cm.capacity(1) == cm.capacity(8) == pytest.approx(0.9 * 80 * GIB)
+
+
+def test_degree_and_strategy_validation() -> None:
+    only_one = model(strategies=())
+    k = configs(1)[0]
+    assert only_one.strategies() == ()
+    only_one.config_time(k, 1, None)
+    with pytest.raises(ConfigError, match="not supported"):
+        only_one.config_time(k, 2, Strategy.TP)
+    with pytest.raises(ConfigError, match="power of two"):
+        model().job_time([k], 3, Strategy.TP)
+    with pytest.raises(ConfigError, match="power of two"):
+        model().capacity(6)
+    with pytest.raises(ConfigError, match="dataset_size"):
+        SweepCostModel(QWEN7B, 1024, 0, A100)
+
+
+def test_config_work_is_single_gpu_config_time() -> None:
+    cm = model()
+    for k in configs(5):
+        assert cm.config_work(k) == cm.config_time(k, 1, None)
+        assert cm.config_work(k) < cm.job_time([k], 1, None)
+
+
+def test_answers_are_cached_and_fast() -> None:
+    cm, ks = model(), configs(120)
+    start = time.perf_counter()
+    for _ in range(5):
+        for k, (d, s) in itertools.product(
+            ks, [(1, None), (2, Strategy.TP), (4, Strategy.TP), (8, Strategy.TP)]
+        ):
+            cm.config_time(k, d, s)
+            cm.config_memory(k, d, s)
+    assert time.perf_counter() - start < 1.0  # 4,800 calls
+
+
+def _samples_from(truth: SweepCostModel, packs, *, d=1, strategy=None):
+    timer, out = truth.timer, []
+    for pack in packs:
+        from plora.cost.throughput import AdapterLoad
+
+        loads = [AdapterLoad.of(k) for k in pack]
+        mem = truth.pack_memory(pack, 1, None) - truth.memory.reserved_bytes if d == 1 else None
+        out.append(
+            StepSample.from_configs(
+                pack,
+                seq_len=truth.seq_len,
+                d=d,
+                strategy=strategy,
+                step_time_s=timer.step_time(loads, truth.seq_len, d, strategy),
+                peak_memory_bytes=mem,
+            )
+        )
+    return out
+
+
+def test_refit_recovers_time_and_memory_and_reports_the_change() -> None:
+    true_coef = Coefficients(
+        base_efficiency=0.55,
+        lora_efficiency=0.2,
+        overhead_per_layer_s=1e-3,
+        adapter_step_s=4e-3,
+        comm_efficiency=0.7,
+    )
+    truth = model(coefficients=true_coef, memory=MemoryOptions(activation_scale=1.6))
+    ks = configs(30, seed=5)
+    rng = random.Random(0)
+    packs = [rng.sample(ks, rng.randint(1, 8)) for _ in range(40)]
+    new = model().refit(_samples_from(truth, packs), prior_weight=1e-9)
+    assert new.coefficients.base_efficiency == pytest.approx(0.55, rel=1e-3)
+    assert new.coefficients.adapter_step_s == pytest.approx(4e-3, rel=1e-3)
+    assert new.memory.activation_scale == pytest.approx(1.6, rel=0.02)
+    assert new.config_memory(ks[0], 1, None) == pytest.approx(
+        truth.config_memory(ks[0], 1, None), rel=0.02
+    )
+    report = new.last_refit.to_dict()
+    assert report["old"]["base_efficiency"] == DEFAULT_COEFFICIENTS.base_efficiency
+    assert report["new"]["base_efficiency"] == pytest.approx(0.55, rel=1e-3)
+    assert report["step_time_rel_error_after"] < 1e-6 < report["step_time_rel_error_before"]
+    assert report["activation_scale_old"] == 1.0
+    pack = packs[0]
+    assert new.job_time(pack, 1, None) == pytest.approx(truth.job_time(pack, 1, None), rel=1e-6)
+
+
+def _sweep(**hardware) -> SweepConfig:
+    return SweepConfig.from_dict(
+        {
+            "name": "cost-test",
+            "model": "Qwen/Qwen2.5-7B",
+            "dataset": {"builtin": "arithmetic", "num_examples": 1000, "max_seq_len": 512},
+            "space": {"lr": 1.0e-4, "rank": [8, 64], "alpha": 16, "batch_size": 2, "max_steps": 10},
+            "hardware": {"gpu_type": "H100", "num_gpus": 4, **hardware},
+            "planner": {"strategies": ["tp"]},
+        }
+    )
+
+
+def test_build_from_a_sweep_and_plan_from_a_stored_profile(tmp_path) -> None:
+    sweep = _sweep()
+    cm = build_cost_model(sweep, profile_dir=tmp_path)
+    assert cm.seq_len == 512 and cm.dataset_size == 900 and cm.gpu.name == "H100"
+    assert cm.strategies() == (Strategy.TP,)
+    assert cm.coefficients == DEFAULT_COEFFICIENTS
+    assert cm.capacity(1) == pytest.approx(0.9 * 80 * GIB)
+    assert build_cost_model(sweep, dataset_size=50, profile_dir=tmp_path).dataset_size == 50
+    # A measured profile for (model, GPU) makes the next sweep plan from it.
+    k = LoRAConfig(rank=8, alpha=16, lr=1e-4, batch_size=2, max_steps=10)
+    samples = [
+        StepSample.from_configs([k] * n, seq_len=512, step_time_s=0.05 + 0.04 * n)
+        for n in (1, 2, 4, 8)
+    ]
+    ProfileStore(tmp_path).record("Qwen/Qwen2.5-7B", "H100", samples)
+    planned = build_cost_model(sweep, profile_dir=tmp_path)
+    assert planned.coefficients != DEFAULT_COEFFICIENTS
+    assert planned.job_time([k], 1, None) == pytest.approx(10 * 0.09, rel=0.05)
+    assert (
+        build_cost_model(sweep, profile_dir=tmp_path, use_profile=False).coefficients
+        == DEFAULT_COEFFICIENTS
+    )
+
+
+def test_build_rejects_unknown_gpu_speed(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="no known peak"):
+        build_cost_model(_sweep(gpu_type="MI300X", gpu_memory_gib=192), profile_dir=tmp_path)

@@ -1,0 +1,174 @@
+"""Step-time model: the H200 measurements it was derived from, and the least-squares refit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plora.config import PROJECTIONS, ConfigError
+from plora.cost import Strategy
+from plora.cost.throughput import (
+    DEFAULT_COEFFICIENTS,
+    GPU_TYPES,
+    H200_MEASURED,
+    LIGER_COEFFICIENTS,
+    AdapterLoad,
+    Coefficients,
+    StepSample,
+    StepTimeModel,
+    fit,
+    gpu_spec,
+    relative_errors,
+)
+from plora.model_spec import ModelSpec
+
+QWEN3B = ModelSpec.from_hf_config("Qwen/Qwen2.5-3B")
+H200 = GPU_TYPES["H200"]
+S = H200_MEASURED["seq_len"]
+
+
+def _tok_s(model: StepTimeModel, loads: list[AdapterLoad], seq_len: int = S, **kw) -> float:
+    return sum(x.sequences for x in loads) * seq_len / model.step_time(loads, seq_len, **kw)
+
+
+def test_defaults_reproduce_the_h200_measurements() -> None:
+    hf = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS)
+    liger = StepTimeModel(QWEN3B, H200, LIGER_COEFFICIENTS)
+    one = AdapterLoad(rank=16, targets=("q_proj", "v_proj"), sequences=1)
+    assert _tok_s(hf, [one]) == pytest.approx(8.3e3, rel=0.01)
+    # The x16 measurements had no adapter: the fixed part plus 16 sequences of base FLOPs.
+    for model, want in ((hf, 30.7e3), (liger, 42.0e3)):
+        per_tok = QWEN3B.train_flops_per_token(S) / (
+            H200.peak_flops * model.coefficients.base_efficiency
+        )
+        t = model.fixed_step_time() + 16 * S * per_tok
+        assert 16 * S / t == pytest.approx(want, rel=1e-6)
+    assert 0.4 < DEFAULT_COEFFICIENTS.base_efficiency < LIGER_COEFFICIENTS.base_efficiency < 0.8
+
+
+def test_packing_raises_throughput_towards_the_ceiling() -> None:
+    model = StepTimeModel(QWEN3B, H200, LIGER_COEFFICIENTS)
+    one = AdapterLoad(rank=16, targets=PROJECTIONS, sequences=1)
+    rates = [_tok_s(model, [one] * n) for n in (1, 2, 8, 32, 128)]
+    assert rates == sorted(rates)
+    ceiling = QWEN3B.flop_ceiling_tokens_per_s(H200.peak_flops, S)
+    assert rates[-1] < ceiling * LIGER_COEFFICIENTS.base_efficiency
+
+
+@pytest.mark.parametrize("strategy", list(Strategy))
+def test_more_gpus_cut_a_large_step_but_cost_communication(strategy: Strategy) -> None:
+    model = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS)
+    pack = [AdapterLoad(rank=32, targets=PROJECTIONS, sequences=4)] * 16
+    t1 = model.step_time(pack, S)
+    for d in (2, 4, 8):
+        td = model.step_time(pack, S, d=d, strategy=strategy)
+        assert t1 / d < td < t1  # faster, but not perfectly
+        t1 = td
+
+
+def _synthetic_samples(truth: StepTimeModel, rng: np.random.Generator, n: int = 60):
+    samples = []
+    for _ in range(n):
+        d = int(rng.choice([1, 2, 4, 8]))
+        strategy = None if d == 1 else Strategy(rng.choice(list(Strategy)))
+        loads = [
+            AdapterLoad(
+                rank=int(rng.choice([8, 32, 128])),
+                targets=tuple(rng.choice(PROJECTIONS, size=int(rng.integers(1, 8)), replace=False)),
+                sequences=int(rng.choice([1, 2, 4, 16])),
+            )
+            for _ in range(int(rng.integers(1, 12)))
+        ]
+        seq = int(rng.choice([256, 512, 1024, 2048]))
+        t = truth.step_time(loads, seq, d=d, strategy=strategy)
+        samples.append(
+            StepSample(adapters=tuple(loads), seq_len=seq, d=d, strategy=strategy, step_time_s=t)
+        )
+    return samples
+
+
+TRUTH = Coefficients(
+    base_efficiency=0.63,
+    lora_efficiency=0.12,
+    overhead_per_layer_s=4e-4,
+    adapter_step_s=7e-3,
+    comm_efficiency=0.45,
+)
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    truth = StepTimeModel(QWEN3B, H200, TRUTH)
+    samples = _synthetic_samples(truth, np.random.default_rng(0))
+    got = fit(samples, StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS), prior_weight=1e-9)
+    for name in (
+        "base_efficiency",
+        "lora_efficiency",
+        "overhead_per_layer_s",
+        "adapter_step_s",
+        "comm_efficiency",
+    ):
+        assert getattr(got, name) == pytest.approx(getattr(TRUTH, name), rel=1e-3), name
+
+
+def test_fit_with_noise_is_close_and_lowers_the_error() -> None:
+    truth = StepTimeModel(QWEN3B, H200, TRUTH)
+    rng = np.random.default_rng(1)
+    samples = [
+        StepSample(
+            adapters=s.adapters,
+            seq_len=s.seq_len,
+            d=s.d,
+            strategy=s.strategy,
+            step_time_s=s.step_time_s * float(1 + 0.02 * rng.standard_normal()),
+        )
+        for s in _synthetic_samples(truth, rng, n=200)
+    ]
+    prior = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS)
+    got = fit(samples, prior)
+    assert got.base_efficiency == pytest.approx(TRUTH.base_efficiency, rel=0.03)
+    assert got.adapter_step_s == pytest.approx(TRUTH.adapter_step_s, rel=0.1)
+    refit = StepTimeModel(QWEN3B, H200, got)
+    assert np.abs(relative_errors(samples, refit)).mean() < 0.03
+    assert np.abs(relative_errors(samples, prior)).mean() > 0.1
+
+
+def test_unidentified_coefficients_keep_the_prior() -> None:
+    truth = StepTimeModel(QWEN3B, H200, TRUTH)
+    samples = [s for s in _synthetic_samples(truth, np.random.default_rng(2), n=80) if s.d == 1]
+    got = fit(samples, StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS))
+    assert got.comm_efficiency == pytest.approx(DEFAULT_COEFFICIENTS.comm_efficiency, rel=1e-6)
+    assert got.base_efficiency == pytest.approx(TRUTH.base_efficiency, rel=0.01)
+
+
+def test_fit_clips_to_physical_ranges() -> None:
+    model = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS)
+    load = (AdapterLoad(rank=8, targets=("q_proj",), sequences=64),)
+    # Faster than the GPU's peak: the efficiency is clipped to 1, not above.
+    too_fast = [StepSample(adapters=load, seq_len=1024, step_time_s=1e-4)]
+    assert fit(too_fast, model).base_efficiency <= 1.0
+    with pytest.raises(ConfigError, match="no step samples"):
+        fit([], model)
+
+
+def test_gpu_table_and_unknown_gpus() -> None:
+    assert gpu_spec("H200").peak_tflops == 989.0
+    assert {"H100", "A100-40GB", "A100-80GB", "A10G", "L4", "cpu"} <= set(GPU_TYPES)
+    with pytest.raises(ConfigError, match="MI300X"):
+        gpu_spec("MI300X")
+    assert gpu_spec("MI300X", peak_tflops=1307.0).peak_flops == 1.307e15
+
+
+def test_sample_round_trip_and_validation() -> None:
+    s = StepSample(
+        adapters=(AdapterLoad(rank=4, targets=("q_proj",), sequences=2),),
+        seq_len=64,
+        d=2,
+        strategy=Strategy.TP,
+        step_time_s=0.5,
+        peak_memory_bytes=1e9,
+    )
+    assert StepSample.from_dict(s.to_dict()) == s
+    with pytest.raises(ConfigError):
+        StepSample(adapters=(), seq_len=64, step_time_s=0.0)
+    with pytest.raises(ConfigError, match="power of two"):
+        StepSample(adapters=(), seq_len=64, d=3, strategy=Strategy.TP, step_time_s=1.0)
