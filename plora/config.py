@@ -237,7 +237,9 @@ def looks_like_path(name: str) -> bool:
 
 
 def _gpu_key(name: str) -> str:
-    return re.sub(r"[\s_\-]", "", name).upper().removesuffix("B").removesuffix("G")
+    """Spelling-insensitive GPU name: ``a100_40gb``, ``A100-40G`` and ``A100 40GB`` -> ``A10040``."""
+    key = re.sub(r"[\s_]+", "-", name.strip().upper())
+    return re.sub(r"-(\d+)GB?$", r"-\1", key).replace("-", "")
 
 
 _GPU_LOOKUP = {_gpu_key(k): k for k in GPU_MEMORY_GIB}
@@ -384,6 +386,9 @@ class HardwareConfig:
     """Memory per GPU in GiB; defaults from :data:`GPU_MEMORY_GIB` for a known ``gpu_type``."""
     load_factor: float = 0.9
     """C in (0, 1]: the fraction of GPU memory the planner may fill (fragmentation headroom)."""
+    peak_tflops: float | None = None
+    """Dense bf16 peak TFLOP/s of one GPU; only needed for a ``gpu_type`` the cost model does
+    not know (``plora.cost.throughput.GPU_TYPES``)."""
 
     def __post_init__(self) -> None:
         as_int(self.num_gpus, "num_gpus", ge=1, fix="use at least 1 GPU")
@@ -411,6 +416,11 @@ class HardwareConfig:
             fix="use a fraction in (0, 1], e.g. 0.9",
         )
         object.__setattr__(self, "load_factor", lf)
+        if self.peak_tflops is not None:
+            tf = as_float(
+                self.peak_tflops, "peak_tflops", gt=0.0, fix="give the datasheet dense bf16 TFLOP/s"
+            )
+            object.__setattr__(self, "peak_tflops", tf)
 
     @property
     def is_cpu(self) -> bool:

@@ -259,3 +259,28 @@ def test_replace_revalidates(tmp_path: Path) -> None:
         dataclasses.replace(sweep.hardware, num_gpus=0)
     with pytest.raises(ConfigError, match="mode='max'"):
         dataclasses.replace(sweep, mode="max")
+
+
+def test_gpu_names_are_spelling_insensitive_but_distinct() -> None:
+    from plora.cost.throughput import GPU_TYPES
+
+    assert set(GPU_MEMORY_GIB) == set(GPU_TYPES)  # both tables know the same accelerators
+    for name in GPU_MEMORY_GIB:
+        for spelling in (name, name.lower(), name.replace("-", "_"), name.replace("-", " ")):
+            assert HardwareConfig(gpu_type=spelling).gpu_type == name
+    assert HardwareConfig(gpu_type="A100-40G").gpu_type == "A100-40GB"
+    assert "peak_tflops=0" in error_of(
+        HardwareConfig, gpu_type="X", gpu_memory_gib=8, peak_tflops=0
+    )
+
+
+def test_unknown_gpu_plans_with_its_peak(tmp_path: Path) -> None:
+    from plora.cost.model import build_cost_model
+
+    text = MINIMAL.replace("model: tiny-qwen2", "model: Qwen/Qwen2.5-0.5B")
+    hw = "hardware: {gpu_type: MI300X, gpu_memory_gib: 192, peak_tflops: 1307}\n"
+    sweep = SweepConfig.from_yaml(write(tmp_path, text + hw))
+    assert sweep.hardware.peak_tflops == 1307.0
+    assert build_cost_model(sweep, use_profile=False).capacity(1) == pytest.approx(
+        0.9 * 192 * 2**30
+    )
