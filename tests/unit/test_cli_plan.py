@@ -160,3 +160,40 @@ def test_help_and_plan_import_no_heavy_modules() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["[]", "[]"]
+
+
+def test_plan_gantt_draws_each_job_on_its_gpus(tmp_path: Path) -> None:
+    from matplotlib.patches import Rectangle
+
+    from plora.analysis.plots import plot_plan_gantt
+    from plora.cost import Strategy
+    from plora.planner import Job, Plan
+
+    def job(i: int, gpus: tuple[int, ...], start: float, end: float) -> Job:
+        return Job(job_id=f"j{i}", config_ids=(f"c{i}a", f"c{i}b"), gpus=len(gpus) or 1,
+                   strategy=Strategy.TP if len(gpus) > 1 else None, start_s=start, end_s=end,
+                   memory_gib_per_gpu=10.0, gpu_ids=gpus)  # fmt: skip
+
+    jobs = (
+        job(0, (0, 1), 0, 3600),
+        job(1, (2,), 0, 1800),
+        job(2, (1, 3), 3600, 7200),
+        job(3, (), 1800, 5400),
+    )
+    plan = Plan(
+        jobs=jobs,
+        num_configs=8,
+        num_gpus=4,
+        makespan_s=7200.0,
+        lower_bound_s=6000.0,
+        ratio_bound=1.2,
+    )
+    fig = plot_plan_gantt(plan, str(tmp_path / "g.svg"))
+    bars = sorted(
+        (round(p.get_x(), 6), round(p.get_width(), 6), round(p.get_y() + p.get_height() / 2, 6))
+        for p in fig.axes[0].patches if isinstance(p, Rectangle)
+    )  # fmt: skip
+    # hours (makespan 2 h): one bar per contiguous GPU run, centred on its rows;
+    # j3 has no gpu_ids and lands on GPU 2, free from 0.5 h
+    assert bars == sorted([(0, 1, 0.5), (0, 0.5, 2), (1, 1, 1), (1, 1, 3), (0.5, 1, 2)])
+    assert (tmp_path / "g.svg").read_text().lstrip().startswith("<?xml")
