@@ -129,6 +129,7 @@ class PlanReport:
     plan: Plan
     plora: Plan
     baselines: dict[str, Plan]
+    skipped: dict[str, str]
     seconds: float
 
     @property
@@ -146,14 +147,25 @@ class PlanReport:
             "schedule": self.plan_name,
             "seq_len": self.sweep.seq_len,
             "hardware": dataclasses.asdict(self.sweep.hardware),
-            "baselines": {k: {"makespan_s": p.makespan_s, "num_jobs": len(p.jobs)} for k, p in self.baselines.items()},
+            "baselines": {
+                **{k: {"makespan_s": p.makespan_s, "num_jobs": len(p.jobs)} for k, p in self.baselines.items()},
+                **{k: {"makespan_s": None, "skipped": why} for k, why in self.skipped.items()},
+            },
             "plora_makespan_s": self.plora.makespan_s,
             "configs": [c.to_dict() for c in self.configs],
         }  # fmt: skip
 
 
-def make_plan(sweep: SweepConfig, *, baseline: BaselineOption | None = None) -> PlanReport:
+def make_plan(
+    sweep: SweepConfig,
+    *,
+    baseline: BaselineOption | None = None,
+    memory_key: str = "hardware.gpu_memory_gib",
+) -> PlanReport:
     """Expand the sweep, build its cost model and plan it (plus both baselines).
+
+    ``memory_key`` names the GPU memory in the error for a config that fits no GPU (the
+    command-line option when it overrode the file).
 
     Raises:
         ConfigError: bad sweep, unknown model shape, or a config that fits no GPU count.
@@ -168,9 +180,15 @@ def make_plan(sweep: SweepConfig, *, baseline: BaselineOption | None = None) -> 
     g = sweep.hardware.num_gpus
     try:
         plora = plan_sweep(configs, cost, g, solver=sweep.planner.solver)
-        baselines = {
-            str(b): baseline_plan(configs, cost, g, b) for b in (Baseline.MIN_GPU, Baseline.MAX_GPU)
-        }
+        baselines: dict[str, Plan] = {}
+        skipped: dict[str, str] = {}
+        for b in (Baseline.MIN_GPU, Baseline.MAX_GPU):
+            try:
+                baselines[str(b)] = baseline_plan(configs, cost, g, b)
+            except NoFeasibleJobError:
+                raise
+            except ConfigError as err:  # e.g. max_gpu without a multi-GPU strategy
+                skipped[str(b)] = err.problem
     except NoFeasibleJobError as err:
         hw = sweep.hardware
         fix = None if "; " in err.problem else (
@@ -179,14 +197,20 @@ def make_plan(sweep: SweepConfig, *, baseline: BaselineOption | None = None) -> 
         )  # fmt: skip
         raise ConfigError(
             err.problem,
-            key="hardware.gpu_memory_gib",
+            key=memory_key,
             value=hw.gpu_memory_gib,
             file=sweep.source,
             fix=fix,
         ) from None
-    chosen = plora if baseline is None else baselines[str(baseline).replace("-", "_")]
-    return PlanReport(sweep=sweep, configs=tuple(configs), plan=chosen, plora=plora,
-                      baselines=baselines, seconds=time.perf_counter() - t0)  # fmt: skip
+    chosen = plora
+    if baseline is not None:
+        name = str(baseline).replace("-", "_")
+        if name in skipped:
+            raise ConfigError(f"cannot build this baseline: {skipped[name]}", key="--baseline",
+                              value=str(baseline), file=sweep.source, fix="choose the other baseline")  # fmt: skip
+        chosen = baselines[name]
+    return PlanReport(sweep=sweep, configs=tuple(configs), plan=chosen, plora=plora, baselines=baselines,
+                      skipped=skipped, seconds=time.perf_counter() - t0)  # fmt: skip
 
 
 def print_plan(report: PlanReport) -> None:
@@ -225,14 +249,19 @@ def print_plan(report: PlanReport) -> None:
     name = "PLoRA" if plan is report.plora else f"baseline {report.plan_name}"
     console.print(f"{name} makespan: [bold]{fmt_duration(plan.makespan_s)}[/bold] "
                   f"({len(plan.jobs)} jobs, solver {plan.solver}, planned in {report.seconds:.2f}s)")  # fmt: skip
-    for key, base in report.baselines.items():
+    for key in ("min_gpu", "max_gpu"):
+        label = key.replace("_", "-")
+        if key in report.skipped:
+            console.print(f"  vs {label}: n/a ({report.skipped[key]})", soft_wrap=True)
+            continue
+        base = report.baselines[key]
         speedup = (
             base.makespan_s / report.plora.makespan_s
             if report.plora.makespan_s > 0
             else float("nan")
         )
-        console.print(f"  vs {key.replace('_', '-')}: {fmt_duration(base.makespan_s)} "
-                      f"({len(base.jobs)} jobs) -> PLoRA is {speedup:.2f}x faster")  # fmt: skip
+        console.print(f"  vs {label}: {fmt_duration(base.makespan_s)} ({len(base.jobs)} jobs) "
+                      f"-> PLoRA is {speedup:.2f}x faster")  # fmt: skip
     console.print(f"  lower bound: {fmt_duration(plan.lower_bound_s)} (plan <= {plan.makespan_s / plan.lower_bound_s:.3f}x optimal)"
                   if plan.lower_bound_s > 0 else "  lower bound: 0")  # fmt: skip
     console.print(f"  Thm 6.1 ratio bound: {plan.ratio_bound:.3f}")
@@ -264,7 +293,8 @@ def plan(
         check_output_path(out, "--out", (".json",))
         check_output_path(gantt, "--gantt", (".png", ".pdf", ".svg"))
         sweep = load_sweep(sweep_file, gpus=gpus, gpu_memory_gib=gpu_memory_gib)
-        report = make_plan(sweep, baseline=baseline)
+        key = "--gpu-memory-gib" if gpu_memory_gib is not None else "hardware.gpu_memory_gib"
+        report = make_plan(sweep, baseline=baseline, memory_key=key)
         image = _render_gantt(report.plan, gantt) if gantt else None
     print_plan(report)
     from plora.utils import atomic_write_bytes, atomic_write_json

@@ -197,3 +197,38 @@ def test_plan_gantt_draws_each_job_on_its_gpus(tmp_path: Path) -> None:
     # j3 has no gpu_ids and lands on GPU 2, free from 0.5 h
     assert bars == sorted([(0, 1, 0.5), (0, 0.5, 2), (1, 1, 1), (1, 1, 3), (0.5, 1, 2)])
     assert (tmp_path / "g.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_a_baseline_that_cannot_be_built_is_reported_not_fatal(tmp_path: Path) -> None:
+    sweep = REPO / "sweeps" / "qwen2.5-0.5b-gpu.yaml"  # no multi-GPU strategy: no max-gpu on 8 GPUs
+    out = tmp_path / "p.json"
+    result = run(["plan", str(sweep), "--gpus", "8", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(out.read_text())
+    assert (
+        plan["baselines"]["max_gpu"]["makespan_s"] is None
+        and plan["baselines"]["max_gpu"]["skipped"]
+    )
+    assert plan["makespan_s"] <= plan["baselines"]["min_gpu"]["makespan_s"]
+    assert "max-gpu: n/a" in result.stdout
+    bad = run(
+        [
+            "plan",
+            str(sweep),
+            "--gpus",
+            "8",
+            "--baseline",
+            "max-gpu",
+            "--out",
+            str(tmp_path / "b.json"),
+        ]
+    )
+    assert_one_error_line(bad, "--baseline='max-gpu'", "cannot build this baseline")
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_override_named_in_the_no_fit_error(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    result = run(["plan", str(PAPER), "--gpus", "1", "--gpu-memory-gib", "16", "--out", str(out)])
+    assert_one_error_line(result, str(PAPER), "--gpu-memory-gib=16", "needs", "GiB")
+    assert not out.exists()
