@@ -316,8 +316,8 @@ class DatasetSpec:
     format: str = "auto"
     """Row layout: auto | text | prompt_completion | chat | disk."""
     num_examples: int = 2000
-    """Training examples: rows generated for a builtin; for a file, the planning hint (the
-    real count replaces it once the file is read)."""
+    """Training examples: for a builtin, the training rows generated (held-out rows come on
+    top); for a file, a planning hint (the real count replaces it once the file is read)."""
     eval_path: str | None = None
     """Separate evaluation file; when absent ``eval_fraction`` of the data is held out."""
     eval_fraction: float = 0.1
