@@ -178,10 +178,11 @@ CANDIDATES = {
     "shrink": [
         dict(BM=64, BK=64, num_warps=4, num_stages=3),
         dict(BM=64, BK=128, num_warps=4, num_stages=3),
-        dict(BM=128, BK=64, num_warps=8, num_stages=3),
+        dict(BM=64, BK=128, num_warps=8, num_stages=3),
         dict(BM=32, BK=128, num_warps=4, num_stages=4),
         dict(BM=64, BK=64, num_warps=4, num_stages=4),
-        dict(BM=128, BK=32, num_warps=8, num_stages=4),
+        dict(BM=32, BK=256, num_warps=4, num_stages=3),
+        dict(BM=128, BK=64, num_warps=8, num_stages=3),
     ],
     "gemm": [
         dict(BM=128, BN=128, BK=64, BR=32, GROUP_M=8, num_warps=8, num_stages=3),
@@ -195,16 +196,18 @@ CANDIDATES = {
         dict(BM=64, BN=128, BK=32, BR=32, GROUP_M=8, num_warps=4, num_stages=2),
         dict(BM=128, BN=128, BK=32, BR=64, GROUP_M=8, num_warps=8, num_stages=2),
         dict(BM=64, BN=256, BK=32, BR=32, GROUP_M=8, num_warps=4, num_stages=2),
-        dict(BM=128, BN=64, BK=32, BR=64, GROUP_M=8, num_warps=4, num_stages=2),
+        dict(BM=128, BN=256, BK=32, BR=32, GROUP_M=8, num_warps=8, num_stages=2),
+        dict(BM=128, BN=128, BK=32, BR=32, GROUP_M=8, num_warps=4, num_stages=3),
         dict(BM=64, BN=128, BK=32, BR=64, GROUP_M=8, num_warps=4, num_stages=3),
     ],
     "wgrad": [
         dict(BN=64, BT=64, num_warps=4, num_stages=3),
-        dict(BN=32, BT=64, num_warps=4, num_stages=3),
+        dict(BN=128, BT=32, num_warps=4, num_stages=4),
         dict(BN=64, BT=128, num_warps=4, num_stages=3),
         dict(BN=128, BT=64, num_warps=8, num_stages=3),
-        dict(BN=32, BT=128, num_warps=4, num_stages=4),
+        dict(BN=128, BT=64, num_warps=4, num_stages=3),
         dict(BN=64, BT=32, num_warps=4, num_stages=4),
+        dict(BN=256, BT=32, num_warps=8, num_stages=3),
     ],
 }
 if DRY:
@@ -224,9 +227,7 @@ def kernel_calls(pk: Pack) -> dict:
     a_str, b_str = (pk.a.stride(0), pk.a.stride(1)), (pk.b.stride(0), pk.b.stride(1))
     return {
         "shrink": lambda: ops.shrink(x, pk.a.detach(), a_str, table, meta, 1, dropout=True),
-        "lora": lambda: ops.lora_gemm(
-            y, s_buf, pk.b.detach(), b_str, table, meta, 1, accumulate=True
-        ),
+        "lora": lambda: ops.lora_gemm(y, s_buf, pk.b.detach(), b_str, table, meta, 1),
         "gemm": lambda: ops.lora_gemm(
             y, s_buf, pk.b.detach(), b_str, table, meta, 1, base=(x, pk.w, pk.w.stride())
         ),
@@ -251,6 +252,10 @@ def tune_configs(pk: Pack, log) -> dict:
                 continue
             rows.append((ms, cfg))
             log(f"  {kind} {cfg}: {ms:.4f} ms")
+        if not rows:
+            ops.CONFIG_OVERRIDES.pop(kind, None)
+            log(f"  -> {kind}: no candidate compiled; keeping the defaults")
+            continue
         ms, cfg = min(rows, key=lambda r: r[0])
         best[kind] = cfg
         ops.CONFIG_OVERRIDES[kind] = cfg

@@ -3,12 +3,14 @@
 Forward (``S = s·drop(x)·Aᵀ`` is saved, the dropout mask is not)::
 
     S  = shrink(x, A)                              (N, rp_max)
-    y  = x·Wᵀ + bias + route(S·B_iᵀ)               fused: one Triton GEMM; unfused: cuBLAS + add
+    y  = x·Wᵀ + bias + route(S·B_iᵀ)               fused: one Triton GEMM; unfused: the LoRA
+                                                   kernel writes route(S·B_iᵀ) + bias, then
+                                                   cuBLAS adds x·Wᵀ in place (addmm, beta = 1)
 
 Backward::
 
     dS = shrink(dY, Bᵀ)                            s·dY_i·B_i
-    dX = dY·W + mask ⊙ route(dS·A_i)               fused or cuBLAS + add
+    dX = dY·W + mask ⊙ route(dS·A_i)               fused, or LoRA kernel then cuBLAS addmm
     dA = wgrad(drop(x), dS)      dB = wgrad(dY, S)  per-slot reductions, no atomics
 
 See the package docstring for the argument layouts.
@@ -44,16 +46,14 @@ class _PackedLoRA(torch.autograd.Function):
             x2d, lora_a, (lora_a.stride(0), lora_a.stride(1)), table, meta, seed, dropout=True
         )
         b_strides = (lora_b.stride(0), lora_b.stride(1))
-        if weight is None:  # LoRA term only
-            y = torch.empty(x2d.shape[0], lora_b.shape[0], device=x2d.device, dtype=x2d.dtype)
-            ops.lora_gemm(y, s_buf, lora_b, b_strides, table, meta, seed)
-        elif fused_fwd:
-            y = torch.empty(x2d.shape[0], weight.shape[0], device=x2d.device, dtype=x2d.dtype)
+        y = torch.empty(x2d.shape[0], lora_b.shape[0], device=x2d.device, dtype=x2d.dtype)
+        if weight is not None and fused_fwd:  # one Triton GEMM: base tile + routed LoRA
             base = (x2d, weight, (weight.stride(0), weight.stride(1)))
             ops.lora_gemm(y, s_buf, lora_b, b_strides, table, meta, seed, base=base, bias=bias)
-        else:
-            y = F.linear(x2d, weight, bias)
-            ops.lora_gemm(y, s_buf, lora_b, b_strides, table, meta, seed, accumulate=True)
+        else:  # LoRA term (+ bias) written, then cuBLAS adds x·Wᵀ in its epilogue (beta = 1)
+            ops.lora_gemm(y, s_buf, lora_b, b_strides, table, meta, seed, bias=bias)
+            if weight is not None:
+                y.addmm_(x2d, weight.t())
         ctx.save_for_backward(x2d, weight, lora_a, lora_b, s_buf)
         ctx.meta, ctx.seed, ctx.fused_bwd = meta, seed, fused_bwd
         ctx.has_bias = bias is not None
@@ -74,18 +74,14 @@ class _PackedLoRA(torch.autograd.Function):
         a_strides = (lora_a.stride(1), lora_a.stride(0))  # R[n, o + r] = A[o + r, n]
         dx = dw = dbias = da = dlb = None
         if need_x:
-            if weight is None:
-                dx = torch.empty_like(x2d)
-                ops.lora_gemm(dx, ds, lora_a, a_strides, table, meta, seed, dropout=True)
-            elif ctx.fused_bwd:
-                dx = torch.empty_like(x2d)
+            dx = torch.empty_like(x2d)
+            if weight is not None and ctx.fused_bwd:
                 base = (dy, weight, (weight.stride(1), weight.stride(0)))
                 ops.lora_gemm(dx, ds, lora_a, a_strides, table, meta, seed, base=base, dropout=True)
-            else:
-                dx = dy @ weight
-                ops.lora_gemm(
-                    dx, ds, lora_a, a_strides, table, meta, seed, accumulate=True, dropout=True
-                )
+            else:  # masked LoRA term written, then cuBLAS adds dY·W in place
+                ops.lora_gemm(dx, ds, lora_a, a_strides, table, meta, seed, dropout=True)
+                if weight is not None:
+                    dx.addmm_(dy, weight)
         if need_w and weight is not None:
             dw = dy.t() @ x2d
         if need_b and ctx.has_bias:

@@ -30,33 +30,20 @@ def padded_rank(rank: int) -> int:
     return -(-rank // RANK_ALIGN) * RANK_ALIGN
 
 
-def _host_ints(value: Sequence[int] | torch.Tensor, name: str) -> tuple[int, ...]:
+def _raw(value, name: str) -> tuple | float:
+    """Hashable host copy of a table argument (validated later, in :func:`_validated`)."""
     if isinstance(value, torch.Tensor):
-        if value.is_floating_point() or value.dim() != 1:
-            raise ConfigError(
-                f"packed_lora: {name} must be a 1-d integer tensor or sequence, got "
-                f"{value.dtype} of shape {tuple(value.shape)}"
-            )
-        return tuple(int(v) for v in value.tolist())
-    return tuple(int(v) for v in value)
-
-
-def _host_floats(
-    value: Sequence[float] | torch.Tensor | float, name: str, n: int
-) -> tuple[float, ...]:
-    if isinstance(value, torch.Tensor):
-        value = value.tolist() if value.dim() else float(value)
+        if value.dim() > 1:
+            raise ConfigError(f"packed_lora: {name} must be 1-d, got shape {tuple(value.shape)}")
+        value = value.tolist()
     if isinstance(value, int | float):
-        return (float(value),) * n
-    out = tuple(float(v) for v in value)
-    if len(out) != n:
-        raise ConfigError(f"packed_lora: {name} has {len(out)} entries; give one per slot ({n})")
-    return out
+        return float(value)
+    return tuple(value)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class PackedMeta:
-    """Validated host copy of the slot table.
+    """Validated host copy of the slot table (hashed by identity: one object per distinct table).
 
     Attributes:
         seg_starts: ``n_slots + 1`` token offsets.
@@ -64,6 +51,9 @@ class PackedMeta:
         ranks: ``n_slots`` true ranks.
         scales: ``n_slots`` LoRA scales.
         dropout_p: ``n_slots`` dropout probabilities.
+        n_slots: number of slots.
+        max_rank_pad: largest padded rank block (0 without slots).
+        has_dropout: any ``p > 0``.
     """
 
     seg_starts: tuple[int, ...]
@@ -71,25 +61,9 @@ class PackedMeta:
     ranks: tuple[int, ...]
     scales: tuple[float, ...]
     dropout_p: tuple[float, ...]
-
-    @property
-    def n_slots(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def max_rank_pad(self) -> int:
-        """Largest padded rank block (0 without slots)."""
-        offs = self.rank_offsets
-        return max((offs[i + 1] - offs[i] for i in range(self.n_slots)), default=0)
-
-    @property
-    def has_dropout(self) -> bool:
-        return any(p > 0.0 for p in self.dropout_p)
-
-    @property
-    def max_segment(self) -> int:
-        segs = self.seg_starts
-        return max((segs[i + 1] - segs[i] for i in range(self.n_slots)), default=0)
+    n_slots: int
+    max_rank_pad: int
+    has_dropout: bool
 
     def device_table(self, device: torch.device) -> torch.Tensor:
         """``(5, n_slots + 1)`` int32 table on ``device``: seg, off, rank, scale, p (as bits)."""
@@ -121,10 +95,32 @@ def make_meta(
     scales: Sequence[float] | torch.Tensor,
     dropout_p: Sequence[float] | torch.Tensor | float,
 ) -> PackedMeta:
-    """Validate the slot table against the tensor shapes; raise ConfigError naming the bad value."""
-    segs = _host_ints(seg_starts, "seg_starts")
-    offs = _host_ints(rank_offsets, "rank_offsets")
-    rks = _host_ints(ranks, "ranks")
+    """Validate the slot table against the tensor shapes; raise ConfigError naming the bad value.
+
+    Cached on the table's values: every layer of a step that passes the same table gets the same
+    :class:`PackedMeta` (and so the same device copy) for a few microseconds.
+    """
+    return _validated(
+        int(n_tokens),
+        int(r_total),
+        int(in_features),
+        _raw(seg_starts, "seg_starts"),
+        _raw(rank_offsets, "rank_offsets"),
+        _raw(ranks, "ranks"),
+        _raw(scales, "scales"),
+        _raw(dropout_p, "dropout_p"),
+    )
+
+
+@lru_cache(maxsize=256)
+def _validated(n_tokens, r_total, in_features, seg_starts, rank_offsets, ranks, scales, dropout_p):
+    if not all(isinstance(v, tuple) for v in (seg_starts, rank_offsets, ranks)):
+        raise ConfigError(
+            "packed_lora: seg_starts, rank_offsets and ranks must be sequences of ints"
+        )
+    segs = tuple(int(v) for v in seg_starts)
+    offs = tuple(int(v) for v in rank_offsets)
+    rks = tuple(int(v) for v in ranks)
     n = len(rks)
     if len(segs) != n + 1:
         raise ConfigError(
@@ -163,11 +159,28 @@ def make_meta(
             f"packed_lora: rank_offsets runs {offs[0]}..{offs[-1]} but lora_a has {r_total} rows; "
             "start at 0 and end at lora_a.shape[0]"
         )
-    scl = _host_floats(scales, "scales", n)
-    drop = _host_floats(dropout_p, "dropout_p", n)
+    scl = _floats(scales, "scales", n)
+    drop = _floats(dropout_p, "dropout_p", n)
     for i in range(n):
         if not 0.0 <= drop[i] < 1.0:
             raise ConfigError(f"packed_lora: dropout_p[{i}]={drop[i]}; use a value in [0, 1)")
         if not math.isfinite(scl[i]):
             raise ConfigError(f"packed_lora: scales[{i}]={scl[i]}; use a finite scale")
-    return PackedMeta(seg_starts=segs, rank_offsets=offs, ranks=rks, scales=scl, dropout_p=drop)
+    return PackedMeta(
+        seg_starts=segs,
+        rank_offsets=offs,
+        ranks=rks,
+        scales=scl,
+        dropout_p=drop,
+        n_slots=n,
+        max_rank_pad=max((offs[i + 1] - offs[i] for i in range(n)), default=0),
+        has_dropout=any(p > 0.0 for p in drop),
+    )
+
+
+def _floats(value: tuple | float, name: str, n: int) -> tuple[float, ...]:
+    if isinstance(value, float):
+        return (value,) * n
+    if len(value) != n:
+        raise ConfigError(f"packed_lora: {name} has {len(value)} entries; give one per slot ({n})")
+    return tuple(float(v) for v in value)

@@ -158,17 +158,17 @@ def lora_gemm(
     *,
     base: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None,
     bias: torch.Tensor | None = None,
-    accumulate: bool = False,
     dropout: bool = False,
 ) -> torch.Tensor:
-    """``out (+)= [P·Qᵀ + bias] + Σ_i mask?(L_i·R_iᵀ)`` over regular output tiles.
+    """``out = [P·Qᵀ] + bias + Σ_i mask?(L_i·R_iᵀ)`` over regular output tiles (every element written).
 
     Args:
-        out: ``(M, N)`` output, written in place (read first if ``accumulate``).
+        out: ``(M, N)`` output, overwritten.
         lora_in: ``L (M, max_rank_pad)``: S (forward) or dS (backward).
         r_mat: holds ``R[n, o_i + r]`` at ``n·r_strides[0] + (o_i + r)·r_strides[1]``.
-        base: ``(P (M, K), q_mat, (stride_n, stride_k))`` to fuse the base GEMM, or None.
-        bias: ``(N,)`` added with the base GEMM.
+        base: ``(P (M, K), q_mat, (stride_n, stride_k))`` to fuse the base GEMM, or None for the
+            LoRA term alone (rows outside every segment get ``bias`` or 0).
+        bias: ``(N,)``.
         dropout: mask the LoRA part with each slot's keep mask over ``(t, n)`` (the dX pass).
     """
     m, n = out.shape
@@ -186,7 +186,7 @@ def lora_gemm(
         m, n, k, meta.n_slots, table.stride(0),
         spm, spk, sqn, sqk, lora_in.stride(0), r_strides[0], r_strides[1],
         out.stride(0), out.stride(1),
-        HAS_BASE=base is not None, HAS_BIAS=bias is not None, ACCUMULATE=accumulate,
+        HAS_BASE=base is not None, HAS_BIAS=bias is not None,
         HAS_DROPOUT=dropout and meta.has_dropout,
         BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], BR=min(cfg["BR"], tk.next_pow2(meta.max_rank_pad)),
         SLOTS_P2=_slots_p2(meta), GROUP_M=cfg["GROUP_M"],
