@@ -426,6 +426,14 @@ def inject(
     return found
 
 
+def uninject(model: nn.Module) -> None:
+    """Put every wrapped projection's original ``nn.Linear`` back (drops all slots)."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, PackedLoRALinear):
+            parent_name, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), leaf, module.base_layer)
+
+
 def packed_layers(model: nn.Module) -> dict[str, PackedLoRALinear]:
     """``{qualified name: layer}`` of every :class:`PackedLoRALinear` in ``model``."""
     return {n: m for n, m in model.named_modules() if isinstance(m, PackedLoRALinear)}
@@ -560,5 +568,6 @@ __all__ = [
     "packed_segments",
     "remove_adapter",
     "set_kernel_backend",
+    "uninject",
     "use_slot",
 ]

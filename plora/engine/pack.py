@@ -11,6 +11,7 @@ slot; every ``checkpoint_every`` steps the train-state and the results so far ar
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -248,15 +249,12 @@ def _evaluate(trainer: PackedTrainer, tokenizer: Any, data: Any, slot: int):
     was_training = trainer.model.training
     trainer.model.eval()
     try:
-        out = evaluate_adapters(trainer.model, tokenizer, data, [slot], device=trainer.device)
+        with torch.no_grad():
+            res = evaluate_adapters(trainer.model, tokenizer, data, [slot])[slot]
     finally:
         trainer.model.train(was_training)
-    res = out[slot]
-    return _num(getattr(res, "eval_loss", None)), _num(getattr(res, "eval_metric", None))
-
-
-def _num(x: Any) -> float | None:
-    return None if x is None else float(x)
+    loss = None if math.isnan(res.loss) else float(res.loss)
+    return loss, None if res.metric_value is None else float(res.metric_value)
 
 
 __all__ = [

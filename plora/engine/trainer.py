@@ -487,8 +487,11 @@ def packed_loss(
     row_w = torch.zeros(labels.shape[0], dtype=torch.float32, device=labels.device)
     row_slot = torch.full((labels.shape[0],), -1, dtype=torch.long, device=labels.device)
     slots = []
-    for k, seg in enumerate(segments):
+    for seg in segments:
         slot, start, stop = (seg.slot, seg.start, seg.stop) if hasattr(seg, "slot") else seg
+        if stop <= start:
+            continue
+        k = len(slots)
         row_w[start:stop] = 1.0 / denoms[slot]
         row_slot[start:stop] = k
         slots.append(slot)

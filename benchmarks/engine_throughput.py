@@ -1,0 +1,290 @@
+"""Training throughput of the packed engine vs PEFT, as a fraction of the FLOP ceiling.
+
+For each base shape (random bf16 weights from ``plora/models/configs/*.json``; Qwen2.5-3B and
+-7B by default) at sequence length 1,024, measures tokens/s of full training steps (forward,
+backward, per-adapter AdamW):
+
+* ``peft``: one PEFT adapter (``get_peft_model``), batch 1, the model's own loss -- what a
+  user writes today;
+* ``packed-K``: :class:`plora.engine.PackedTrainer` with K adapters of batch 1 each
+  (K in 1, 8, 16, 32), one forward/backward per step (torch path, or the fused kernels when
+  ``plora.kernels`` runs on this GPU: see the ``kernels`` column);
+
+first with the stock HF base, then with Liger-Kernel's fused RMSNorm/SwiGLU/RoPE applied to the
+frozen base (when ``liger_kernel`` is importable). The FLOP ceiling is
+``peak / (4·matmul params + 6·s·h·L)`` tokens/s with ``peak`` measured by a large bf16
+matmul on this device. Peak memory (``torch.cuda.max_memory_allocated``) is compared with the
+cost model's prediction (``plora.cost.memory``, the allocator's share: without the fixed
+reserve) and the relative error printed.
+
+GPU:   PYTHONPATH=$PWD python benchmarks/engine_throughput.py --out $OUT
+CPU:   python benchmarks/engine_throughput.py --smoke      (tiny shape, < 1 minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from plora.config import LoRAConfig
+from plora.cost import memory as mem
+from plora.engine import lora
+from plora.engine.data import Example, TokenizedDataset
+from plora.engine.trainer import PackedTrainer
+from plora.model_spec import ModelSpec, shipped_config_path
+
+DEFAULT_MODELS = ("Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B")
+SMOKE_CONFIG = dict(
+    model_type="qwen2",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=True,
+)
+
+
+def measure_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of a large square matmul (8192³ bf16 on GPU; 512³ fp32 on CPU)."""
+    n = 8192 if device.type == "cuda" else 512
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    reps = 20 if device.type == "cuda" else 3
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2.0 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build_base(hf_config, device, dtype) -> torch.nn.Module:
+    """Random-weight causal LM of ``hf_config``'s shape, frozen, on ``device``."""
+    cfg = copy.deepcopy(hf_config)
+    cfg.use_cache = False
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.requires_grad_(False)
+    return model
+
+
+def synthetic_data(vocab: int, seq: int, n: int) -> TokenizedDataset:
+    """``n`` random sequences of ``seq`` tokens, every token a target."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(3, vocab, (n, seq), generator=g).tolist()
+    train = [Example(input_ids=r, labels=r, prompt="", answer=None, label=None) for r in rows]
+    return TokenizedDataset(train=train, eval=[], metric="none", labels=None)
+
+
+def _configs(k: int, rank: int) -> list[LoRAConfig]:
+    return [
+        LoRAConfig(config_id=f"a{i}", rank=rank, alpha=2 * rank, lr=1e-4, batch_size=1,
+                   target_modules="all", max_steps=10_000, seed=i)
+        for i in range(k)
+    ]  # fmt: skip
+
+
+def predicted_bytes(spec: ModelSpec, configs, seq: int, *, liger: bool, ckpt: bool) -> float:
+    """Cost-model peak per GPU, minus the fixed reserve the allocator does not see."""
+    opts = mem.MemoryOptions(loss=mem.Loss.FUSED, fused_kernels=liger, checkpointing=ckpt)
+    total = mem.base_memory(spec, options=opts).total - opts.reserved_bytes
+    for c in configs:
+        total += mem.adapter_memory(
+            spec, rank=c.rank, targets=c.target_modules, batch_size=c.batch_size,
+            seq_len=seq, dropout=c.dropout, options=opts,
+        ).total  # fmt: skip
+    return total
+
+
+def time_steps(step, device, warmup: int, steps: int) -> float:
+    for _ in range(warmup):
+        step()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    return (time.perf_counter() - t0) / steps
+
+
+def run_peft(base, data, seq, rank, device, dtype, warmup, steps) -> dict:
+    from peft import LoraConfig, get_peft_model
+
+    pm = get_peft_model(
+        base,
+        LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj",
+                   "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    )  # fmt: skip
+    for p in pm.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    params = [p for p in pm.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    ids = torch.tensor([data.train[0].input_ids], device=device)
+    auto = (
+        torch.autocast(device.type, dtype=dtype)
+        if device.type == "cuda"
+        else (contextlib.nullcontext())
+    )
+    pm.train()
+
+    def step():
+        with auto:
+            loss = pm(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    dt = time_steps(step, device, warmup, steps)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    pm.unload()  # back to the plain base (LoRA layers removed)
+
+    return {"step_s": dt, "tokens": seq, "peak_bytes": peak}
+
+
+def run_packed(base, tok, data, k, rank, seq, device, dtype, warmup, steps, ckpt) -> dict:
+    trainer = PackedTrainer(base, tok, data, device=device, dtype=dtype if device.type ==
+                            "cuda" else None, gradient_checkpointing=ckpt)  # fmt: skip
+    cfgs = _configs(k, rank)
+    for c in cfgs:
+        trainer.add(c)
+    dt = time_steps(trainer.step, device, warmup, steps)
+    peak = max(s.peak_memory_bytes for s in trainer.profile().steps) if device.type == "cuda" else 0
+    for c in cfgs:
+        trainer.remove(c.config_id)
+        trainer.release(c.config_id)
+    if ckpt:
+        base.gradient_checkpointing_disable()
+    lora.uninject(base)
+    return {"step_s": dt, "tokens": k * seq, "peak_bytes": peak, "configs": cfgs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="*", default=list(DEFAULT_MODELS))
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--packs", type=int, nargs="*", default=[1, 8, 16, 32])
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--liger", choices=["auto", "off"], default="auto")
+    ap.add_argument("--kernels", choices=["auto", "torch"], default="auto")
+    ap.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
+                    help="auto: on when the cost model predicts > 90%% of GPU memory")  # fmt: skip
+    ap.add_argument("--smoke", action="store_true", help="tiny shape on CPU (< 1 minute)")
+    ap.add_argument("--out", type=Path, default=None, help="directory for results JSON")
+    args = ap.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.smoke:
+        args.models, args.seq, args.packs = ["smoke"], 32, [1, 4]
+        args.warmup, args.steps = 1, 2
+        torch.set_num_threads(1)  # toy matmuls: threads only add overhead
+    lora.set_kernel_backend(args.kernels)
+    peak = measure_peak_flops(device, dtype)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+    print(f"device {gpu}: measured peak {peak / 1e12:.3f} TFLOP/s ({dtype})", flush=True)
+    rows = []
+    for name in args.models:
+        if name == "smoke":
+            from transformers import Qwen2Config
+
+            cfg = Qwen2Config(**{k: v for k, v in SMOKE_CONFIG.items() if k != "model_type"})
+        else:
+            cfg = AutoConfig.from_pretrained(str(shipped_config_path(name)))
+        spec = ModelSpec.from_hf_config(cfg)
+        ceiling = spec.flop_ceiling_tokens_per_s(peak, args.seq)
+        data = synthetic_data(spec.vocab_size, args.seq, n=max(args.packs) * 2)
+        tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
+        base = build_base(cfg, device, dtype)
+        passes = [False]
+        if args.liger == "auto" and device.type == "cuda":
+            try:
+                import liger_kernel.transformers  # noqa: F401
+
+                passes.append(True)
+            except ImportError:
+                print("liger_kernel not installed: skipping the Liger pass", flush=True)
+        for liger in passes:
+            if liger:
+                from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+
+                apply_liger_kernel_to_qwen2(
+                    rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                    fused_linear_cross_entropy=False, model=base,
+                )  # fmt: skip
+            cases = [("peft", 1)] + [(f"packed-{k}", k) for k in args.packs]
+            for label, k in cases:
+                cfgs = _configs(k, args.rank)
+                pred = predicted_bytes(spec, cfgs, args.seq, liger=liger, ckpt=False)
+                ckpt = args.checkpointing == "on" or (
+                    args.checkpointing == "auto" and capacity and pred > 0.9 * capacity
+                )
+                if ckpt:
+                    pred = predicted_bytes(spec, cfgs, args.seq, liger=liger, ckpt=True)
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                try:
+                    if label == "peft":
+                        res = run_peft(base, data, args.seq, args.rank, device, dtype,
+                                       args.warmup, args.steps)  # fmt: skip
+                    else:
+                        res = run_packed(base, tok, data, k, args.rank, args.seq, device, dtype,
+                                         args.warmup, args.steps, ckpt)  # fmt: skip
+                except torch.OutOfMemoryError:
+                    print(f"{name:>18} {label:>10} liger={liger!s:5} OOM", flush=True)
+                    rows.append({"model": name, "case": label, "liger": liger, "oom": True})
+                    continue
+                tps = res["tokens"] / res["step_s"]
+                # on CPU there is no allocator peak to compare (the trainer reports RSS)
+                cuda = device.type == "cuda"
+                err = (res["peak_bytes"] - pred) / pred if cuda else float("nan")
+                row = {
+                    "model": name, "case": label, "adapters": k, "liger": liger,
+                    "checkpointing": bool(ckpt), "kernels": args.kernels,
+                    "tokens_per_s": tps, "ceiling_fraction": tps / ceiling,
+                    "step_s": res["step_s"], "peak_gib": res["peak_bytes"] / 2**30,
+                    "predicted_gib": pred / 2**30, "memory_error": err,
+                }  # fmt: skip
+                rows.append(row)
+                print(
+                    f"{name:>18} {label:>10} liger={liger!s:5} ckpt={bool(ckpt)!s:5} "
+                    f"{tps:>10.0f} tok/s  {tps / ceiling:6.3f} of ceiling  "
+                    f"peak {row['peak_gib']:7.2f} GiB  predicted {row['predicted_gib']:7.2f} GiB "
+                    f"(error {err:+.1%})",
+                    flush=True,
+                )
+        del base
+        gc.collect()
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        out = {"device": gpu, "peak_flops": peak, "seq": args.seq, "rank": args.rank, "rows": rows}
+        (args.out / "engine_throughput.json").write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

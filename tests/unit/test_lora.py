@@ -1,0 +1,213 @@
+"""PackedLoRALinear and the model-level helpers, against independent float64 math."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _engine_testlib import tiny_model
+from torch import nn
+
+from plora.config import PROJECTIONS, LoRAConfig
+from plora.engine import lora
+from plora.engine.lora import (
+    RANK_ALIGN,
+    PackedLoRALinear,
+    adapter_parameters,
+    adapter_state_dict,
+    add_adapter,
+    base_only,
+    dropout_mask,
+    inject,
+    packed_segments,
+    remove_adapter,
+    use_slot,
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _layer(in_f=24, out_f=20, bias=True, key=3) -> PackedLoRALinear:
+    torch.manual_seed(0)
+    return PackedLoRALinear(nn.Linear(in_f, out_f, bias=bias), key=key)
+
+
+def _randomize(layer: PackedLoRALinear) -> None:
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in [*layer.lora_A.values(), *layer.lora_B.values()]:
+            p.copy_(torch.randn(p.shape, generator=g))
+
+
+def _expected(layer, x, table):
+    """float64: base everywhere, plus s·x Aᵀ Bᵀ on each (slot, start, stop) present."""
+    w = layer.base_layer.weight.double()
+    b = layer.base_layer.bias.double() if layer.base_layer.bias is not None else 0.0
+    y = x.double() @ w.t() + b
+    for slot, start, stop in table:
+        if slot in layer.specs:
+            a, bb = (t.double() for t in layer.factors(slot))
+            y[start:stop] += layer.specs[slot].scale * (x[start:stop].double() @ a.t()) @ bb.t()
+    return y
+
+
+def test_packed_forward_matches_float64_math_with_gaps():
+    layer = _layer()
+    for slot, rank in [(0, 4), (2, 9), (5, 32)]:
+        layer.add_slot(slot, rank=rank, scale=16 / rank, seed=slot)
+    _randomize(layer)
+    x = torch.randn(9, 5, 24)
+    # slot 3 has no factors here (its rows get the base only); rows 8.. belong to no slot
+    table = [(0, 0, 2), (3, 2, 4), (2, 4, 5), (5, 5, 8)]
+    with packed_segments(nn.ModuleList([layer]), table):
+        y = layer(x)
+    torch.testing.assert_close(y.double(), _expected(layer, x, table), rtol=1e-5, atol=1e-5)
+
+
+def test_use_slot_and_base_only():
+    layer = _layer()
+    layer.add_slot(1, rank=6, scale=2.0, seed=0)
+    _randomize(layer)
+    x = torch.randn(3, 4, 24)
+    holder = nn.ModuleList([layer])
+    with use_slot(holder, 1):
+        y1 = layer(x)
+    with base_only(holder):
+        y0 = layer(x)
+    with use_slot(holder, 4):  # a slot this layer does not have: base only
+        y4 = layer(x)
+    torch.testing.assert_close(y1.double(), _expected(layer, x, [(1, 0, 3)]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y0, layer.base_layer(x))
+    torch.testing.assert_close(y4, y0)
+    with pytest.raises(RuntimeError, match="without routing"):
+        layer(x)
+
+
+def test_gradients_reach_only_own_rows():
+    layer = _layer()
+    layer.add_slot(0, rank=4, scale=1.0, seed=0)
+    layer.add_slot(1, rank=8, scale=1.0, seed=1)
+    _randomize(layer)
+    x = torch.randn(4, 3, 24)
+    holder = nn.ModuleList([layer])
+    with packed_segments(holder, [(0, 0, 2), (1, 2, 4)]):
+        loss = layer(x)[2:].pow(2).sum()  # only slot 1's rows
+        loss.backward()
+    a0, b0 = layer.factors(0)
+    a1, b1 = layer.factors(1)
+    assert a0.grad is None or float(a0.grad.abs().max()) == 0.0
+    assert b0.grad is None or float(b0.grad.abs().max()) == 0.0
+    assert float(b1.grad.abs().max()) > 0 and float(a1.grad.abs().max()) > 0
+    assert layer.base_layer.weight.grad is None
+
+
+def test_init_is_peft_distribution_and_pack_independent():
+    layer = _layer(in_f=256, out_f=8)
+    layer.add_slot(0, rank=64, scale=1.0, seed=11)
+    layer.add_slot(3, rank=64, scale=1.0, seed=11)
+    layer.add_slot(4, rank=64, scale=1.0, seed=12)
+    a0, b0 = (t.detach() for t in layer.factors(0))
+    bound = 1 / math.sqrt(256)  # kaiming_uniform(a=sqrt(5)) on fan_in 256
+    assert float(a0.abs().max()) <= bound and float(a0.abs().max()) > 0.95 * bound
+    assert abs(float(a0.std()) - bound / math.sqrt(3)) < 0.05 * bound
+    assert float(b0.abs().max()) == 0.0
+    assert torch.equal(a0, layer.factors(3)[0])  # same seed, other slot
+    assert not torch.equal(a0, layer.factors(4)[0])
+    other_key = PackedLoRALinear(nn.Linear(256, 8), key=4)
+    other_key.add_slot(0, rank=64, scale=1.0, seed=11)
+    assert not torch.equal(a0, other_key.factors(0)[0])
+
+
+def test_packed_layout_pads_ranks_with_zeros():
+    layer = _layer()
+    layer.add_slot(0, rank=4, scale=1.0)
+    layer.add_slot(1, rank=16, scale=1.0)
+    layer.add_slot(2, rank=20, scale=1.0)
+    _randomize(layer)
+    a_cat, b_cat, offsets = layer.packed([0, 1, 2])
+    a_view, b_view = a_cat.detach(), b_cat.detach()
+    assert offsets == [0, 16, 32, 64]
+    assert a_cat.shape == (64, 24) and b_cat.shape == (20, 64)
+    assert all(o % RANK_ALIGN == 0 for o in offsets)
+    for k, slot in enumerate([0, 1, 2]):
+        a, b = layer.factors(slot)
+        r = a.shape[0]
+        assert torch.equal(a_view[offsets[k] : offsets[k] + r], a.detach())
+        assert torch.equal(b_view[:, offsets[k] : offsets[k] + r], b.detach())
+        assert float(a_view[offsets[k] + r : offsets[k + 1]].abs().sum()) == 0.0
+        assert float(b_view[:, offsets[k] + r : offsets[k + 1]].abs().sum()) == 0.0
+    (a_cat.sum() + b_cat.sum()).backward()
+    assert layer.factors(0)[0].grad.shape == (4, 24)  # padding is not a parameter
+
+
+def test_kernel_hook_matches_torch_path_with_filler_slots():
+    """The fused-kernel call (segment table, rank offsets, filler slots for gaps) on CPU,
+    with the kernels' torch reference standing in for the Triton kernel."""
+    from plora.kernels import packed_lora_reference
+
+    layer = _layer()
+    for slot, rank in [(0, 5), (2, 16), (4, 3)]:
+        layer.add_slot(slot, rank=rank, scale=3.0 / rank, seed=slot)
+    _randomize(layer)
+    x = torch.randn(10, 3, 24, requires_grad=True)
+    table = [(0, 1, 3), (1, 3, 5), (2, 5, 6), (4, 8, 10)]
+    routing = lora.Routing(segments=tuple(table))
+    pieces = layer._pieces(routing, x.shape[0])
+    y_kernel = lora._kernel_forward(packed_lora_reference, layer, x, pieces, routing)
+    y_torch = lora._add_rows(
+        layer.base_layer(x), lora._lora_delta(layer, x, pieces, routing), pieces
+    )
+    torch.testing.assert_close(y_kernel, y_torch, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(y_torch)
+    grads_k = torch.autograd.grad(y_kernel, [x, *adapter_parameters(nn.ModuleList([layer]), 2)], g)
+    grads_t = torch.autograd.grad(y_torch, [x, *adapter_parameters(nn.ModuleList([layer]), 2)], g)
+    for gk, gt in zip(grads_k, grads_t, strict=True):
+        torch.testing.assert_close(gk, gt, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_mask_rate_scale_determinism_and_prefix():
+    m = dropout_mask(seed=1, step=2, row=3, key=4, shape=(200, 50), p=0.25)
+    assert m.unique().tolist() == pytest.approx([0.0, 1 / 0.75])
+    assert abs(float((m == 0).float().mean()) - 0.25) < 0.02
+    again = dropout_mask(seed=1, step=2, row=3, key=4, shape=(200, 50), p=0.25)
+    assert torch.equal(m, again)
+    short = dropout_mask(seed=1, step=2, row=3, key=4, shape=(120, 50), p=0.25)
+    assert torch.equal(short, m[:120])
+    for kw in ({"seed": 2}, {"step": 3}, {"row": 4}, {"key": 5}):
+        other = dropout_mask(
+            **{"seed": 1, "step": 2, "row": 3, "key": 4, **kw}, shape=(200, 50), p=0.25
+        )
+        assert not torch.equal(other, m)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_inject_wraps_all_projections_and_keeps_base_outputs(family):
+    model = tiny_model(family)
+    x = torch.randint(3, 60, (2, 7))
+    with torch.no_grad():
+        ref = model(x).logits
+    layers = inject(model)
+    assert len(layers) == 2 * len(PROJECTIONS)
+    assert inject(model).keys() == layers.keys()  # idempotent
+    assert not any(p.requires_grad for p in model.parameters())
+    cfg = LoRAConfig(
+        rank=8, alpha=16, lr=1e-3, batch_size=1, max_steps=1, target_modules=("q", "down")
+    )
+    params = add_adapter(model, 0, cfg)
+    assert len(params) == 2 * 2 * 2 and all(p.requires_grad for p in params)
+    keys = adapter_state_dict(model, 0)
+    assert "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight" in keys
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in keys
+    with torch.no_grad(), base_only(model):
+        torch.testing.assert_close(model(x).logits, ref)
+    with torch.no_grad(), use_slot(model, 0):  # B = 0 at init: no change yet
+        torch.testing.assert_close(model(x).logits, ref)
+    remove_adapter(model, 0)
+    assert adapter_parameters(model, 0) == []

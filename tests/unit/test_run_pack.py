@@ -1,0 +1,109 @@
+"""run_pack end to end on the built-in tiny model: control between steps, export, eval, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+
+from plora.config import ConfigError, DatasetSpec, LoRAConfig
+from plora.engine import ConfigStatus, Control, run_pack
+from plora.models import load_model, resolve_model_path
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+DATA = DatasetSpec(builtin="arithmetic", num_examples=48, max_seq_len=48, eval_fraction=0.1)
+
+
+def _cfg(cid: str, **kw) -> LoRAConfig:
+    base = dict(rank=4, alpha=8, lr=5e-3, batch_size=2, max_steps=4, seed=len(cid))
+    return LoRAConfig(config_id=cid, **{**base, **kw})
+
+
+class Script:
+    """Hooks that replay a fixed script of controls, keyed by how many steps were reported."""
+
+    def __init__(self, script: dict[int, Control] | None = None) -> None:
+        self.script = script or {}
+        self.metrics = []
+        self.steps_seen = 0
+
+    def on_metrics(self, metrics) -> None:
+        self.metrics.extend(metrics)
+        self.steps_seen += 1
+
+    def poll(self) -> Control:
+        return self.script.pop(self.steps_seen, Control())
+
+
+def test_run_pack_stop_add_export_eval(tmp_path):
+    late = _cfg("late", rank=8, target_modules="all", max_steps=3)
+    hooks = Script({1: Control(stop=frozenset({"short"})), 2: Control(add=(late,))})
+    configs = [_cfg("keep", target_modules=("q_proj", "v_proj")), _cfg("short", rank=16)]
+    res = run_pack(model="tiny-qwen2", configs=configs, dataset=DATA, out_dir=tmp_path, hooks=hooks)
+    r = res.results
+    assert set(r) == {"keep", "short", "late"}
+    assert r["keep"].status is ConfigStatus.COMPLETED and r["keep"].steps == 4
+    assert r["short"].status is ConfigStatus.STOPPED and r["short"].steps == 1
+    assert r["late"].status is ConfigStatus.COMPLETED and r["late"].steps == 3
+    assert r["keep"].eval_loss is not None and r["keep"].eval_loss > 0
+    assert r["short"].eval_loss is None  # stopped adapters are exported, not evaluated
+    by_cfg = {}
+    for m in hooks.metrics:
+        by_cfg.setdefault(m.config_id, []).append(m.step)
+    assert by_cfg == {"keep": [1, 2, 3, 4], "short": [1], "late": [1, 2, 3]}
+    assert res.profile is not None and len(res.profile.steps) == 5
+    # every adapter reloads with PEFT on the base it names
+    base, _ = load_model("tiny-qwen2")
+    for cid in r:
+        path = tmp_path / "adapters" / cid
+        meta = json.loads((path / "adapter_config.json").read_text())
+        assert meta["base_model_name_or_path"] == resolve_model_path("tiny-qwen2")
+        model = PeftModel.from_pretrained(base, path, adapter_name=cid)
+        weights = load_file(path / "adapter_model.safetensors")
+        assert weights and all(k.startswith("base_model.model.model.layers.") for k in weights)
+        base = model.unload()
+
+
+def test_abort_then_resume_equals_uninterrupted(tmp_path):
+    configs = [_cfg("p", max_steps=5), _cfg("q", rank=8, max_steps=3, target_modules="mlp")]
+    straight = run_pack(model="tiny-llama", configs=configs, dataset=DATA, out_dir=tmp_path / "a")
+    hooks = Script({2: Control(abort=True)})
+    ckpt = tmp_path / "ckpt"
+    first = run_pack(model="tiny-llama", configs=configs, dataset=DATA, out_dir=tmp_path / "b",
+                     checkpoint_dir=ckpt, checkpoint_every=1, hooks=hooks)  # fmt: skip
+    assert {c: r.status for c, r in first.results.items()} == {
+        "p": ConfigStatus.ABORTED,
+        "q": ConfigStatus.ABORTED,
+    }
+    second = run_pack(model="tiny-llama", configs=configs, dataset=DATA, out_dir=tmp_path / "b",
+                      checkpoint_dir=ckpt, checkpoint_every=1)  # fmt: skip
+    for cid in ("p", "q"):
+        assert second.results[cid].status is ConfigStatus.COMPLETED
+        assert second.results[cid].steps == straight.results[cid].steps
+        a = load_file(tmp_path / "a" / "adapters" / cid / "adapter_model.safetensors")
+        b = load_file(tmp_path / "b" / "adapters" / cid / "adapter_model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert second.results[cid].eval_loss == pytest.approx(straight.results[cid].eval_loss)
+    # a third call finds everything done and trains nothing
+    third = run_pack(model="tiny-llama", configs=configs, dataset=DATA, out_dir=tmp_path / "b",
+                     checkpoint_dir=ckpt)  # fmt: skip
+    assert third.results == second.results
+
+
+def test_bad_inputs_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="duplicate"):
+        run_pack(model="tiny-qwen2", configs=[_cfg("x"), _cfg("x")], dataset=DATA, out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="checkpoint_every"):
+        run_pack(model="tiny-qwen2", configs=[_cfg("x")], dataset=DATA, out_dir=tmp_path,
+                 checkpoint_every=0)  # fmt: skip
