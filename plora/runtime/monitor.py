@@ -105,8 +105,8 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **kwargs)
         return True
-    try:
-        ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
+    try:  # the job's runtime_env (``ray job submit --working-dir``) is left as submitted
+        ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(

@@ -58,6 +58,8 @@ class RunOptions:
     """How often a worker asks for control (0: every step)."""
     ask_batch: int | None = None
     """Configs asked from the searcher at a time (default ``max(16, 4 G)``)."""
+    entry: str = "plora.engine:run_pack"
+    """The function workers train a pack with (``module:function``, run_pack's signature)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,9 +86,8 @@ def prepare(
     Raises:
         ConfigError: missing dataset files, an empty dataset, configs that fit no GPU, ...
     """
-    from plora.engine.data import load_dataset
-
     from plora.cost.model import build_cost_model
+    from plora.engine.data import load_dataset
 
     sweep.check_trainable()
     tokenizer = _load_tokenizer(sweep.model)
@@ -112,6 +113,7 @@ def run_sweep(
     resume: bool = False,
     options: RunOptions | None = None,
     source: ConfigSource | None = None,
+    cost: Any = None,
     on_update: Callable[[dict[str, Any]], None] | None = None,
 ) -> SweepSummary:
     """Run (or ``resume``) a sweep into ``out``; returns when every config is done or failed.
@@ -123,6 +125,8 @@ def run_sweep(
         resume: Continue the sweep in ``out``.
         options: Runtime knobs (:class:`RunOptions`).
         source: Override the config source (default: the sweep's searcher).
+        cost: Override the cost model; with ``source`` it skips loading the dataset (tests, the
+            Tune integration that already holds both).
         on_update: Called with the coordinator's snapshot after every event (progress view).
     """
     options = options or RunOptions()
@@ -135,7 +139,10 @@ def run_sweep(
         sweep = SweepConfig.from_yaml(store.sweep_yaml)
     elif sweep is None:
         raise ValueError("run_sweep needs a sweep unless resume=True")
-    cost, source, metric_name = prepare(sweep, source=source)
+    if cost is not None and source is not None:
+        metric_name = sweep.dataset.metric
+    else:
+        cost, source, metric_name = prepare(sweep, source=source)
     started_ray = connect(address, num_gpus=sweep.hardware.num_gpus)
     try:
         check_gpus(sweep.hardware.num_gpus)
@@ -201,6 +208,7 @@ class _Driver:
             "checkpoint_dir": str(store.checkpoints_dir),
             "checkpoint_every": options.checkpoint_every,
             "poll_every_s": options.poll_every_s,
+            "entry": options.entry,
         }
 
     def run(self, launches: list[JobSpec]) -> None:

@@ -10,6 +10,7 @@ store.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import socket
 import time
@@ -60,8 +61,7 @@ class RelayHooks:
 
     def poll(self) -> Any:
         """The engine's ``Control`` for this step (metrics are flushed first, in order)."""
-        from plora.engine import Control
-
+        Control = _control_cls()
         now = time.monotonic()
         if now - self._last_poll < self.poll_every_s:
             return Control(stop=frozenset(), add=(), abort=False)
@@ -154,8 +154,7 @@ class PackWorker:
         """
         import torch
 
-        from plora.engine import run_pack
-
+        run_pack = _resolve(str(job.get("entry") or "plora.engine:run_pack"))
         hooks = RelayHooks(
             self.relay, self.job_id, poll_every_s=float(job.get("poll_every_s", 0.0))
         )
@@ -183,6 +182,20 @@ class PackWorker:
             "results": {cid: _as_dict(r) for cid, r in result.results.items()},
             "profile": profile_dict(result.profile, configs),
         }
+
+
+def _resolve(entry: str) -> Any:
+    """``"pkg.module:function"`` -> the function."""
+    module, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _control_cls() -> Any:
+    try:
+        from plora.engine import Control
+    except ImportError:  # the engine's own record when it has one, else the runtime's
+        from plora.runtime.records import Control
+    return Control
 
 
 def profile_dict(

@@ -1,0 +1,226 @@
+"""The runtime on a local Ray cluster with 8 logical GPUs (tests/ray/conftest.py).
+
+Workers train with ``packfn.run_pack`` (a small real trainer with run_pack's signature) so these
+tests exercise placement, streaming, control, checkpoints, retries and resume quickly; the
+end-to-end test with plora's engine is in test_quickstart.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from plora.config import LoRAConfig, SweepConfig
+from plora.runtime.records import StaticSource
+from plora.runtime.store import SweepStore
+from plora.runtime.sweep import RunOptions, run_sweep
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+ENTRY = "packfn:run_pack"
+
+
+def tiny_sweep(num_gpus: int = 8, name: str = "raytest") -> SweepConfig:
+    return SweepConfig.from_dict(
+        {
+            "name": name,
+            "model": "tiny-qwen2",
+            "dataset": {"builtin": "arithmetic", "num_examples": 200, "max_seq_len": 32},
+            "space": {"lr": [1.0e-3], "rank": [4], "alpha": 16, "batch_size": 4, "max_steps": 10},
+            "hardware": {"gpu_type": "cpu", "num_gpus": num_gpus, "gpu_memory_gib": 8},
+        }
+    )
+
+
+def configs(n: int, *, steps: int = 20) -> list[LoRAConfig]:
+    ranks = [4, 8, 16]
+    return [
+        LoRAConfig(
+            config_id=f"k{i:02d}",
+            rank=ranks[i % 3],
+            alpha=16,
+            lr=1e-3 * (1 + i % 4),
+            batch_size=4,
+            max_steps=steps + (i % 3) * 5,
+            seed=i,
+        )
+        for i in range(n)
+    ]
+
+
+def cost_of(sweep: SweepConfig):
+    from plora.cost.model import build_cost_model
+
+    return build_cost_model(sweep, use_profile=False)
+
+
+def overlap_max(jobs: pd.DataFrame) -> tuple[int, int]:
+    """(max jobs at once, max GPUs at once) from job intervals."""
+    events = []
+    for _, j in jobs.iterrows():
+        events += [(j["start"], 1, j["gpus"]), (j["end"], -1, -j["gpus"])]
+    n = g = n_max = g_max = 0
+    for _, dn, dg in sorted(events, key=lambda e: (e[0], e[1])):
+        n, g = n + dn, g + dg
+        n_max, g_max = max(n_max, n), max(g_max, g)
+    return n_max, g_max
+
+
+def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> None:
+    sweep = tiny_sweep()
+    cs = configs(24)
+    out = tmp_path / "sweep"
+    summary = run_sweep(
+        sweep, out, cost=cost_of(sweep), source=StaticSource(cs),
+        options=RunOptions(entry=ENTRY, checkpoint_every=10, refill=False),
+    )  # fmt: skip
+    assert summary.ok and summary.counts["done"] == 24
+    store = SweepStore(out)
+    jobs = store.read_jobs()
+    assert (jobs["status"] == "done").all()
+    n_at_once, gpus_at_once = overlap_max(jobs)
+    assert n_at_once >= 2 and gpus_at_once <= 8
+    for _, j in jobs.iterrows():  # booked GPU ids are distinct among overlapping jobs
+        over = jobs[(jobs["start"] < j["end"]) & (jobs["end"] > j["start"])]
+        ids = [g for gl in over["gpu_ids"] for g in gl]
+        assert len(ids) == len(set(ids)) and all(0 <= g < 8 for g in ids)
+    assert sorted(c for cl in jobs["config_ids"] for c in cl) == sorted(c.config_id for c in cs)
+    res = store.read_results().set_index("config_id")
+    assert len(res) == 24 and (res["status"] == "done").all()
+    for c in cs:
+        assert res.loc[c.config_id, "steps"] == c.max_steps
+        assert Path(res.loc[c.config_id, "adapter_path"], "adapter.json").is_file()
+    m = store.read_metrics()
+    assert m.groupby("config_id")["step"].max().to_dict() == {c.config_id: c.max_steps for c in cs}
+    kinds = [d["kind"] for d in store.read_decisions()]
+    assert kinds.count("start_job") == len(jobs) and kinds[-1] == "sweep_done"
+    assert kinds.count("refit") == len(jobs)  # every finished job refits the cost model
+    assert store.plan_json.is_file() and (out / "sweep.yaml").is_file()
+    assert (out / "base_model" / "config.json").is_file()
+    assert not list(tmp_path.glob(".sweep.tmp-*"))
+
+
+def _find_worker(prefix: str) -> tuple[str, str] | None:
+    import ray
+
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        if a["name"].startswith(prefix) and "-a0-r0" in a["name"]:
+            return a["name"], a["namespace"]
+    return None
+
+
+def test_killed_worker_resumes_from_checkpoint(ray_cluster, tmp_path) -> None:
+    import ray
+
+    sweep = tiny_sweep(num_gpus=1, name="killtest")
+    cs = configs(3, steps=60)
+    out = tmp_path / "sweep"
+    killed: dict[str, object] = {}
+
+    def killer() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            ck = list(out.glob("checkpoints/*/state.json"))
+            if ck:
+                state = json.loads(ck[0].read_text())
+                if min(s["step"] for s in state.values()) >= 10:
+                    found = _find_worker("plora-killtest-")
+                    if found:
+                        ray.kill(ray.get_actor(found[0], namespace=found[1]), no_restart=True)
+                        killed["name"] = found[0]
+                        killed["steps"] = {c: s["step"] for c, s in state.items()}
+                        return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    summary = run_sweep(
+        sweep, out, cost=cost_of(sweep), source=StaticSource(cs),
+        options=RunOptions(entry=ENTRY, checkpoint_every=5, refill=False),
+    )  # fmt: skip
+    t.join(5)
+    assert killed, "the test never found a worker to kill"
+    assert summary.ok and summary.counts["done"] == 3  # 0 lost
+    store = SweepStore(out)
+    jobs = store.read_jobs().sort_values("start")
+    assert list(jobs["status"]) == ["died", "done"] and list(jobs["attempt"]) == [0, 1]
+    assert jobs.iloc[0]["job_id"] == jobs.iloc[1]["job_id"]
+    kinds = [d["kind"] for d in store.read_decisions()]
+    assert "retry" in kinds
+    m = store.read_metrics()
+    retry = m[m["job_id"] == jobs.iloc[1]["job_id"]]
+    after = m[m["time"] >= jobs.iloc[1]["start"]]
+    for c in cs:
+        first = after[after["config_id"] == c.config_id]["step"].min()
+        assert first > 1, "the restarted job trained from scratch instead of its checkpoint"
+        assert first <= killed["steps"][c.config_id] + 1
+    assert len(retry) and store.read_results().set_index("config_id")["steps"].to_dict() == {
+        c.config_id: c.max_steps for c in cs
+    }
+
+
+DRIVER = """
+import sys
+import ray
+ray.init(address={address!r}, runtime_env={{"env_vars": {{"PYTHONPATH": {here!r}, "PACKFN_STEP_S": "0.05"}}}})
+from plora.config import LoRAConfig
+from plora.runtime.records import StaticSource
+from plora.runtime.sweep import RunOptions, run_sweep
+sys.path.insert(0, {here!r})
+from test_runtime import configs, cost_of, tiny_sweep
+sweep = tiny_sweep(num_gpus=1, name="resumetest")
+run_sweep(sweep, {out!r}, address={address!r}, cost=cost_of(sweep), source=StaticSource(configs(6, steps=30)),
+          options=RunOptions(entry="packfn:run_pack", checkpoint_every=5, refill=False, ask_batch=2))
+"""
+
+
+def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None:
+    import ray
+
+    out = tmp_path / "sweep"
+    address = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}"}
+    code = DRIVER.format(here=str(HERE), out=str(out), address=address)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 150
+        done_before: set[str] = set()
+        while time.time() < deadline:
+            if (out / "state.json").is_file():
+                state = json.loads((out / "state.json").read_text())
+                done_before = {c for c, s in state["status"].items() if s == "done"}
+                if done_before and any(s == "running" for s in state["status"].values()):
+                    break
+            assert proc.poll() is None, "driver exited before it could be killed"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(10)
+    assert done_before
+    state = json.loads((out / "state.json").read_text())
+    done_before = {c for c, s in state["status"].items() if s == "done"}
+    killed_at = state["elapsed_s"]
+    sweep = tiny_sweep(num_gpus=1, name="resumetest")
+    time.sleep(1.0)  # let Ray reap the dead driver's actors and placement groups
+    summary = run_sweep(
+        None, out, resume=True, cost=cost_of(sweep), source=StaticSource(configs(6, steps=30)),
+        options=RunOptions(entry=ENTRY, checkpoint_every=5, refill=False, ask_batch=2),
+    )  # fmt: skip
+    assert summary.ok and summary.counts["done"] == 6
+    store = SweepStore(out)
+    m = store.read_metrics()
+    again = m[(m["time"] >= killed_at) & m["config_id"].isin(done_before)]
+    assert again.empty, f"finished configs were retrained: {sorted(set(again['config_id']))}"
+    res = store.read_results().set_index("config_id")
+    assert {c: int(s) for c, s in res["steps"].items()} == {
+        c.config_id: c.max_steps for c in configs(6, steps=30)
+    }
+    assert "resume" in [d["kind"] for d in store.read_decisions()]
