@@ -2,14 +2,15 @@
 
 One optimizer step of a job ``(pack, d, strategy)`` costs (all terms per GPU):
 
-``t_step = L·o + 2·W/(d·B_hbm) + c_fixed(d) + Σ_k [a + n_k·(F_base/(e_b·P·d) + F_lora,k/(e_l·P·d) + c_tok(d))]``
+``t_step = L·o + 2·W/(d·B_hbm) + c_fixed(d) + Σ_k [a + m·T_k·L + n_k·(F_base/(e_b·P·d) + F_lora,k/(e_l·P·d) + c_tok(d))]``
 
 * ``n_k = b_k·s`` tokens of config k, ``F_base`` = frozen-base training FLOPs per token
   (:meth:`ModelSpec.train_flops_per_token`), ``F_lora,k`` its LoRA FLOPs per token;
 * ``P`` the GPU's datasheet dense bf16 peak, ``e_b``/``e_l`` the fitted fractions of it;
 * ``L·o`` the per-step launch/framework overhead (``o`` per layer), ``a`` per adapter and step
-  (its optimizer step, its segment bookkeeping), ``2·W/(d·B_hbm)`` reading the frozen weights in
-  forward and backward;
+  (its optimizer step, its segment bookkeeping), ``m`` per adapter, step and each of its ``T_k``
+  targeted projections in each layer (unfused LoRA launches), ``2·W/(d·B_hbm)`` reading the
+  frozen weights in forward and backward;
 * communication: tensor parallel all-reduces ``4·L·h`` activations per token (2 forward, 2
   backward) with ring factor ``2(d-1)/d``; FSDP all-gathers the base weights twice per step
   (fixed) and reduce-scatters each adapter's grads; pipeline parallel sends ``2·h`` values per
@@ -19,7 +20,7 @@ One optimizer step of a job ``(pack, d, strategy)`` costs (all terms per GPU):
 The sum over configs makes the step affine in the pack, so a job's time is
 ``steps_max·t_fixed + Σ_k steps_k·t_k``: exactly what the planner's ILP assumes.
 
-:func:`fit` refits ``(o, 1/e_b, 1/e_l, a, 1/comm_efficiency)`` by least squares on relative
+:func:`fit` refits ``(o, 1/e_b, 1/e_l, a, m, 1/comm_efficiency)`` by least squares on relative
 error, with a weak pull to the prior so that a coefficient the samples cannot identify (e.g.
 communication when every sample has d = 1) keeps its prior value.
 """
@@ -32,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from plora.config import ConfigError, LoRAConfig
+from plora.config import PROJECTIONS, ConfigError, LoRAConfig
 from plora.cost import Strategy
 from plora.cost.memory import check_parallel
 from plora.model_spec import ModelSpec
@@ -113,6 +114,9 @@ class Coefficients:
     """o: per-step overhead per decoder layer (launches, framework), seconds."""
     adapter_step_s: float
     """a: per-adapter per-step overhead (its optimizer step, bookkeeping), seconds."""
+    module_step_s: float = 3e-4
+    """m: per-adapter per-step overhead of each targeted projection in each layer (launches of
+    unfused LoRA matmuls, dropout, per-tensor optimizer work), seconds."""
     comm_efficiency: float = 0.7
     """Fraction of link bandwidth collectives reach."""
     source: str = ""
@@ -123,7 +127,7 @@ class Coefficients:
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise ConfigError(f"coefficients: {name}={v!r} must be in (0, 1]")
-        if self.overhead_per_layer_s < 0 or self.adapter_step_s < 0:
+        if min(self.overhead_per_layer_s, self.adapter_step_s, self.module_step_s) < 0:
             raise ConfigError("coefficients: overheads must be >= 0")
 
     def to_dict(self) -> dict[str, float | str]:
@@ -137,18 +141,20 @@ class Coefficients:
                 1.0 / self.base_efficiency,
                 1.0 / self.lora_efficiency,
                 self.adapter_step_s,
+                self.module_step_s,
                 1.0 / self.comm_efficiency,
             ]
         )
 
     @classmethod
     def _from_theta(cls, theta: np.ndarray, source: str) -> Coefficients:
-        o, ib, il, a, ic = (float(x) for x in theta)
+        o, ib, il, a, m, ic = (float(x) for x in theta)
         return cls(
             overhead_per_layer_s=max(o, 0.0),
             base_efficiency=1.0 / max(ib, 1.0),
             lora_efficiency=1.0 / max(il, 1.0),
             adapter_step_s=max(a, 0.0),
+            module_step_s=max(m, 0.0),
             comm_efficiency=1.0 / max(ic, 1.0),
             source=source,
         )
@@ -156,17 +162,21 @@ class Coefficients:
 
 # --- Defaults from H200 measurements -------------------------------------------------------
 # Measured on an H200, bf16, seq 1024, Qwen2.5-3B shape (random weights):
-#   PEFT, one adapter, batch 1 ........................ 8.3k tok/s
+#   PEFT, one adapter (all 7 projections), batch 1 .... 8.3k tok/s
 #   HF frozen base, 16 sequences, no adapter .......... 30.7k tok/s
 #   the same with Liger-Kernel ........................ 42.0k tok/s
 #   FLOP ceiling: measured peak bf16 GEMM (~780 TFLOP/s) / (4·P_mm + 6·s·h·L) = 61k tok/s.
-# The two HF points fix e_b and the per-step overhead (given a); a, e_l and the communication
-# efficiency are not measured there: they are assumptions, refit from a job's first steps.
+# The PEFT and HF points fix e_b and the per-layer overhead o, given m and a. m was measured
+# on an H200 too (PEFT 0.17 / transformers 5.17 / torch 2.11, random weights, see
+# tests/unit/test_cost_throughput.py): removing targeted projections from one PEFT adapter saves
+# 0.29 ms (1.5B, bs 4), 0.32 ms (3B, bs 4) and 0.29 ms (3B, bs 1) per projection and layer per
+# step. a, e_l and the communication efficiency are assumptions, refit from a job's first steps.
 H200_MEASURED = {
     "seq_len": 1024,
     "peft_one_adapter_tok_s": 8.3e3,
     "hf_base_x16_tok_s": 30.7e3,
     "liger_base_x16_tok_s": 42.0e3,
+    "peft_module_step_s": 3.0e-4,
 }
 _ASSUMED_ADAPTER_STEP_S = 2e-3
 _ASSUMED_LORA_EFFICIENCY = 0.3
@@ -175,11 +185,16 @@ _ASSUMED_LORA_EFFICIENCY = 0.3
 def _derive_h200(base_x16_tok_s: float, label: str) -> Coefficients:
     spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-3B")
     gpu, s = GPU_TYPES["H200"], H200_MEASURED["seq_len"]
+    m = H200_MEASURED["peft_module_step_s"]
     per_tok = spec.train_flops_per_token(s) / gpu.peak_flops  # seconds/token at 100% of peak
+    lora = (
+        s * spec.lora_flops_per_token(16, PROJECTIONS) / (gpu.peak_flops * _ASSUMED_LORA_EFFICIENCY)
+    )
     weights = 2.0 * 2.0 * spec.total_params / (gpu.hbm_gbps * 1e9)  # bf16, read fwd + bwd
-    t_one = s / H200_MEASURED["peft_one_adapter_tok_s"]  # 1 adapter, 1 sequence
+    adapter = _ASSUMED_ADAPTER_STEP_S + m * len(PROJECTIONS) * spec.num_layers + lora
+    t_one = s / H200_MEASURED["peft_one_adapter_tok_s"]  # 1 adapter (rank 16 assumed), 1 sequence
     t_hf = 16 * s / H200_MEASURED["hf_base_x16_tok_s"]  # 0 adapters, 16 sequences
-    eff = 15 * s * per_tok / (t_hf - t_one + _ASSUMED_ADAPTER_STEP_S)
+    eff = 15 * s * per_tok / (t_hf - t_one + adapter)
     overhead = t_hf - 16 * s * per_tok / eff - weights
     if label != "hf":  # same overhead, faster kernels
         eff = 16 * s * per_tok / (16 * s / base_x16_tok_s - overhead - weights)
@@ -188,6 +203,7 @@ def _derive_h200(base_x16_tok_s: float, label: str) -> Coefficients:
         lora_efficiency=_ASSUMED_LORA_EFFICIENCY,
         overhead_per_layer_s=overhead / spec.num_layers,
         adapter_step_s=_ASSUMED_ADAPTER_STEP_S,
+        module_step_s=m,
         comm_efficiency=0.7,
         source=f"H200 measurements, Qwen2.5-3B shape, seq 1024 ({label})",
     )
@@ -316,7 +332,7 @@ class StepTimeModel:
         self.spec, self.gpu, self.coefficients = spec, gpu, coefficients
         self._weight_bytes = 2.0 * spec.total_params if weight_bytes is None else weight_bytes
 
-    # Each part returns its terms as a feature vector over theta (o, 1/e_b, 1/e_l, a, 1/e_c)
+    # Each part returns its terms as a feature vector over theta (o, 1/e_b, 1/e_l, a, m, 1/e_c)
     # plus a known time; time = known + features · theta.
     def _fixed_terms(self, d: int, strategy: Strategy | None) -> tuple[float, np.ndarray]:
         strat = check_parallel(d, strategy)
@@ -326,7 +342,7 @@ class StepTimeModel:
         comm = 0.0
         if strat is Strategy.FSDP:
             comm = 2.0 * self._weight_bytes * (d - 1) / d / link
-        return known, np.array([self.spec.num_layers, 0.0, 0.0, 0.0, comm])
+        return known, np.array([self.spec.num_layers, 0.0, 0.0, 0.0, 0.0, comm])
 
     def _adapter_terms(
         self, load: AdapterLoad, seq_len: int, d: int, strategy: Strategy | None
@@ -345,7 +361,8 @@ class StepTimeModel:
             comm = grads * (d - 1) / d / link
         elif strat is Strategy.PP:
             comm = tokens * 2 * spec.hidden_size * 2.0 * (d - 1) / d / link
-        return 0.0, np.array([0.0, base, lora, 1.0, comm])
+        modules = len(load.targets) * spec.num_layers / (d if strat is Strategy.PP else 1)
+        return 0.0, np.array([0.0, base, lora, 1.0, modules, comm])
 
     def fixed_step_time(self, d: int = 1, strategy: Strategy | None = None) -> float:
         """Seconds per step that do not depend on the pack."""
@@ -389,7 +406,7 @@ def fit(
     """Least-squares refit of the coefficients of ``model`` from measured steps.
 
     Minimizes ``Σ_i ((t̂_i - t_i)/t_i)² + λ·Σ_j ((θ_j - θ0_j)/θ0_j)²`` over
-    ``θ = (o, 1/e_b, 1/e_l, a, 1/e_c)`` (λ = ``prior_weight``, θ0 the model's coefficients),
+    ``θ = (o, 1/e_b, 1/e_l, a, m, 1/e_c)`` (λ = ``prior_weight``, θ0 the model's coefficients),
     then clips efficiencies to (0, 1] and overheads to >= 0.
 
     Raises:

@@ -7,6 +7,7 @@ import pytest
 
 from plora.config import PROJECTIONS, ConfigError
 from plora.cost import Strategy
+from plora.cost.memory import Loss, MemoryOptions, adapter_memory, base_memory
 from plora.cost.throughput import (
     DEFAULT_COEFFICIENTS,
     GPU_TYPES,
@@ -34,8 +35,8 @@ def _tok_s(model: StepTimeModel, loads: list[AdapterLoad], seq_len: int = S, **k
 def test_defaults_reproduce_the_h200_measurements() -> None:
     hf = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS)
     liger = StepTimeModel(QWEN3B, H200, LIGER_COEFFICIENTS)
-    one = AdapterLoad(rank=16, targets=("q_proj", "v_proj"), sequences=1)
-    assert _tok_s(hf, [one]) == pytest.approx(8.3e3, rel=0.01)
+    one = AdapterLoad(rank=16, targets=PROJECTIONS, sequences=1)
+    assert _tok_s(hf, [one]) == pytest.approx(8.3e3, rel=1e-6)
     # The x16 measurements had no adapter: the fixed part plus 16 sequences of base FLOPs.
     for model, want in ((hf, 30.7e3), (liger, 42.0e3)):
         per_tok = QWEN3B.train_flops_per_token(S) / (
@@ -92,6 +93,7 @@ TRUTH = Coefficients(
     lora_efficiency=0.12,
     overhead_per_layer_s=4e-4,
     adapter_step_s=7e-3,
+    module_step_s=1.1e-4,
     comm_efficiency=0.45,
 )
 
@@ -105,6 +107,7 @@ def test_fit_recovers_known_coefficients() -> None:
         "lora_efficiency",
         "overhead_per_layer_s",
         "adapter_step_s",
+        "module_step_s",
         "comm_efficiency",
     ):
         assert getattr(got, name) == pytest.approx(getattr(TRUTH, name), rel=1e-3), name
@@ -172,3 +175,79 @@ def test_sample_round_trip_and_validation() -> None:
         StepSample(adapters=(), seq_len=64, step_time_s=0.0)
     with pytest.raises(ConfigError, match="power of two"):
         StepSample(adapters=(), seq_len=64, d=3, strategy=Strategy.TP, step_time_s=1.0)
+
+
+# PEFT LoRA training steps measured on an H200 (2026-11-21; torch 2.11, transformers 5.17,
+# peft, bf16 weights + autocast, SDPA, random weights, median of 5 steps after a warm-up):
+# (model, rank, targets, batch, seq_len, step ms, peak GiB).
+_T = {7: PROJECTIONS, 4: PROJECTIONS[:4], 2: ("q_proj", "v_proj"), 1: ("q_proj",)}
+H200_PEFT_STEPS = [
+    ("Qwen/Qwen2.5-1.5B", 16, 7, 1, 1024, 87.7, 7.89),
+    ("Qwen/Qwen2.5-1.5B", 64, 7, 1, 1024, 86.8, 8.70),
+    ("Qwen/Qwen2.5-1.5B", 16, 7, 4, 1024, 130.9, 21.87),
+    ("Qwen/Qwen2.5-1.5B", 16, 2, 4, 1024, 89.8, 18.41),
+    ("Qwen/Qwen2.5-1.5B", 16, 7, 4, 512, 93.3, 12.60),
+    ("Qwen/Qwen2.5-3B", 16, 2, 1, 1024, 65.4, 11.14),
+    ("Qwen/Qwen2.5-3B", 16, 2, 4, 1024, 151.1, 26.63),
+    ("Qwen/Qwen2.5-3B", 16, 2, 16, 1024, 570.5, 88.69),
+    ("Qwen/Qwen2.5-3B", 16, 7, 1, 1024, 118.2, 12.87),
+    ("Qwen/Qwen2.5-3B", 16, 7, 4, 1024, 214.5, 32.29),
+    ("Qwen/Qwen2.5-3B", 16, 1, 4, 1024, 145.8, 26.07),
+    ("Qwen/Qwen2.5-3B", 64, 4, 2, 1024, 91.6, 17.34),
+    ("Qwen/Qwen2.5-7B", 16, 7, 1, 1024, 100.4, 23.03),
+    ("Qwen/Qwen2.5-7B", 16, 2, 2, 1024, 137.4, 27.09),
+    ("Qwen/Qwen2.5-7B", 64, 7, 2, 512, 102.5, 24.68),
+]
+
+
+def _measured(name: str) -> list[StepSample]:
+    return [
+        StepSample(
+            adapters=(AdapterLoad(rank=r, targets=_T[t], sequences=b),),
+            seq_len=s,
+            step_time_s=ms / 1e3,
+            peak_memory_bytes=gib * 2**30,
+        )
+        for n, r, t, b, s, ms, gib in H200_PEFT_STEPS
+        if n == name
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "default_err", "refit_err"),
+    [
+        ("Qwen/Qwen2.5-1.5B", 0.06, 0.04),
+        ("Qwen/Qwen2.5-3B", 0.12, 0.09),
+        ("Qwen/Qwen2.5-7B", 0.5, 0.02),
+    ],
+)
+def test_real_h200_steps_default_and_refit(name: str, default_err: float, refit_err: float) -> None:
+    """The defaults (from the 3B shape) are close for 1.5B/3B; 7B's wider GEMMs run faster
+    than the default efficiency says (42% too slow) until a refit from its own steps."""
+    spec = ModelSpec.from_hf_config(name)
+    samples = _measured(name)
+    prior = StepTimeModel(spec, H200, DEFAULT_COEFFICIENTS)
+    before = np.abs(relative_errors(samples, prior)).mean()
+    after = np.abs(relative_errors(samples, StepTimeModel(spec, H200, fit(samples, prior)))).mean()
+    assert before < default_err and after < refit_err and after < before
+
+
+@pytest.mark.parametrize(
+    "row", H200_PEFT_STEPS, ids=lambda r: f"{r[0][6:]}-r{r[1]}-t{r[2]}-b{r[3]}-s{r[4]}"
+)
+def test_real_h200_peak_memory(row) -> None:
+    """App. A memory vs ``torch.cuda.max_memory_allocated`` of the same PEFT steps (HF eager
+    loss). All seven targets: within 4% (0.964-0.993). Fewer targets: the model keeps every projection's
+    input (what a pack with mixed targets does) and overestimates one adapter by <= 20%."""
+    name, rank, t, b, s, _, gib = row
+    spec = ModelSpec.from_hf_config(name)
+    opts = MemoryOptions(loss=Loss.EAGER, reserved_bytes=0.0)
+    mem = base_memory(spec, options=opts).total
+    mem += adapter_memory(
+        spec, rank=rank, targets=_T[t], batch_size=b, seq_len=s, options=opts
+    ).total
+    ratio = mem / (gib * 2**30)
+    if t == 7:
+        assert ratio == pytest.approx(1.0, abs=0.04)
+    else:
+        assert 1.0 <= ratio <= 1.2
