@@ -94,6 +94,9 @@ class PackProfile:
     """The first steps of a pack, as measured; handed to ``plora.cost.profile``."""
 
     device: str
+    """``"cuda:0"``, ``"cpu"``, ... (``str(torch.device)``)."""
+    device_name: str
+    """The accelerator's name (``torch.cuda.get_device_name``) or ``"cpu"``."""
     dtype: str
     ranks: tuple[int, ...]
     batch_sizes: tuple[int, ...]
@@ -119,6 +122,7 @@ class PackProfile:
     def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device,
+            "device_name": self.device_name,
             "dtype": self.dtype,
             "ranks": list(self.ranks),
             "batch_sizes": list(self.batch_sizes),
@@ -392,7 +396,12 @@ class PackedTrainer:
         """Measurements of the first ``profile_steps`` steps."""
         ads = sorted(self.adapters.values(), key=lambda a: a.slot)
         return PackProfile(
-            device=_device_name(self.device),
+            device=str(
+                self.device
+                if self.device.index is not None or self.device.type == "cpu"
+                else torch.device(self.device.type, torch.cuda.current_device())
+            ),
+            device_name=_device_name(self.device),
             dtype=str(self.autocast_dtype or torch.float32).removeprefix("torch."),
             ranks=tuple(a.config.rank for a in ads),
             batch_sizes=tuple(a.config.batch_size for a in ads),

@@ -184,3 +184,31 @@ def test_epochs_length_and_step_metrics():
     prof = trainer.profile()
     assert len(prof.steps) == 4 and prof.peak_memory_bytes > 0 and prof.tokens_per_s > 0
     assert trainer.step() == []
+
+
+def test_activation_checkpointing_changes_nothing():
+    """Recomputing the base in backward (HF, use_reentrant=False) must reproduce the same
+    keyed dropout masks and routing: same losses and weights as without."""
+    base = tiny_model("llama")
+    data = toy_dataset()
+    cfgs = [
+        LoRAConfig(config_id="u", rank=8, alpha=16, lr=1e-2, batch_size=2, seed=5, dropout=0.2,
+                   max_steps=3, target_modules="all"),
+        CONFIGS[0],
+    ]  # fmt: skip
+    results = []
+    for ckpt in (False, True):
+        trainer = _trainer(base, data, gradient_checkpointing=ckpt, max_rows=3)
+        for cfg in cfgs:
+            trainer.add(cfg)
+        losses: dict[str, list[float]] = {}
+        _run(trainer, 3, losses)
+        weights = {c.config_id: adapter_state_dict(trainer.model, trainer.slot_of(c.config_id))
+                   for c in cfgs}  # fmt: skip
+        results.append((losses, weights))
+    (l0, w0), (l1, w1) = results
+    assert trainer.model.is_gradient_checkpointing
+    for cfg in cfgs:
+        cid = cfg.config_id
+        torch.testing.assert_close(torch.tensor(l0[cid]), torch.tensor(l1[cid]), rtol=1e-6, atol=0)
+        assert_same_adapter(w1[cid], w0[cid], tol=1e-6)
