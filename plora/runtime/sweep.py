@@ -32,7 +32,7 @@ from plora.config import ConfigError, SweepConfig
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.job import JobHandle, launch_job, stop_job
 from plora.runtime.monitor import check_gpus, connect, cpus_per_worker, start_relay
-from plora.runtime.records import ConfigSource, FailureKind, JobSpec
+from plora.runtime.records import ConfigSource, FailureKind, JobSpec, StaticSource
 from plora.runtime.store import (
     SweepStore,
     check_out_dir,
@@ -99,10 +99,25 @@ def prepare(
         )
     cost = build_cost_model(sweep, dataset_size=len(data.train))
     if source is None:
-        from plora.tune.search import make_config_source
-
-        source = make_config_source(sweep)
+        source = config_source(sweep)
     return cost, source, data.metric
+
+
+def config_source(sweep: SweepConfig) -> ConfigSource:
+    """The sweep's searcher as a :class:`ConfigSource` (``plora.tune.search``); grid and random
+    spaces fall back to their fixed expansion when the searcher bridge is not installed."""
+    try:
+        from plora.tune.search import make_config_source
+    except ImportError:
+        if str(sweep.search) not in ("grid", "random"):
+            raise ConfigError(
+                f"search: {sweep.search} needs plora.tune.search, which is not available; "
+                "use search: grid or random"
+            ) from None
+        from plora.space import expand
+
+        return StaticSource(expand(sweep))
+    return make_config_source(sweep)
 
 
 def run_sweep(
@@ -204,7 +219,7 @@ class _Driver:
         self.run_args = {
             "model": sweep.model,
             "dataset": sweep.dataset,
-            "out_dir": str(store.adapters_dir),
+            "out_dir": str(store.root),  # run_pack writes out_dir/adapters/<config_id>/
             "checkpoint_dir": str(store.checkpoints_dir),
             "checkpoint_every": options.checkpoint_every,
             "poll_every_s": options.poll_every_s,
@@ -325,4 +340,4 @@ def _first_line(e: BaseException) -> str:
     return (text.splitlines()[0] if text else type(e).__name__)[:300]
 
 
-__all__ = ["RunOptions", "SweepSummary", "prepare", "run_sweep"]
+__all__ = ["RunOptions", "SweepSummary", "config_source", "prepare", "run_sweep"]
