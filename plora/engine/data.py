@@ -388,7 +388,7 @@ class AdapterStream:
             raise ConfigError(f"is larger than the {num_examples} training examples with drop_last",
                               key="batch_size", value=batch_size, fix="lower batch_size or add data")  # fmt: skip
         self.num_examples, self.batch_size, self.seed, self.drop_last = num_examples, batch_size, seed, drop_last  # fmt: skip
-        self.epoch = 0  # epoch of the next batch (= completed passes)
+        self.epoch = 0  # completed passes = the epoch the next batch comes from
         self.position = 0  # offset of the next batch in the epoch's permutation
         self.steps = 0  # batches drawn so far
         self.examples_seen = 0
@@ -412,15 +412,15 @@ class AdapterStream:
 
     def next_batch(self) -> list[int]:
         """Indices of the next batch (``batch_size`` of them, fewer at an epoch's end)."""
+        batch = self._order[self.position : self.position + self.batch_size]
+        self.position += len(batch)
+        self.steps += 1
+        self.examples_seen += len(batch)
         remaining = self.num_examples - self.position
         if remaining == 0 or (self.drop_last and remaining < self.batch_size):
             self.epoch += 1
             self.position = 0
             self._order = self.permutation(self.num_examples, self.seed, self.epoch)
-        batch = self._order[self.position : self.position + self.batch_size]
-        self.position += len(batch)
-        self.steps += 1
-        self.examples_seen += len(batch)
         return batch
 
     def get_state(self) -> dict[str, Any]:

@@ -125,6 +125,7 @@ def evaluate_adapters(
 # ---------------------------------------------------------------------------- pieces
 
 
+@torch.no_grad()
 def eval_loss(model: Any, examples: Sequence[Example], *, pad_id: int, batch_size: int = 32) -> float:  # fmt: skip
     """Token-weighted mean NLL over the examples' target tokens (NaN if none)."""
     total, count = 0.0, 0
@@ -140,6 +141,7 @@ def eval_loss(model: Any, examples: Sequence[Example], *, pad_id: int, batch_siz
     return total / count if count else math.nan
 
 
+@torch.no_grad()
 def generate_greedy(
     model: Any,
     prompts: Sequence[Sequence[int]],
@@ -202,6 +204,7 @@ def exact_match(model: Any, tokenizer: Any, examples: Sequence[Example], *, batc
     return hits / len(examples)
 
 
+@torch.no_grad()
 def option_scores(model: Any, tokenizer: Any, examples: Sequence[Example], options: Sequence[str], *, batch_size: int = 32) -> torch.Tensor:  # fmt: skip
     """``[N, K]`` log-likelihood of each option (its tokens + eos) after each example's prompt."""
     eos = _eos_ids(tokenizer)[:1]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from plora.config import ConfigError
 
@@ -158,6 +159,15 @@ def get_task(name: str) -> Task:
         ) from None
 
 
+def shipped_data_path(name: str = "reverse_200.jsonl") -> Path:
+    """Path of a data file shipped in the package (``plora/data/<name>``)."""
+    path = Path(__file__).resolve().parent.parent / "data" / name
+    if not path.is_file():
+        raise ConfigError("no such shipped data file", key="dataset.path", value=name,
+                          fix="use reverse_200.jsonl or your own .jsonl path")  # fmt: skip
+    return path
+
+
 def task_corpus(num_examples: int = 2000, seed: int = 0) -> list[str]:
     """Plain text from every builtin task (prompt + completion), shuffled; used to pretrain
     the tiny base models so that LoRA fine-tuning has structure to adapt."""
@@ -181,5 +191,6 @@ __all__ = [
     "make_arithmetic",
     "make_reverse",
     "make_sentiment",
+    "shipped_data_path",
     "task_corpus",
 ]
