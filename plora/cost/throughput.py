@@ -2,15 +2,16 @@
 
 One optimizer step of a job ``(pack, d, strategy)`` costs (all terms per GPU):
 
-``t_step = L·o + 2·W/(d·B_hbm) + c_fixed(d) + Σ_k [a + m·T_k·L + n_k·(F_base/(e_b·P·d) + F_lora,k/(e_l·P·d) + c_tok(d))]``
+``t_step = L·o + 7·L·m + 2·W/(d·B_hbm) + c_fixed(d) + Σ_k [a + n_k·(F_base/(e_b·P·d) + F_lora,k/(e_l·P·d) + c_tok(d))]``
 
 * ``n_k = b_k·s`` tokens of config k, ``F_base`` = frozen-base training FLOPs per token
   (:meth:`ModelSpec.train_flops_per_token`), ``F_lora,k`` its LoRA FLOPs per token;
 * ``P`` the GPU's datasheet dense bf16 peak, ``e_b``/``e_l`` the fitted fractions of it;
 * ``L·o`` the per-step launch/framework overhead (``o`` per layer), ``a`` per adapter and step
-  (its optimizer step, its segment bookkeeping), ``m`` per adapter, step and each of its ``T_k``
-  targeted projections in each layer (unfused LoRA launches), ``2·W/(d·B_hbm)`` reading the
-  frozen weights in forward and backward;
+  (its optimizer step, its segment bookkeeping), ``m`` per LoRA-wrapped projection and layer
+  (launches): plora's packed layers pay it once per job for all seven projections
+  (``7·L·m`` in ``c_fixed``), PEFT per adapter for its ``T_k`` targets (:class:`LoRALayout`),
+  ``2·W/(d·B_hbm)`` reading the frozen weights in forward and backward;
 * communication: tensor parallel all-reduces ``4·L·h`` activations per token (2 forward, 2
   backward) with ring factor ``2(d-1)/d``; FSDP all-gathers the base weights twice per step
   (fixed) and reduce-scatters each adapter's grads; pipeline parallel sends ``2·h`` values per
@@ -30,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 
 import numpy as np
 
@@ -317,8 +319,26 @@ class StepSample:
         )
 
 
+class LoRALayout(StrEnum):
+    """Who pays the per-projection launch cost ``m``."""
+
+    PACKED = "packed"
+    """plora's engine: one packed LoRA layer per wrapped projection (all seven, every layer)
+    serves every adapter: ``7·L·m`` per step, in the job's fixed part."""
+    PER_ADAPTER = "per_adapter"
+    """PEFT: each adapter has its own LoRA modules: ``T_k·L·m`` per adapter per step."""
+
+
 class StepTimeModel:
-    """``t_step`` split into the job's fixed part and each config's part (see module doc)."""
+    """``t_step`` split into the job's fixed part and each config's part (see module doc).
+
+    Args:
+        spec: model shapes.
+        gpu: GPU speeds.
+        coefficients: the fitted constants.
+        weight_bytes: bytes of the frozen weights (default bf16: 2·params).
+        layout: where the per-projection cost ``m`` is paid (:class:`LoRALayout`).
+    """
 
     def __init__(
         self,
@@ -327,9 +347,10 @@ class StepTimeModel:
         coefficients: Coefficients,
         *,
         weight_bytes: float | None = None,
+        layout: LoRALayout = LoRALayout.PACKED,
     ) -> None:
-        """``weight_bytes``: bytes of the frozen weights (default bf16: 2·params)."""
         self.spec, self.gpu, self.coefficients = spec, gpu, coefficients
+        self.layout = LoRALayout(layout)
         self._weight_bytes = 2.0 * spec.total_params if weight_bytes is None else weight_bytes
 
     # Each part returns its terms as a feature vector over theta (o, 1/e_b, 1/e_l, a, m, 1/e_c)
@@ -342,7 +363,8 @@ class StepTimeModel:
         comm = 0.0
         if strat is Strategy.FSDP:
             comm = 2.0 * self._weight_bytes * (d - 1) / d / link
-        return known, np.array([self.spec.num_layers, 0.0, 0.0, 0.0, 0.0, comm])
+        modules = len(PROJECTIONS) * self.spec.num_layers if self.layout is LoRALayout.PACKED else 0
+        return known, np.array([self.spec.num_layers, 0.0, 0.0, 0.0, modules, comm])
 
     def _adapter_terms(
         self, load: AdapterLoad, seq_len: int, d: int, strategy: Strategy | None
@@ -361,7 +383,9 @@ class StepTimeModel:
             comm = grads * (d - 1) / d / link
         elif strat is Strategy.PP:
             comm = tokens * 2 * spec.hidden_size * 2.0 * (d - 1) / d / link
-        modules = len(load.targets) * spec.num_layers / (d if strat is Strategy.PP else 1)
+        modules = 0.0
+        if self.layout is LoRALayout.PER_ADAPTER:
+            modules = len(load.targets) * spec.num_layers
         return 0.0, np.array([0.0, base, lora, 1.0, modules, comm])
 
     def fixed_step_time(self, d: int = 1, strategy: Strategy | None = None) -> float:
@@ -446,6 +470,7 @@ __all__ = [
     "AdapterLoad",
     "Coefficients",
     "GPUSpec",
+    "LoRALayout",
     "StepSample",
     "StepTimeModel",
     "fit",

@@ -15,6 +15,7 @@ from plora.cost.throughput import (
     LIGER_COEFFICIENTS,
     AdapterLoad,
     Coefficients,
+    LoRALayout,
     StepSample,
     StepTimeModel,
     fit,
@@ -33,11 +34,16 @@ def _tok_s(model: StepTimeModel, loads: list[AdapterLoad], seq_len: int = S, **k
 
 
 def test_defaults_reproduce_the_h200_measurements() -> None:
-    hf = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS)
-    liger = StepTimeModel(QWEN3B, H200, LIGER_COEFFICIENTS)
+    # PEFT: one adapter with its own LoRA modules on all seven projections.
+    peft = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS, layout=LoRALayout.PER_ADAPTER)
     one = AdapterLoad(rank=16, targets=PROJECTIONS, sequences=1)
-    assert _tok_s(hf, [one]) == pytest.approx(8.3e3, rel=1e-6)
-    # The x16 measurements had no adapter: the fixed part plus 16 sequences of base FLOPs.
+    assert _tok_s(peft, [one]) == pytest.approx(8.3e3, rel=1e-6)
+    # plora's packed layers pay the same launches once per job: one adapter costs the same.
+    assert _tok_s(StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS), [one]) == pytest.approx(8.3e3)
+    # The x16 measurements had no LoRA module at all: the per-layer overhead, the weight reads
+    # and 16 sequences of base FLOPs.
+    hf = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS, layout=LoRALayout.PER_ADAPTER)
+    liger = StepTimeModel(QWEN3B, H200, LIGER_COEFFICIENTS, layout=LoRALayout.PER_ADAPTER)
     for model, want in ((hf, 30.7e3), (liger, 42.0e3)):
         per_tok = QWEN3B.train_flops_per_token(S) / (
             H200.peak_flops * model.coefficients.base_efficiency
@@ -45,6 +51,14 @@ def test_defaults_reproduce_the_h200_measurements() -> None:
         t = model.fixed_step_time() + 16 * S * per_tok
         assert 16 * S / t == pytest.approx(want, rel=1e-6)
     assert 0.4 < DEFAULT_COEFFICIENTS.base_efficiency < LIGER_COEFFICIENTS.base_efficiency < 0.8
+
+
+def test_packed_layers_share_the_launch_cost_peft_pays_per_adapter() -> None:
+    loads = [AdapterLoad(rank=16, targets=PROJECTIONS, sequences=1)] * 8
+    packed = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS)
+    peft = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS, layout=LoRALayout.PER_ADAPTER)
+    m = DEFAULT_COEFFICIENTS.module_step_s * 7 * QWEN3B.num_layers
+    assert peft.step_time(loads, S) - packed.step_time(loads, S) == pytest.approx(7 * m)
 
 
 def test_packing_raises_throughput_towards_the_ceiling() -> None:
@@ -98,18 +112,19 @@ TRUTH = Coefficients(
 )
 
 
-def test_fit_recovers_known_coefficients() -> None:
-    truth = StepTimeModel(QWEN3B, H200, TRUTH)
+@pytest.mark.parametrize("layout", list(LoRALayout))
+def test_fit_recovers_known_coefficients(layout: LoRALayout) -> None:
+    truth = StepTimeModel(QWEN3B, H200, TRUTH, layout=layout)
     samples = _synthetic_samples(truth, np.random.default_rng(0))
-    got = fit(samples, StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS), prior_weight=1e-9)
-    for name in (
-        "base_efficiency",
-        "lora_efficiency",
-        "overhead_per_layer_s",
-        "adapter_step_s",
-        "module_step_s",
-        "comm_efficiency",
-    ):
+    prior = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS, layout=layout)
+    got = fit(samples, prior, prior_weight=1e-9)
+    names = ["base_efficiency", "lora_efficiency", "adapter_step_s", "comm_efficiency"]
+    if layout is LoRALayout.PER_ADAPTER:
+        names += ["overhead_per_layer_s", "module_step_s"]
+    else:  # o and m are both paid once per step: only their sum is identified
+        fitted = StepTimeModel(QWEN3B, H200, got, layout=layout)
+        assert fitted.fixed_step_time() == pytest.approx(truth.fixed_step_time(), rel=1e-6)
+    for name in names:
         assert getattr(got, name) == pytest.approx(getattr(TRUTH, name), rel=1e-3), name
 
 
@@ -226,9 +241,11 @@ def test_real_h200_steps_default_and_refit(name: str, default_err: float, refit_
     than the default efficiency says (42% too slow) until a refit from its own steps."""
     spec = ModelSpec.from_hf_config(name)
     samples = _measured(name)
-    prior = StepTimeModel(spec, H200, DEFAULT_COEFFICIENTS)
+    peft = LoRALayout.PER_ADAPTER
+    prior = StepTimeModel(spec, H200, DEFAULT_COEFFICIENTS, layout=peft)
     before = np.abs(relative_errors(samples, prior)).mean()
-    after = np.abs(relative_errors(samples, StepTimeModel(spec, H200, fit(samples, prior)))).mean()
+    refit = StepTimeModel(spec, H200, fit(samples, prior), layout=peft)
+    after = np.abs(relative_errors(samples, refit)).mean()
     assert before < default_err and after < refit_err and after < before
 
 
