@@ -49,9 +49,7 @@ import torch
 from torch import nn
 
 from plora.config import PROJECTIONS, LoRAConfig
-
-#: Ranks are zero-padded to a multiple of this in the concatenated (kernel) layout.
-RANK_ALIGN = 16
+from plora.engine.fused import RANK_ALIGN, fused_forward, kernel, set_kernel_backend
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _MASK64 = (1 << 64) - 1
@@ -222,9 +220,9 @@ class PackedLoRALinear(nn.Module):
         pieces = self._pieces(routing, x.shape[0])
         if not pieces:
             return self.base_layer(x)
-        kernel = _kernel() if x.is_cuda else None
-        if kernel is not None:
-            return _kernel_forward(kernel, self, x, pieces, routing)
+        fn = kernel() if x.is_cuda else None
+        if fn is not None:
+            return fused_forward(fn, self, x, pieces, seed=_mix(routing.nonce, self.key))
         return _add_rows(self.base_layer(x), _lora_delta(self, x, pieces, routing), pieces)
 
     def _pieces(self, routing: Routing, rows: int) -> list[tuple[int, int, int]]:
@@ -285,97 +283,6 @@ def _lora_delta(
         delta = (xs @ a.t()) @ b.t() * layer.specs[slot].scale
         out.append(delta if autocast else delta.to(x.dtype))
     return out
-
-
-#: ``"auto"``: fused kernels on CUDA when ``plora.kernels`` provides them; ``"torch"``: never.
-KERNEL_BACKEND = {"mode": "auto"}
-_KERNEL_CACHE: list = []
-
-
-def set_kernel_backend(mode: str) -> None:
-    """Choose ``"auto"`` (kernels on CUDA when available) or ``"torch"`` (reference only)."""
-    if mode not in ("auto", "torch"):
-        raise ValueError(f"kernel backend {mode!r}: use 'auto' or 'torch'")
-    KERNEL_BACKEND["mode"] = mode
-
-
-def _kernel():
-    """``plora.kernels.packed_lora_linear`` if usable, else None (the torch path)."""
-    if KERNEL_BACKEND["mode"] == "torch":
-        return None
-    if not _KERNEL_CACHE:
-        try:
-            from plora import kernels
-
-            _KERNEL_CACHE.append(kernels.packed_lora_linear)
-        except (ImportError, AttributeError):
-            _KERNEL_CACHE.append(None)
-    return _KERNEL_CACHE[0]
-
-
-def _kernel_forward(kernel, layer, x, pieces, routing) -> torch.Tensor:
-    """One fused call ``y = base(x) + Σ_i delta_i`` over all rows.
-
-    Rows between pieces (slots without factors here) become a filler slot of rank 1 and scale
-    0 (one zero block of ``RANK_ALIGN`` rows), so the segment table is gap-free. Dropout runs
-    inside the kernel from a Philox seed keyed by (step nonce, module key): deterministic under
-    recomputation, statistically the same as the CPU path's keyed masks.
-    """
-    slots, seg_rows, fill = [], [pieces[0][1]], []
-    for slot, start, stop in pieces:
-        if start > seg_rows[-1]:
-            slots.append(None)
-            seg_rows.append(start)
-        slots.append(slot)
-        seg_rows.append(stop)
-    real = [s for s in slots if s is not None]
-    a_cat, b_cat, offsets = layer.packed(real)
-    ranks, scales, drops, rank_offsets = [], [], [], [0]
-    it = iter(range(len(real)))
-    for slot in slots:
-        if slot is None:
-            fill.append(len(ranks))
-            ranks.append(1)
-            scales.append(0.0)
-            drops.append(0.0)
-            rank_offsets.append(rank_offsets[-1] + RANK_ALIGN)
-            continue
-        k = next(it)
-        spec = layer.specs[slot]
-        ranks.append(spec.rank)
-        scales.append(spec.scale)
-        drops.append(spec.dropout if layer.training else 0.0)
-        rank_offsets.append(rank_offsets[-1] + offsets[k + 1] - offsets[k])
-    if fill:  # zero blocks for the filler slots, at their positions in the concatenation
-        a_parts, b_parts, k = [], [], 0
-        zero_a = a_cat.new_zeros(RANK_ALIGN, a_cat.shape[1])
-        zero_b = b_cat.new_zeros(b_cat.shape[0], RANK_ALIGN)
-        for slot in slots:
-            if slot is None:
-                a_parts.append(zero_a)
-                b_parts.append(zero_b)
-            else:
-                a_parts.append(a_cat[offsets[k] : offsets[k + 1]])
-                b_parts.append(b_cat[:, offsets[k] : offsets[k + 1]])
-                k += 1
-        a_cat, b_cat = torch.cat(a_parts), torch.cat(b_parts, 1)
-    per_row = math.prod(x.shape[1:-1])
-    autocast = torch.is_autocast_enabled(x.device.type)
-    dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
-    bias = layer.base_layer.bias
-    return kernel(
-        x.to(dtype),
-        layer.base_layer.weight.to(dtype),
-        None if bias is None else bias.to(dtype),
-        a_cat.to(dtype),
-        b_cat.to(dtype),
-        [r * per_row for r in seg_rows],
-        rank_offsets,
-        ranks,
-        scales,
-        drops,
-        _mix(routing.nonce, layer.key),
-    )
 
 
 def _add_rows(

@@ -58,14 +58,20 @@ def make_schedule(optimizer: torch.optim.Optimizer, config: LoRAConfig, steps: i
     return get_cosine_schedule_with_warmup(optimizer, warmup, steps)
 
 
-def clip_and_norm(params: Sequence[torch.nn.Parameter], max_norm: float | None) -> float:
-    """L2 norm of the adapter's gradients (before clipping); clip to ``max_norm`` if set."""
+def clip_and_norm(
+    params: Sequence[torch.nn.Parameter], max_norm: float | None
+) -> torch.Tensor | float:
+    """L2 norm of the adapter's gradients (before clipping); clip to ``max_norm`` if set.
+
+    Returns the norm as a 0-d tensor on the gradients' device (no host sync), or 0.0 when no
+    parameter has a gradient.
+    """
     grads = [p for p in params if p.grad is not None]
     if not grads:
         return 0.0
     if max_norm is not None:
-        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
-    return float(torch.nn.utils.get_total_norm([p.grad for p in grads]))
+        return torch.nn.utils.clip_grad_norm_(grads, max_norm)
+    return torch.nn.utils.get_total_norm([p.grad for p in grads])
 
 
 __all__ = [

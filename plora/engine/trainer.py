@@ -27,107 +27,18 @@ import resource
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from plora.config import ConfigError, LoRAConfig
 from plora.engine import lora, optim
 from plora.engine.lora import _mix
+from plora.engine.loss import packed_loss
+from plora.engine.records import AdapterStatus, PackProfile, StepMetrics, StepProfile
 
 _IGNORE = -100
-#: Above this many logits (tokens x vocab) per chunk, the head + CE is recomputed in backward.
-_LOGIT_CHUNK = 1 << 24
-
-
-class AdapterStatus(StrEnum):
-    """Where an adapter is in its life inside a pack."""
-
-    ACTIVE = "active"
-    COMPLETED = "completed"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StepMetrics:
-    """One adapter's numbers for one optimizer step."""
-
-    config_id: str
-    step: int
-    """The adapter's own step count after this update (1-based)."""
-    loss: float
-    """Mean token loss of the adapter's batch (before the update)."""
-    lr: float
-    """Learning rate used for this update."""
-    tokens: int
-    """Non-padding input tokens of the adapter's batch."""
-    grad_norm: float
-    """L2 norm of the adapter's gradient before clipping."""
-    time_s: float
-    """Wall time of the whole packed step."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StepProfile:
-    """Measurements of one packed step (for the cost model)."""
-
-    step: int
-    time_s: float
-    adapters: int
-    rows: int
-    seq_len: int
-    """Longest padded row length of the step."""
-    tokens: int
-    """Non-padding input tokens over all adapters."""
-    padded_tokens: int
-    micro_batches: int
-    peak_memory_bytes: int
-    """``torch.cuda.max_memory_allocated`` during the step on GPU; process max RSS on CPU."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PackProfile:
-    """The first steps of a pack, as measured; handed to ``plora.cost.profile``."""
-
-    device: str
-    """``"cuda:0"``, ``"cpu"``, ... (``str(torch.device)``)."""
-    device_name: str
-    """The accelerator's name (``torch.cuda.get_device_name``) or ``"cpu"``."""
-    dtype: str
-    ranks: tuple[int, ...]
-    batch_sizes: tuple[int, ...]
-    steps: tuple[StepProfile, ...]
-
-    @property
-    def mean_step_time_s(self) -> float:
-        """Mean step time, skipping the first (warm-up) step when there are more."""
-        steps = self.steps[1:] if len(self.steps) > 1 else self.steps
-        return sum(s.time_s for s in steps) / max(1, len(steps))
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Non-padding tokens per second over the measured steps (after warm-up)."""
-        steps = self.steps[1:] if len(self.steps) > 1 else self.steps
-        t = sum(s.time_s for s in steps)
-        return sum(s.tokens for s in steps) / t if t > 0 else 0.0
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return max((s.peak_memory_bytes for s in self.steps), default=0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "device": self.device,
-            "device_name": self.device_name,
-            "dtype": self.dtype,
-            "ranks": list(self.ranks),
-            "batch_sizes": list(self.batch_sizes),
-            "steps": [{k: getattr(s, k) for k in StepProfile.__slots__} for s in self.steps],
-        }
 
 
 @dataclass(slots=True)
@@ -338,7 +249,7 @@ class PackedTrainer:
                     loss=ad.last_loss,
                     lr=lr,
                     tokens=tokens,
-                    grad_norm=norm,
+                    grad_norm=float(norm),
                     time_s=elapsed,
                 )
             )
@@ -375,7 +286,7 @@ class PackedTrainer:
         rows = [micro[s][1] if s in micro else [] for s in range(width)]
         pb = pack_batch(rows, self.pad_id)
         keys = {s: (step_of[s], micro[s][0]) for s in micro}
-        return pb.to(self.device) if hasattr(pb, "to") else _batch_to(pb, self.device), keys
+        return pb.to(self.device), keys
 
     def _forward_loss(
         self, pb: Any, denoms: dict[int, int]
@@ -471,66 +382,6 @@ class PackedTrainer:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
 
 
-# ------------------------------------------------------------------ loss
-def packed_loss(
-    head: nn.Module,
-    hidden: torch.Tensor,
-    labels: torch.Tensor,
-    segments: Sequence[Any],
-    denoms: dict[int, int],
-) -> tuple[torch.Tensor, dict[int, float]]:
-    """``Σ_i Σ_{t ∈ rows_i} CE_t / N_i`` over target tokens only.
-
-    Args:
-        head: the LM head (hidden -> vocab logits).
-        hidden: ``(R, S, H)`` final hidden states.
-        labels: ``(R, S)`` aligned labels (-100 = ignore); position ``t`` predicts ``t+1``.
-        segments: ``(slot, start, stop)`` rows of each slot.
-        denoms: ``N_i`` per slot (target tokens of the slot's whole step batch).
-
-    Returns:
-        The scalar loss (fp32) and each slot's detached CE sum in this micro-batch.
-    """
-    targets = labels[:, 1:]
-    valid = targets != _IGNORE
-    row_w = torch.zeros(labels.shape[0], dtype=torch.float32, device=labels.device)
-    row_slot = torch.full((labels.shape[0],), -1, dtype=torch.long, device=labels.device)
-    slots = []
-    for seg in segments:
-        slot, start, stop = (seg.slot, seg.start, seg.stop) if hasattr(seg, "slot") else seg
-        if stop <= start:
-            continue
-        k = len(slots)
-        row_w[start:stop] = 1.0 / denoms[slot]
-        row_slot[start:stop] = k
-        slots.append(slot)
-    rows = valid.nonzero()[:, 0]
-    h = hidden[:, :-1][valid]
-    t = targets[valid]
-    ce = _chunked_ce(head, h, t)
-    loss = (ce * row_w[rows]).sum()
-    per_slot = torch.zeros(len(slots), dtype=torch.float64, device=labels.device)
-    per_slot.index_add_(0, row_slot[rows], ce.detach().to(torch.float64))
-    return loss, dict(zip(slots, per_slot.tolist(), strict=True))
-
-
-def _ce(head: nn.Module, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(head(h).float(), t, reduction="none")
-
-
-def _chunked_ce(head: nn.Module, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """Per-token CE of ``head(h)`` without holding all logits (recomputed in backward)."""
-    vocab = head.weight.shape[0]
-    chunk = max(1, _LOGIT_CHUNK // vocab)
-    if h.shape[0] <= chunk:
-        return _ce(head, h, t)
-    parts = [
-        checkpoint(_ce, head, h[i : i + chunk], t[i : i + chunk], use_reentrant=False)
-        for i in range(0, h.shape[0], chunk)
-    ]
-    return torch.cat(parts)
-
-
 # --------------------------------------------------------------- helpers
 def _plan_micro_batches(
     batches: dict[int, list[Any]], max_rows: int | None
@@ -560,17 +411,6 @@ def _truncate(ex: Any, n: int) -> Any:
     import dataclasses
 
     return dataclasses.replace(ex, input_ids=list(ex.input_ids[:n]), labels=list(ex.labels[:n]))
-
-
-def _batch_to(pb: Any, device: torch.device) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(
-        pb,
-        input_ids=pb.input_ids.to(device),
-        attention_mask=pb.attention_mask.to(device),
-        labels=pb.labels.to(device),
-    )
 
 
 def _model_device(model: nn.Module) -> torch.device:

@@ -10,7 +10,7 @@ from _engine_testlib import tiny_model
 from torch import nn
 
 from plora.config import PROJECTIONS, LoRAConfig
-from plora.engine import lora
+from plora.engine import fused, lora
 from plora.engine.lora import (
     RANK_ALIGN,
     PackedLoRALinear,
@@ -159,8 +159,9 @@ def test_kernel_hook_matches_torch_path_with_filler_slots():
     x = torch.randn(10, 3, 24, requires_grad=True)
     table = [(0, 1, 3), (1, 3, 5), (2, 5, 6), (4, 8, 10)]
     routing = lora.Routing(segments=tuple(table))
+    fused_forward = fused.fused_forward
     pieces = layer._pieces(routing, x.shape[0])
-    y_kernel = lora._kernel_forward(packed_lora_reference, layer, x, pieces, routing)
+    y_kernel = fused_forward(packed_lora_reference, layer, x, pieces, seed=0)
     y_torch = lora._add_rows(
         layer.base_layer(x), lora._lora_delta(layer, x, pieces, routing), pieces
     )
