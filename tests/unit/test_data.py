@@ -152,7 +152,7 @@ def test_metric_auto_and_explicit(qtok, tmp_path):
     assert all(ex.label == ex.answer for ex in ds.train + ds.eval)
     text = _jsonl(tmp_path / "t.jsonl", [{"text": f"line {i}"} for i in range(5)])
     assert load_dataset(DatasetSpec(path=text), qtok).metric == "none"
-    with pytest.raises(ConfigError, match="metric='accuracy'.*plain text"):
+    with pytest.raises(ConfigError, match=r"metric='accuracy'.*plain text"):
         load_dataset(DatasetSpec(path=text, metric="accuracy"), qtok)
     assert load_dataset(DatasetSpec(builtin="sentiment", num_examples=20), qtok).labels == ["neg", "pos"]  # fmt: skip
 
@@ -163,18 +163,18 @@ def test_metric_auto_and_explicit(qtok, tmp_path):
         (
             ['{"prompt": "a", "completion": "b"}', '{"prompt": "a"}'],
             r"d\.jsonl:2: row has no usable fields \(keys: prompt\); give each row",
-        ),  # fmt: skip
+        ),
         (['{"prompt": "a", "completion": "b"}', "", "{oops"], r"d\.jsonl:3: invalid JSON"),
         (["[1, 2]"], r"d\.jsonl:1: row is a list, not a JSON object"),
         (['{"prompt": "a", "completion": 7}'], r"d\.jsonl:1: completion=7: must be a string"),
         (
             ['{"messages": [{"role": "user", "content": "x"}]}'],
             r"d\.jsonl:1: messages: has no assistant turn",
-        ),  # fmt: skip
+        ),
         (
             ['{"messages": [{"role": "user"}]}'],
             r"d\.jsonl:1: messages\[0\]=.*needs string 'role' and 'content'",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_bad_rows_name_file_line_and_key(qtok, tmp_path, lines, pattern):

@@ -57,12 +57,12 @@ def test_tiny_config_shapes(name):
 
 
 def test_tiny_config_unknown_name():
-    with pytest.raises(ConfigError, match="tiny-gpt.*choose one of tiny-qwen2, tiny-llama"):
+    with pytest.raises(ConfigError, match=r"tiny-gpt.*choose one of tiny-qwen2, tiny-llama"):
         tiny_config("tiny-gpt")
 
 
 def test_load_model_builtin(tiny):
-    name, model, tok = tiny
+    _, model, tok = tiny
     assert not model.training and model.dtype == torch.float32
     assert sum(p.numel() for p in model.parameters()) == _expected_params(model.config)
     assert len(tok) == model.config.vocab_size == VOCAB_SIZE
@@ -172,7 +172,7 @@ def test_pretrained_base_beats_random_init():
 
 def test_load_model_errors(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         load_model(str(tmp_path / "empty"))
     with pytest.raises(
         ConfigError, match=r"model.name_or_path='no-such-org/no-such-model': cannot load"
