@@ -128,7 +128,11 @@ class SweepCostModel:
         self.last_refit: RefitReport | None = None
         coef = coefficients or DEFAULT_COEFFICIENTS
         self.timer = StepTimeModel(
-            spec, self.gpu, coef, weight_bytes=base_weight_bytes(spec, memory.precision)
+            spec,
+            self.gpu,
+            coef,
+            weight_bytes=base_weight_bytes(spec, memory.precision),
+            recompute=memory.checkpointing,
         )
         self._capacity = float(hardware.load_factor) * float(hardware.gpu_memory_gib) * GIB
         self._clear()
@@ -358,20 +362,19 @@ def build_cost_model(
 
     Args:
         sweep: the sweep (model, dataset, hardware, planner options).
-        dataset_size: training examples; default ``dataset.num_examples`` less the held-out
-            ``eval_fraction`` (when there is no ``eval_path``).
+        dataset_size: training examples; default ``dataset.num_examples`` (the training
+            rows; held-out rows come on top).
         profile_dir: profile store directory (default ``~/.cache/plora/profiles``).
         use_profile: read the stored (model, GPU type) profile, if any, and plan from it.
         memory: memory options; default: plora's engine (bf16 autocast with fp32 LoRA state
-            on GPUs, fp32 on CPU; chunked recomputed cross-entropy; no checkpointing).
+            on GPUs, fp32 on CPU; chunked recomputed cross-entropy; activation checkpointing
+            as ``training.gradient_checkpointing`` says).
     """
     hw = sweep.hardware
     spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
     gpu = gpu_spec(hw.gpu_type, peak_tflops=getattr(hw, "peak_tflops", None))
     if dataset_size is None:
-        ds = sweep.dataset
-        n = int(ds.num_examples)
-        dataset_size = n if ds.eval_path else max(1, n - round(n * ds.eval_fraction))
+        dataset_size = int(sweep.dataset.num_examples)
     if memory is None:
         fp32 = getattr(hw, "is_cpu", False) or sweep.model.dtype == "float32"
         ckpt = bool(getattr(getattr(sweep, "training", None), "gradient_checkpointing", False))

@@ -338,6 +338,8 @@ class StepTimeModel:
         coefficients: the fitted constants.
         weight_bytes: bytes of the frozen weights (default bf16: 2·params).
         layout: where the per-projection cost ``m`` is paid (:class:`LoRALayout`).
+        recompute: activation checkpointing: every token pays one more forward of the base
+            (``2·P_mm + A_fwd``) and of its LoRA (``2r(in+out)``).
     """
 
     def __init__(
@@ -348,9 +350,11 @@ class StepTimeModel:
         *,
         weight_bytes: float | None = None,
         layout: LoRALayout = LoRALayout.PACKED,
+        recompute: bool = False,
     ) -> None:
         self.spec, self.gpu, self.coefficients = spec, gpu, coefficients
         self.layout = LoRALayout(layout)
+        self.recompute = recompute
         self._weight_bytes = 2.0 * spec.total_params if weight_bytes is None else weight_bytes
 
     # Each part returns its terms as a feature vector over theta (o, 1/e_b, 1/e_l, a, m, 1/e_c)
@@ -373,8 +377,13 @@ class StepTimeModel:
         spec, peak, link = self.spec, self.gpu.peak_flops, self.gpu.link_gbps * 1e9
         tokens = float(load.sequences * seq_len)
         slow = 1.0 + (d - 1) / (2.0 * d) if strat is Strategy.PP else 1.0
-        base = tokens * spec.train_flops_per_token(seq_len) / (peak * d) * slow
-        lora = tokens * spec.lora_flops_per_token(load.rank, load.targets) / (peak * d) * slow
+        base_flops = spec.train_flops_per_token(seq_len)
+        lora_flops = spec.lora_flops_per_token(load.rank, load.targets)
+        if self.recompute:
+            base_flops += spec.forward_flops_per_token(seq_len)
+            lora_flops *= 8.0 / 6.0
+        base = tokens * base_flops / (peak * d) * slow
+        lora = tokens * lora_flops / (peak * d) * slow
         comm = 0.0
         if strat is Strategy.TP:
             comm = tokens * 4 * spec.num_layers * spec.hidden_size * 2.0 * 2 * (d - 1) / d / link

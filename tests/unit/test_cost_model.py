@@ -220,7 +220,7 @@ def _sweep(**hardware) -> SweepConfig:
 def test_build_from_a_sweep_and_plan_from_a_stored_profile(tmp_path) -> None:
     sweep = _sweep()
     cm = build_cost_model(sweep, profile_dir=tmp_path)
-    assert cm.seq_len == 512 and cm.dataset_size == 900 and cm.gpu.name == "H100"
+    assert cm.seq_len == 512 and cm.dataset_size == 1000 and cm.gpu.name == "H100"
     assert cm.strategies() == (Strategy.TP,)
     assert cm.coefficients == DEFAULT_COEFFICIENTS
     assert cm.capacity(1) == pytest.approx(0.9 * 80 * GIB)
@@ -244,3 +244,30 @@ def test_build_from_a_sweep_and_plan_from_a_stored_profile(tmp_path) -> None:
 def test_build_rejects_unknown_gpu_speed(tmp_path) -> None:
     with pytest.raises(ConfigError, match="no known peak"):
         build_cost_model(_sweep(gpu_type="MI300X", gpu_memory_gib=192), profile_dir=tmp_path)
+
+
+def test_checkpointing_trades_memory_for_time(tmp_path) -> None:
+    import plora.config as config
+
+    if not hasattr(config, "TrainingOptions"):
+        pytest.skip("training options not in plora.config yet")
+    data = {
+        "name": "ckpt",
+        "model": "Qwen/Qwen2.5-7B",
+        "dataset": {"builtin": "arithmetic", "num_examples": 1000, "max_seq_len": 1024},
+        "space": {"lr": 1.0e-4, "rank": 8, "alpha": 16, "batch_size": 8, "max_steps": 10},
+        "hardware": {"gpu_type": "A100-40GB"},
+    }
+    plain = build_cost_model(SweepConfig.from_dict(data), use_profile=False)
+    ckpt = build_cost_model(
+        SweepConfig.from_dict({**data, "training": {"gradient_checkpointing": True}}),
+        use_profile=False,
+    )
+    k = LoRAConfig(rank=8, alpha=16, lr=1e-4, batch_size=8, max_steps=10)
+    assert ckpt.memory.checkpointing and not plain.memory.checkpointing
+    assert ckpt.config_memory(k, 1) < 0.25 * plain.config_memory(k, 1)
+    # one more forward of the base: about 4/3 of the frozen-base training FLOPs
+    assert 1.2 < ckpt.config_time(k, 1) / plain.config_time(k, 1) < 1.5
+    # the paper's batch-8, seq-1024 config of a 7B model fits a 40 GB A100 only with it
+    assert plain.base_memory(1) + plain.config_memory(k, 1) > plain.capacity(1)
+    assert ckpt.base_memory(1) + ckpt.config_memory(k, 1) < ckpt.capacity(1)
