@@ -9,9 +9,11 @@
   :class:`~plora.cost.throughput.StepTimeModel`: a config pays for its own tokens for the
   steps it trains, the job pays its per-step overhead until its longest config is done.
 
-Every per-config answer is cached by ``(config_id, d, strategy)``: the planner asks thousands
-of times. :meth:`SweepCostModel.refit` returns a new model whose coefficients (and activation
-scale, when peaks were measured) come from measured steps, with a :class:`RefitReport`.
+Every per-config answer is cached by the config's shape (rank, targets, batch size, dropout)
+and ``(d, strategy)``: the planner asks thousands of times, and configs differing only in
+lr, alpha, schedule or seed share an entry. :meth:`SweepCostModel.refit` returns a new model
+whose coefficients (and activation scale, when peaks were measured) come from measured steps,
+with a :class:`RefitReport`.
 """
 
 from __future__ import annotations
@@ -174,7 +176,17 @@ class SweepCostModel:
     def config_memory(self, config: LoRAConfig, d: int, strategy: Strategy | None = None) -> float:
         """Adapter state and the activations of the config's rows per GPU, bytes."""
         strat = self._key(d, strategy)
-        key = ("mem", config.config_id, d, strat)
+        # Memory depends on the shape of the config only: configs differing in lr, alpha,
+        # schedule or seed share one entry.
+        key = (
+            "mem",
+            config.rank,
+            config.target_modules,
+            config.batch_size,
+            config.dropout > 0,
+            d,
+            strat,
+        )
         if key not in self._cache:
             self._cache[key] = self.config_breakdown(config, d, strat).total
         return self._cache[key]
@@ -223,11 +235,11 @@ class SweepCostModel:
     def config_time(self, config: LoRAConfig, d: int, strategy: Strategy | None = None) -> float:
         """``steps_k · t_k(d, strategy)``: what config k's rows add to any job it is in."""
         strat = self._key(d, strategy)
-        key = ("time", config.config_id, d, strat)
+        key = ("step", config.rank, config.target_modules, config.batch_size, d, strat)
         if key not in self._cache:
-            per_step = self.timer.adapter_step_time(AdapterLoad.of(config), self.seq_len, d, strat)
-            self._cache[key] = self.steps(config) * per_step
-        return self._cache[key]
+            load = AdapterLoad.of(config)
+            self._cache[key] = self.timer.adapter_step_time(load, self.seq_len, d, strat)
+        return self.steps(config) * self._cache[key]
 
     def job_time(
         self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy | None = None
