@@ -1,9 +1,11 @@
 """The one bridge from :class:`~plora.engine.lora.PackedLoRALinear` to ``plora.kernels``.
 
-On CUDA, when ``plora.kernels.packed_lora_linear`` (Triton) is importable, a packed layer's
+On CUDA in bf16/fp16 (autocast or half weights), when ``plora.kernels.packed_lora_linear``
+(Triton) is importable, a packed layer's
 whole output ``y = x·Wᵀ + b + Σ_i s_i·(drop_i(x_i)·A_iᵀ)·B_iᵀ`` is one fused call over the
 rank-concatenated factors (ranks zero-padded to :data:`RANK_ALIGN`) and a token segment table.
-Everything else runs the torch reference in :mod:`plora.engine.lora`.
+Everything else -- CPU, float32 on CUDA (the exactness mode), or no Triton -- runs the torch
+reference in :mod:`plora.engine.lora`.
 """
 
 from __future__ import annotations

@@ -220,7 +220,7 @@ class PackedLoRALinear(nn.Module):
         pieces = self._pieces(routing, x.shape[0])
         if not pieces:
             return self.base_layer(x)
-        fn = kernel() if x.is_cuda else None
+        fn = kernel() if x.is_cuda and _compute_dtype(x) in _FUSED_DTYPES else None
         if fn is not None:
             return fused_forward(fn, self, x, pieces, seed=_mix(routing.nonce, self.key))
         return _add_rows(self.base_layer(x), _lora_delta(self, x, pieces, routing), pieces)
@@ -236,6 +236,16 @@ class PackedLoRALinear(nn.Module):
     def extra_repr(self) -> str:
         ranks = {s: spec.rank for s, spec in sorted(self.specs.items())}
         return f"in={self.in_features}, out={self.out_features}, key={self.key}, slots={ranks}"
+
+
+#: Compute dtypes that take the fused kernels; float32 on CUDA runs the exact torch path.
+_FUSED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
 def _dropped_input(

@@ -60,7 +60,8 @@ def _train(base, data, backend: str, *, dtype=None, ckpt=False):
         lora.set_kernel_backend("auto")
 
 
-def test_fp32_kernel_path_equals_peft_alone():
+def test_fp32_on_cuda_equals_peft_alone():
+    """float32 on CUDA takes the exact torch path (the fused kernels serve bf16/fp16)."""
     base = tiny_model("qwen2").cuda()
     data = toy_dataset()
     losses, weights, inits, trainer = _train(base, data, "auto", dtype=torch.float32)
@@ -70,11 +71,11 @@ def test_fp32_kernel_path_equals_peft_alone():
         ref_losses, ref_w, _ = peft_reference(base, cfg, init, data, cfg.max_steps)
         ref_w = {k: v.cpu() for k, v in ref_w.items()}
         err = adapter_rel_err(weights[cfg.config_id], ref_w)
-        print(cfg.config_id, "fp32 kernels vs PEFT: weights", f"{err:.2e}")
+        print(cfg.config_id, "fp32 cuda vs PEFT: weights", f"{err:.2e}")
         torch.testing.assert_close(
-            torch.tensor(losses[cfg.config_id]), torch.tensor(ref_losses), rtol=1e-3, atol=1e-4
+            torch.tensor(losses[cfg.config_id]), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6
         )
-        assert err < 1e-3
+        assert err < 1e-4
 
 
 def test_bf16_kernel_path_matches_torch_path():
