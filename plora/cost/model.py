@@ -139,10 +139,13 @@ class SweepCostModel:
         self._capacity = float(hardware.load_factor) * float(hardware.gpu_memory_gib) * GIB
         self._clear()
         if coefficients is None and profile is not None and profile.samples:
-            if profile.coefficients is not None:
-                self.timer.coefficients = profile.coefficients
-            else:
-                self.timer.coefficients = fit(profile.samples, self.timer)
+            # Plan from the measurements: the profile's coefficients (or a fit of its samples)
+            # and the activation scale its measured peaks imply.
+            fitted = self.refit(profile.samples)
+            self.timer.coefficients = profile.coefficients or fitted.coefficients
+            self.memory = fitted.memory
+            self.last_refit = fitted.last_refit
+            self._clear()
 
     def _clear(self) -> None:
         self._cache: dict[tuple, float] = {}

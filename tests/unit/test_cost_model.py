@@ -11,7 +11,7 @@ import pytest
 
 from plora.config import PROJECTIONS, ConfigError, HardwareConfig, LoRAConfig, SweepConfig
 from plora.cost import CostModel, Strategy
-from plora.cost.memory import GIB, MemoryOptions, adapter_memory, base_memory
+from plora.cost.memory import GIB, Loss, MemoryOptions, adapter_memory, base_memory
 from plora.cost.model import SweepCostModel, build_cost_model
 from plora.cost.profile import ProfileStore
 from plora.cost.throughput import (
@@ -271,3 +271,27 @@ def test_checkpointing_trades_memory_for_time(tmp_path) -> None:
     # the paper's batch-8, seq-1024 config of a 7B model fits a 40 GB A100 only with it
     assert plain.base_memory(1) + plain.config_memory(k, 1) > plain.capacity(1)
     assert ckpt.base_memory(1) + ckpt.config_memory(k, 1) < ckpt.capacity(1)
+
+
+def test_stored_peaks_rescale_activation_memory(tmp_path) -> None:
+    sweep = _sweep()
+    # what the engine really uses: 1.5x the activations the model predicts
+    memory = MemoryOptions(loss=Loss.FUSED, activation_scale=1.5)
+    truth = build_cost_model(sweep, use_profile=False, memory=memory)
+    ks = [
+        LoRAConfig(rank=r, alpha=16, lr=1e-4, batch_size=b, max_steps=10)
+        for r in (8, 64)
+        for b in (1, 4)
+    ]
+    samples = []
+    for n in (1, 2, 3):
+        pack = ks[:n] + ks[-n:]
+        peak = truth.pack_memory(pack, 1) - truth.memory.reserved_bytes
+        samples.append(
+            StepSample.from_configs(pack, seq_len=512, step_time_s=0.1 * n, peak_memory_bytes=peak)
+        )
+    ProfileStore(tmp_path).record("Qwen/Qwen2.5-7B", "H100", samples)
+    planned = build_cost_model(sweep, profile_dir=tmp_path)
+    assert planned.memory.activation_scale == pytest.approx(1.5, rel=1e-6)
+    assert planned.config_memory(ks[1], 1) == pytest.approx(truth.config_memory(ks[1], 1), rel=1e-9)
+    assert planned.last_refit is not None and planned.last_refit.num_samples == 3
