@@ -151,6 +151,7 @@ def peft_reference(
     for step in range(steps):
         clock[0] = step
         batch = collate([dataset.train[i] for i in stream.next_batch()])
+        batch = {k: v.to(params[0].device) for k, v in batch.items()}
         loss = pm(**batch).loss
         loss.backward()
         if config.max_grad_norm is not None:
