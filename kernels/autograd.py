@@ -45,16 +45,19 @@ class _PackedLoRA(torch.autograd.Function):
         s_buf = ops.shrink(
             x2d, lora_a, (lora_a.stride(0), lora_a.stride(1)), table, meta, seed, dropout=True
         )
-        b_strides = (lora_b.stride(0), lora_b.stride(1))
+        # Bᵀ (R_tot, out), contiguous along out: the LoRA tiles of y and of dS = dY·B then load
+        # 16-byte vectors along out instead of 2-byte gathers along the rank (a copy of R_tot·out).
+        b_t = lora_b.t().contiguous()
+        b_strides = (b_t.stride(1), b_t.stride(0))  # R[n, o + r] = Bᵀ[o + r, n]
         y = torch.empty(x2d.shape[0], lora_b.shape[0], device=x2d.device, dtype=x2d.dtype)
         if weight is not None and fused_fwd:  # one Triton GEMM: base tile + routed LoRA
             base = (x2d, weight, (weight.stride(0), weight.stride(1)))
-            ops.lora_gemm(y, s_buf, lora_b, b_strides, table, meta, seed, base=base, bias=bias)
+            ops.lora_gemm(y, s_buf, b_t, b_strides, table, meta, seed, base=base, bias=bias)
         else:  # LoRA term (+ bias) written, then cuBLAS adds x·Wᵀ in its epilogue (beta = 1)
-            ops.lora_gemm(y, s_buf, lora_b, b_strides, table, meta, seed, bias=bias)
+            ops.lora_gemm(y, s_buf, b_t, b_strides, table, meta, seed, bias=bias)
             if weight is not None:
                 y.addmm_(x2d, weight.t())
-        ctx.save_for_backward(x2d, weight, lora_a, lora_b, s_buf)
+        ctx.save_for_backward(x2d, weight, lora_a, b_t, s_buf)
         ctx.meta, ctx.seed, ctx.fused_bwd = meta, seed, fused_bwd
         ctx.has_bias = bias is not None
         return y
@@ -63,14 +66,12 @@ class _PackedLoRA(torch.autograd.Function):
     def backward(ctx, dy):
         from . import ops
 
-        x2d, weight, lora_a, lora_b, s_buf = ctx.saved_tensors
+        x2d, weight, lora_a, b_t, s_buf = ctx.saved_tensors
         meta, seed = ctx.meta, ctx.seed
         dy = dy.contiguous()
         table = meta.device_table(dy.device)
         need_x, need_w, need_b, need_a, need_lb = ctx.needs_input_grad[:5]
-        ds = ops.shrink(
-            dy, lora_b, (lora_b.stride(1), lora_b.stride(0)), table, meta, seed, dropout=False
-        )
+        ds = ops.shrink(dy, b_t, (b_t.stride(0), b_t.stride(1)), table, meta, seed, dropout=False)
         a_strides = (lora_a.stride(1), lora_a.stride(0))  # R[n, o + r] = A[o + r, n]
         dx = dw = dbias = da = dlb = None
         if need_x:
@@ -92,17 +93,9 @@ class _PackedLoRA(torch.autograd.Function):
                 x2d, ds, da, (lora_a.stride(1), lora_a.stride(0)), table, meta, seed, dropout=True
             )
         if need_lb:
-            dlb = torch.empty_like(lora_b)
-            ops.wgrad(
-                dy,
-                s_buf,
-                dlb,
-                (lora_b.stride(0), lora_b.stride(1)),
-                table,
-                meta,
-                seed,
-                dropout=False,
-            )
+            dlb = b_t.new_empty(b_t.shape[1], b_t.shape[0])  # (out, R_tot), like lora_b
+            grad_strides = (dlb.stride(0), dlb.stride(1))
+            ops.wgrad(dy, s_buf, dlb, grad_strides, table, meta, seed, dropout=False)
         return dx, dw, dbias, da, dlb, None, None, None, None
 
 

@@ -43,13 +43,13 @@ DEFAULT_CONFIGS: dict[str, dict[str, int]] = {
         "num_warps": 4,
         "num_stages": 2,
     },
-    "wgrad": {"BN": 64, "BT": 64, "num_warps": 4, "num_stages": 3},
+    "wgrad": {"BN": 128, "BT": 64, "BR": 64, "num_warps": 4, "num_stages": 3},
 }
 _INTERPRETER_CONFIGS: dict[str, dict[str, int]] = {
     "shrink": {"BM": 32, "BK": 64},
     "gemm": {"BM": 32, "BN": 64, "BK": 64, "BR": 32, "GROUP_M": 4},
     "lora": {"BM": 32, "BN": 64, "BK": 64, "BR": 32, "GROUP_M": 4},
-    "wgrad": {"BN": 64, "BT": 32},
+    "wgrad": {"BN": 64, "BT": 32, "BR": 16},
 }
 
 
@@ -74,14 +74,25 @@ def _gpu_entry(device_index: int) -> dict[str, Any]:
 CONFIG_OVERRIDES: dict[str, dict[str, int]] = {}
 
 
-def kernel_config(kind: str, device: torch.device) -> dict[str, int]:
-    """Tile config of ``kind`` (shrink, gemm, lora, wgrad) on ``device``."""
+def kernel_config(kind: str, device: torch.device, elem_size: int = 2) -> dict[str, int]:
+    """Tile config of ``kind`` (shrink, gemm, lora, wgrad) on ``device``.
+
+    Configs are tuned for 2-byte operands; for float32 the reduction tile (BK / BT) is halved so
+    the pipelined shared-memory buffers keep the same byte size.
+    """
     if kind in CONFIG_OVERRIDES:
-        return dict(CONFIG_OVERRIDES[kind])
-    if device.type != "cuda" or _interpreting():
+        cfg = dict(CONFIG_OVERRIDES[kind])
+    elif device.type != "cuda" or _interpreting():
         return dict(_INTERPRETER_CONFIGS[kind])
-    tuned = _gpu_entry(device.index or 0).get("configs", {}).get(kind)
-    return dict(tuned or DEFAULT_CONFIGS[kind])
+    else:
+        cfg = dict(
+            _gpu_entry(device.index or 0).get("configs", {}).get(kind) or DEFAULT_CONFIGS[kind]
+        )
+    if elem_size > 2:
+        for key in ("BK", "BT"):
+            if key in cfg:
+                cfg[key] = max(16, cfg[key] * 2 // elem_size)
+    return cfg
 
 
 def choose_fused(phase: str, n_tokens: int, in_features: int, out_features: int, device) -> bool:
@@ -128,7 +139,7 @@ def shrink(
     """
     width = meta.max_rank_pad
     out = torch.empty(inp.shape[0], width, device=inp.device, dtype=inp.dtype)
-    cfg = kernel_config("shrink", inp.device)
+    cfg = kernel_config("shrink", inp.device, inp.element_size())
     launch = _pop_launch(cfg)
     bm = cfg["BM"]
     n_tiles = sum(
@@ -173,7 +184,7 @@ def lora_gemm(
     """
     m, n = out.shape
     kind = "gemm" if base is not None else "lora"
-    cfg = kernel_config(kind, out.device)
+    cfg = kernel_config(kind, out.device, out.element_size())
     launch = _pop_launch(cfg)
     if base is not None:
         p, q_mat, (sqn, sqk) = base
@@ -212,15 +223,18 @@ def wgrad(
     every slot's block, one program per (slot, BN columns), no atomics.
     """
     n = p.shape[1]
-    cfg = kernel_config("wgrad", p.device)
+    cfg = kernel_config("wgrad", p.device, p.element_size())
     launch = _pop_launch(cfg)
     grid = (meta.n_slots, triton_cdiv(n, cfg["BN"]))
+    # Rank chunk: the tuned BR without dropout; with dropout, one chunk (no Philox recompute).
+    full = tk.next_pow2(meta.max_rank_pad)
+    br = full if (dropout and meta.has_dropout) else min(cfg.pop("BR", full), full)
     tk._wgrad_kernel[grid](
         p, q, grad, table, seed,
         n, table.stride(0),
         p.stride(0), p.stride(1), q.stride(0), grad_strides[0], grad_strides[1],
         HAS_DROPOUT=dropout and meta.has_dropout,
-        BN=cfg["BN"], BR=tk.next_pow2(meta.max_rank_pad), BT=cfg["BT"],
+        BN=cfg["BN"], BR=br, BT=cfg["BT"],
         **launch,
     )  # fmt: skip
     return grad

@@ -70,7 +70,7 @@ def _shrink_kernel(
         first_tile = tl.sum(tl.where(idx == slot, cum - tiles, 0), 0)
         seg_start = tl.sum(tl.where(idx == slot, starts, 0), 0)
         seg_end = tl.sum(tl.where(idx == slot, ends, 0), 0)
-        off = _slot_entry(table_ptr, ts, 1, slot)
+        off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, slot), 16)  # rank blocks are 16-aligned
         rank = _slot_entry(table_ptr, ts, 2, slot)
         scale = _slot_float(table_ptr, ts, 3, slot)
         p = _slot_float(table_ptr, ts, 4, slot)
@@ -167,7 +167,7 @@ def _lora_gemm_kernel(
     for j in range(j_first, j_stop):
         start = _slot_entry(table_ptr, ts, 0, j)
         end = _slot_entry(table_ptr, ts, 0, j + 1)
-        off = _slot_entry(table_ptr, ts, 1, j)
+        off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, j), 16)
         rank = _slot_entry(table_ptr, ts, 2, j)
         in_seg = row_ok & (rows >= start) & (rows < end)
         part = tl.zeros((BM, BN), dtype=tl.float32)
@@ -208,43 +208,46 @@ def _wgrad_kernel(
     pid_n = tl.program_id(1)
     start = _slot_entry(table_ptr, ts, 0, slot)
     end = _slot_entry(table_ptr, ts, 0, slot + 1)
-    off = _slot_entry(table_ptr, ts, 1, slot)
+    off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, slot), 16)
     block = _slot_entry(table_ptr, ts, 1, slot + 1) - off
     rank = _slot_entry(table_ptr, ts, 2, slot)
     cols = pid_n * BN + tl.arange(0, BN)
     col_ok = cols < N
-    rr = tl.arange(0, BR)
-    r_ok = rr < rank
-    acc = tl.zeros((BN, BR), dtype=tl.float32)
     if HAS_DROPOUT:
         p = _slot_float(table_ptr, ts, 4, slot)
-    for t0 in range(start, end, BT):
-        tt = t0 + tl.arange(0, BT)
-        t_ok = tt < end
-        tt64 = tt.to(tl.int64)
-        pt = tl.load(
-            p_ptr + tt64[:, None] * stride_pt + cols[None, :] * stride_pn,
-            mask=t_ok[:, None] & col_ok[None, :],
-            other=0.0,
-        )
+    # Rank chunks of BR (outer) x token tiles of BT (inner): a rank-8 slot does one 16..BR chunk
+    # instead of a max-rank-wide tile; the slot's P columns are re-read per chunk from L2.
+    for r0 in range(0, block, BR):
+        rr = r0 + tl.arange(0, BR)
+        r_ok = rr < rank
+        acc = tl.zeros((BN, BR), dtype=tl.float32)
+        for t0 in range(start, end, BT):
+            tt = t0 + tl.arange(0, BT)
+            t_ok = tt < end
+            tt64 = tt.to(tl.int64)
+            pt = tl.load(
+                p_ptr + tt64[:, None] * stride_pt + cols[None, :] * stride_pn,
+                mask=t_ok[:, None] & col_ok[None, :],
+                other=0.0,
+            )
+            if HAS_DROPOUT:
+                keep = _keep(seed, slot, tt - start, cols, N, p)
+                pt = tl.where(keep, pt, 0.0)
+            qt = tl.load(
+                q_ptr + tt64[:, None] * stride_qt + rr[None, :],
+                mask=t_ok[:, None] & r_ok[None, :],
+                other=0.0,
+            )
+            acc = tl.dot(tl.trans(pt), qt, acc)
         if HAS_DROPOUT:
-            keep = _keep(seed, slot, tt - start, cols, N, p)
-            pt = tl.where(keep, pt, 0.0)
-        qt = tl.load(
-            q_ptr + tt64[:, None] * stride_qt + rr[None, :],
-            mask=t_ok[:, None] & r_ok[None, :],
-            other=0.0,
+            acc = acc * (1.0 / (1.0 - p))
+        tl.store(
+            g_ptr
+            + cols.to(tl.int64)[:, None] * stride_gn
+            + (off + rr).to(tl.int64)[None, :] * stride_gr,
+            acc.to(g_ptr.dtype.element_ty),
+            mask=col_ok[:, None] & (rr < block)[None, :],
         )
-        acc = tl.dot(tl.trans(pt), qt, acc)
-    if HAS_DROPOUT:
-        acc = acc * (1.0 / (1.0 - p))
-    tl.store(
-        g_ptr
-        + cols.to(tl.int64)[:, None] * stride_gn
-        + (off + rr).to(tl.int64)[None, :] * stride_gr,
-        acc.to(g_ptr.dtype.element_ty),
-        mask=col_ok[:, None] & (rr < block)[None, :],
-    )
 
 
 def next_pow2(n: int) -> int:
