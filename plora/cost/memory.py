@@ -212,7 +212,11 @@ def base_activation_bytes_per_token(
     strategy: Strategy | None = None,
     options: MemoryOptions = MemoryOptions(),
 ) -> dict[str, float]:
-    """Saved frozen-base activations per token on one GPU: ``{"layers": .., "logits": ..}``."""
+    """Saved frozen-base activations per token a GPU processes: ``{"layers": .., "logits": ..}``.
+
+    Under pipeline parallelism a GPU holds ``L/d`` layers (and, on the last stage, the logits);
+    under FSDP each GPU processes ``1/d`` of the rows (the caller divides the tokens).
+    """
     strat = check_parallel(d, strategy)
     a = options.precision.activation_bytes
     h, i = spec.hidden_size, spec.intermediate_size
@@ -226,17 +230,12 @@ def base_activation_bytes_per_token(
     mlp = (3.0 if options.fused_kernels else 4.0) * a * i
     tp = d if strat is Strategy.TP else 1
     per_layer = replicated + (attn + mlp) / tp
-    if options.checkpointing:
-        layers = a * h * spec.num_layers + per_layer  # layer inputs + one rebuilt layer
-    else:
-        layers = per_layer * spec.num_layers + norm  # + final norm
-    if strat is Strategy.PP:
-        layers /= d
+    n_layers = spec.num_layers / d if strat is Strategy.PP else spec.num_layers
+    # checkpointing: the layer inputs plus one rebuilt layer; else every layer + the final norm
+    kept = a * h * n_layers + per_layer if options.checkpointing else per_layer * n_layers + norm
     logits = _logit_bytes(Loss(options.loss), a) * spec.vocab_size
     scale = options.activation_scale
-    if strat is Strategy.FSDP:  # rows are split over the d GPUs
-        return {"layers": scale * layers / d, "logits": scale * logits / d}
-    return {"layers": scale * layers, "logits": scale * logits}
+    return {"layers": scale * kept, "logits": scale * logits}
 
 
 def adapter_param_count(
@@ -288,7 +287,7 @@ def adapter_memory(
         grads = grads / d if z >= 2 else grads
         params = params / d if z >= 3 else params
     tokens = float(batch_size * seq_len)
-    if strat is Strategy.FSDP:
+    if strat is Strategy.FSDP:  # rows are split over the d GPUs
         tokens /= d
     a = prec.activation_bytes
     # x·A (rank r) per targeted projection; with dropout also dropout(x) and its 1-byte mask.
@@ -302,8 +301,6 @@ def adapter_memory(
     if strat is Strategy.PP:
         layers_live = max(1.0, layers_live / d)
     base_act = base_activation_bytes_per_token(spec, seq_len, d=d, strategy=strat, options=options)
-    if strat is Strategy.FSDP:  # already divided per token; use the per-GPU row count instead
-        base_act = {k: v * d for k, v in base_act.items()}
     return MemoryBreakdown(
         components={
             "lora_params": params,
