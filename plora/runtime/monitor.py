@@ -9,6 +9,7 @@ The driver drains and posts a few times per second.
 from __future__ import annotations
 
 import os
+import socket
 from collections import defaultdict
 from typing import Any
 
@@ -105,6 +106,7 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **kwargs)
         return True
+    check_address(address)
     try:  # the job's runtime_env (``ray job submit --working-dir``) is left as submitted
         ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
@@ -114,6 +116,27 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
             "`ray start --head` or drop --address to run locally"
         ) from None
     return False
+
+
+def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:
+    """Fail fast on an unreachable ``host:port`` (Ray itself retries for minutes)."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None or address == "auto" or address.startswith("local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(
+            f"--address {address}: not host:port, ray://host:port or auto; "
+            "e.g. --address 10.0.0.1:6379"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"--address {address}: cannot reach a Ray cluster ({e.strerror or e}); start one with "
+            "`ray start --head` or drop --address to run locally"
+        ) from None
 
 
 def check_gpus(num_gpus: int) -> float:
@@ -143,4 +166,11 @@ def _has_cuda() -> bool:
         return False
 
 
-__all__ = ["CoordinatorActor", "check_gpus", "connect", "cpus_per_worker", "start_relay"]
+__all__ = [
+    "CoordinatorActor",
+    "check_address",
+    "check_gpus",
+    "connect",
+    "cpus_per_worker",
+    "start_relay",
+]

@@ -31,7 +31,7 @@ import ray
 from plora.config import ConfigError, SweepConfig
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.job import JobHandle, launch_job, stop_job
-from plora.runtime.monitor import check_gpus, connect, cpus_per_worker, start_relay
+from plora.runtime.monitor import check_address, check_gpus, connect, cpus_per_worker, start_relay
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec, StaticSource
 from plora.runtime.store import (
     SweepStore,
@@ -147,6 +147,7 @@ def run_sweep(
     options = options or RunOptions()
     t0 = time.monotonic()
     out = check_out_dir(out, resume=resume)
+    check_address(address)
     store: SweepStore | None = None
     if resume:
         store = SweepStore(out)
@@ -324,15 +325,14 @@ class _Driver:
 
 
 def _load_tokenizer(ref: Any) -> Any:
-    import plora.models as models
-
-    if hasattr(models, "load_tokenizer"):
-        return models.load_tokenizer(ref)
-    if ref.is_builtin:
-        return models.load_model(ref)[1]
+    """The base model's tokenizer alone (no weights): built-ins resolve to their local dir."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(ref.name_or_path, trust_remote_code=ref.trust_remote_code)
+    from plora.models import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(
+        resolve_model_path(ref), trust_remote_code=ref.trust_remote_code
+    )
 
 
 def _first_line(e: BaseException) -> str:

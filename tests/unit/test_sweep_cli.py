@@ -1,0 +1,94 @@
+"""``plora sweep`` / ``plora status``: bad inputs give one error line, exit 2, and no sweep dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from plora.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def sweep_file(tmp_path: Path, **changes) -> Path:
+    data = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            data[section] = {**(data.get(section) or {}), field: value}
+            if field == "path":
+                data[section].pop("builtin", None)
+        else:
+            data[section] = value
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def assert_one_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [x for x in result.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def no_sweep_dir(out: Path) -> None:
+    assert not out.exists()
+    assert not list(out.parent.glob(f".{out.name}.tmp-*"))
+
+
+@pytest.mark.parametrize(
+    ("changes", "needles"),
+    [
+        ({"dataset__path": "missing.jsonl"}, ("missing.jsonl", "not found")),
+        ({"model": "./no/such/model/dir"}, ("model.name_or_path", "model directory not found")),
+    ],
+)
+def test_bad_inputs_fail_before_any_dir(tmp_path, changes, needles) -> None:
+    out = tmp_path / "out"
+    assert_one_error(
+        run("sweep", str(sweep_file(tmp_path, **changes)), "--out", str(out)), *needles
+    )
+    no_sweep_dir(out)
+
+
+def test_empty_dataset(tmp_path) -> None:
+    (tmp_path / "empty.jsonl").write_text("")
+    out = tmp_path / "out"
+    path = sweep_file(tmp_path, dataset__path=str(tmp_path / "empty.jsonl"))
+    result = run("sweep", str(path), "--out", str(out))
+    assert_one_error(result, "empty.jsonl")
+    no_sweep_dir(out)
+
+
+def test_unreachable_address(tmp_path) -> None:
+    out = tmp_path / "out"
+    result = run("sweep", str(sweep_file(tmp_path)), "--out", str(out), "--address", "127.0.0.1:1")
+    assert_one_error(result, "--address 127.0.0.1:1", "cannot reach")
+    no_sweep_dir(out)
+
+
+def test_unwritable_out(tmp_path) -> None:
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    out = blocker / "sub" / "out"
+    assert_one_error(
+        run("sweep", str(sweep_file(tmp_path)), "--out", str(out)), "--out", "writable"
+    )
+
+
+def test_existing_out_needs_resume_and_resume_needs_a_sweep(tmp_path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    path = str(sweep_file(tmp_path))
+    assert_one_error(run("sweep", path, "--out", str(out)), "already exists", "--resume")
+    assert_one_error(run("sweep", path, "--out", str(out), "--resume"), "no sweep to resume")
+    assert_one_error(run("status", str(out)), "not a plora sweep directory")
