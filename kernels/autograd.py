@@ -116,8 +116,6 @@ def _check_tensors(x, weight, bias, lora_a, lora_b) -> None:
         )
     if bias is not None and tuple(bias.shape) != (out_f,):
         raise ConfigError(f"packed_lora: bias has shape {tuple(bias.shape)}; expected ({out_f},)")
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ConfigError(f"packed_lora: x has dtype {x.dtype}; use float16, bfloat16 or float32")
 
 
 def _use_triton(x: torch.Tensor, backend: Backend) -> bool:
@@ -129,6 +127,11 @@ def _use_triton(x: torch.Tensor, backend: Backend) -> bool:
 def _run(x, weight, bias, lora_a, lora_b, table_args, seed, fused) -> torch.Tensor:
     from . import ops
 
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ConfigError(
+            f"packed_lora: x has dtype {x.dtype}; the Triton kernels take float16, bfloat16 or "
+            "float32 (use backend='torch' for others)"
+        )
     x2d = x.reshape(-1, x.shape[-1])
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()
