@@ -150,8 +150,12 @@ class SweepStore:
 
     def flush_metrics(self) -> None:
         """Rewrite ``metrics.parquet`` with every row so far (atomic)."""
-        if self._metrics is None:
-            self._metrics = self.read_metrics()
+        if self._metrics is None:  # rows already on disk (a resumed sweep appends to them)
+            self._metrics = (
+                pd.read_parquet(self.metrics_parquet)
+                if self.metrics_parquet.is_file()
+                else pd.DataFrame(columns=list(METRIC_COLUMNS))
+            )
         if not self._metrics_buffer and self.metrics_parquet.exists():
             return
         new = pd.DataFrame(self._metrics_buffer, columns=list(METRIC_COLUMNS))

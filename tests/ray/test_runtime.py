@@ -100,6 +100,7 @@ def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> Non
         assert Path(res.loc[c.config_id, "adapter_path"], "adapter.json").is_file()
     m = store.read_metrics()
     assert m.groupby("config_id")["step"].max().to_dict() == {c.config_id: c.max_steps for c in cs}
+    assert not m.duplicated(["config_id", "step"]).any() and len(m) == sum(c.max_steps for c in cs)
     kinds = [d["kind"] for d in store.read_decisions()]
     assert kinds.count("start_job") == len(jobs) and kinds[-1] == "sweep_done"
     assert kinds.count("refit") == len(jobs)  # every finished job refits the cost model

@@ -1,0 +1,81 @@
+"""The sweep directory: atomic creation, plan history, parquet tables, torn decision lines."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from plora.config import ConfigError
+from plora.runtime.store import SweepStore, check_out_dir, create_sweep_dir
+
+
+def test_create_sweep_dir_is_atomic(tmp_path) -> None:
+    out = tmp_path / "sweep"
+    with pytest.raises(RuntimeError), create_sweep_dir(out) as store:
+        store.write_state({"x": 1})
+        assert store.root != out and store.state_json.is_file()
+        raise RuntimeError("planner failed")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    with create_sweep_dir(out) as store:
+        store.write_state({"x": 2})
+    assert store.root == out and json.loads((out / "state.json").read_text()) == {"x": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep"]
+
+
+def test_plan_history_and_latest(tmp_path) -> None:
+    store = SweepStore(tmp_path)
+    assert store.write_plan({"jobs": [], "n": 0}) == 0
+    assert store.write_plan({"jobs": [], "n": 1}) == 1
+    assert store.read_plan() == {"jobs": [], "n": 1}
+    assert json.loads((tmp_path / "plans" / "plan-000.json").read_text())["n"] == 0
+
+
+def test_metrics_accumulate_across_flushes_and_reopen(tmp_path) -> None:
+    store = SweepStore(tmp_path)
+    rows = [
+        {"config_id": "a", "job_id": "j1", "step": s, "loss": 1.0 / s, "time": float(s)}
+        for s in (1, 2)
+    ]
+    store.append_metrics(rows[:1])
+    store.flush_metrics()
+    store.append_metrics(rows[1:])
+    assert list(store.read_metrics()["step"]) == [1, 2]  # buffered rows are visible
+    store.flush_metrics()
+    again = SweepStore(tmp_path)  # a resumed driver sees the rows on disk and appends to them
+    again.append_metrics([{"config_id": "b", "job_id": "j2", "step": 1, "loss": 0.5, "time": 3.0}])
+    again.flush_metrics()
+    df = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert list(df["config_id"]) == ["a", "a", "b"] and list(df["step"]) == [1, 2, 1]
+
+
+def test_decisions_skip_a_torn_last_line(tmp_path) -> None:
+    store = SweepStore(tmp_path)
+    store.append_decision({"kind": "plan"})
+    store.append_decision({"kind": "start_job"})
+    with open(store.decisions_jsonl, "a") as f:
+        f.write('{"kind": "job_d')  # driver killed mid-write
+    assert [d["kind"] for d in store.read_decisions()] == ["plan", "start_job"]
+
+
+def test_jobs_table_keeps_lists(tmp_path) -> None:
+    store = SweepStore(tmp_path)
+    store.write_jobs([{"job_id": "j1", "config_ids": ["a", "b"], "gpus": 1, "gpu_ids": [3],
+                       "node": "n", "start": 0.0, "end": 1.0, "status": "done", "attempt": 0,
+                       "strategy": None}])  # fmt: skip
+    jobs = store.read_jobs()
+    assert list(jobs.loc[0, "config_ids"]) == ["a", "b"] and list(jobs.loc[0, "gpu_ids"]) == [3]
+
+
+def test_check_out_dir(tmp_path) -> None:
+    assert check_out_dir(tmp_path / "new" / "deeper", resume=False) == tmp_path / "new" / "deeper"
+    (tmp_path / "old").mkdir()
+    with pytest.raises(ConfigError, match="already exists"):
+        check_out_dir(tmp_path / "old", resume=False)
+    with pytest.raises(ConfigError, match="no sweep to resume"):
+        check_out_dir(tmp_path / "old", resume=True)
+    (tmp_path / "old" / "state.json").write_text("{}")
+    assert check_out_dir(tmp_path / "old", resume=True) == tmp_path / "old"
+    with pytest.raises(ConfigError, match="not a plora sweep"):
+        SweepStore(tmp_path / "new").read_state()
