@@ -270,8 +270,8 @@ class SweepCostModel:
         """A new model fitted to ``measurements`` (this model's coefficients are the prior).
 
         Step times refit every coefficient the samples identify; measured peaks (d = 1)
-        rescale the activation memory (mLoRA's ``β0 + β1·B·L + β2·B·L²`` fit when the peaks
-        span several batch x length sizes, else the ratio measured / predicted).
+        rescale the activation memory by the smallest factor that covers every measured peak
+        (mLoRA's ``β0 + β1·B·L + β2·B·L²`` fit of the peaks goes into the report).
         The result's :attr:`last_refit` says what changed.
         """
         samples = list(measurements)
@@ -335,24 +335,18 @@ class SweepCostModel:
             predicted.append(act)
         if not points:
             return None, None
-        try:
+        try:  # mLoRA's fit, reported for the log
             mfit: MemoryFit | None = fit_memory(points)
-        except ConfigError:  # one batch x length size: fall back to the ratio
+        except ConfigError:  # a single batch x length size
             mfit = None
-        if mfit is not None:
-            one = adapter_memory(
-                self.spec,
-                rank=1,
-                targets=("q_proj",),
-                batch_size=1,
-                seq_len=self.seq_len,
-                options=unit,
-            ).components
-            per_seq = one["base_activations"] + one["logits"]
-            scale = mfit.per_sequence(self.seq_len) / per_seq
-        else:
-            p, m = np.array(predicted), np.array(measured)
-            scale = float(p @ m / (p @ p))
+        # Conservative: the smallest scale under which every measured peak is covered. A
+        # least-squares scale would under-predict half of the jobs, and under-predicting
+        # memory means OOM, over-predicting only a smaller pack.
+        scale = max(
+            (m / p for m, p in zip(measured, predicted, strict=True) if p > 0), default=None
+        )
+        if scale is None:
+            return None, mfit
         return float(min(max(scale, _SCALE_RANGE[0]), _SCALE_RANGE[1])), mfit
 
 
