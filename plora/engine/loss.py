@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 _IGNORE = -100
 #: Above this many logits (tokens x vocab) per chunk, the head + CE is recomputed in backward.
-_LOGIT_CHUNK = 1 << 24
+_LOGIT_CHUNK = 1 << 26
 
 
 def packed_loss(
