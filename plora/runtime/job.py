@@ -18,12 +18,27 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from plora.config import ConfigError
 from plora.runtime.records import JobSpec
 from plora.runtime.worker import PackWorker
+
+#: Strategies a job's workers can run for d > 1 (none until plora.parallel's engine lands).
+RUNTIME_STRATEGIES: frozenset[str] = frozenset()
 
 
 class UnsupportedJobError(RuntimeError):
     """A job asks for something the engine cannot run yet (d > 1 without a parallel strategy)."""
+
+
+def check_strategies(strategies: Any) -> None:
+    """ConfigError, before anything starts, when the plan may use d > 1 strategies the runtime
+    cannot run (``planner.strategies`` set, or ``plora.parallel`` listing more than the runtime)."""
+    bad = sorted(str(s) for s in strategies if str(s) not in RUNTIME_STRATEGIES)
+    if bad:
+        raise ConfigError(
+            f"planner.strategies: {', '.join(bad)} cannot run yet: plora's runtime trains only "
+            "d = 1 jobs (one GPU each); remove planner.strategies from the sweep"
+        )
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -51,7 +66,7 @@ def launch_job(
     run_args: dict[str, Any],
     cpus_per_worker: float = 1.0,
     name_prefix: str = "plora",
-    parallel_strategies: frozenset[str] = frozenset(),
+    parallel_strategies: frozenset[str] = RUNTIME_STRATEGIES,
 ) -> JobHandle:
     """Start ``spec`` on ``spec.gpus`` workers; returns at once (results arrive on ``refs``).
 
@@ -123,4 +138,11 @@ def stop_job(handle: JobHandle) -> None:
         remove_placement_group(handle.pg)
 
 
-__all__ = ["JobHandle", "UnsupportedJobError", "launch_job", "stop_job"]
+__all__ = [
+    "RUNTIME_STRATEGIES",
+    "JobHandle",
+    "UnsupportedJobError",
+    "check_strategies",
+    "launch_job",
+    "stop_job",
+]

@@ -30,7 +30,7 @@ import ray
 
 from plora.config import ConfigError, SweepConfig
 from plora.runtime.coordinator import Coordinator
-from plora.runtime.job import JobHandle, launch_job, stop_job
+from plora.runtime.job import JobHandle, check_strategies, launch_job, stop_job
 from plora.runtime.monitor import check_address, check_gpus, connect, cpus_per_worker, start_relay
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec, StaticSource
 from plora.runtime.store import (
@@ -98,6 +98,7 @@ def prepare(
             "point dataset.path at a non-empty file or raise dataset.num_examples"
         )
     cost = build_cost_model(sweep, dataset_size=len(data.train))
+    check_strategies(cost.strategies())
     if source is None:
         source = config_source(sweep)
     return cost, source, data.metric
@@ -225,6 +226,9 @@ class _Driver:
             "checkpoint_every": options.checkpoint_every,
             "poll_every_s": options.poll_every_s,
             "entry": options.entry,
+            "gradient_checkpointing": bool(
+                getattr(getattr(sweep, "training", None), "gradient_checkpointing", False)
+            ),
         }
 
     def run(self, launches: list[JobSpec]) -> None:

@@ -170,6 +170,7 @@ class PackWorker:
                 checkpoint_every=job.get("checkpoint_every"),
                 resume=bool(job.get("resume", True)),
                 hooks=hooks,
+                **({"gradient_checkpointing": True} if job.get("gradient_checkpointing") else {}),
             )
         except torch.OutOfMemoryError as e:
             hooks.flush(wait=True)

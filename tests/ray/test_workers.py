@@ -1,0 +1,91 @@
+"""Job actor groups: the torch.distributed group of a job's workers, d > 1 refusal, and
+control through the coordinator relay (stop one adapter of a running job)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from test_runtime import ENTRY, configs, cost_of, tiny_sweep
+
+from plora.runtime.job import UnsupportedJobError, _worker_cls, launch_job
+from plora.runtime.records import JobSpec, StaticSource
+from plora.runtime.store import SweepStore
+from plora.runtime.sweep import RunOptions, run_sweep
+
+
+def test_workers_form_a_gloo_group(ray_cluster) -> None:
+    ray = ray_cluster
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"GPU": 1, "CPU": 0.25}] * 2, strategy="STRICT_PACK")
+    ray.get(pg.ready(), timeout=60)
+    workers = [
+        _worker_cls()
+        .options(
+            num_gpus=1, num_cpus=0.25,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=r),
+        )
+        .remote(rank=r, world_size=2, job_id="g", relay=None)
+        for r in range(2)
+    ]  # fmt: skip
+    try:
+        info = ray.get(workers[0].node_info.remote())
+        port = ray.get(workers[0].free_port.remote())
+        assert ray.get([w.init_group.remote(info["ip"], port) for w in workers]) == ["gloo"] * 2
+        assert ray.get(
+            [w.all_reduce_check.remote(float(r + 1)) for r, w in enumerate(workers)]
+        ) == [3.0, 3.0]
+        gpu_ids = [ray.get(w.node_info.remote())["gpu_ids"] for w in workers]
+        assert len({g[0] for g in gpu_ids}) == 2  # one logical GPU each
+    finally:
+        for w in workers:
+            ray.kill(w)
+        remove_placement_group(pg)
+
+
+def test_multi_gpu_jobs_are_refused_loudly() -> None:
+    spec = JobSpec(job_id="j9", configs=tuple(configs(2)), gpus=2, strategy="tp")
+    with pytest.raises(UnsupportedJobError, match="d=2 GPUs"):
+        launch_job(spec, relay=None, run_args={})
+
+
+def test_stop_one_adapter_of_a_running_job(ray_cluster, tmp_path) -> None:
+    ray = ray_cluster
+    sweep = tiny_sweep(num_gpus=1, name="stoptest")
+    cs = configs(2, steps=60)
+    out = tmp_path / "sweep"
+    sent: dict[str, int] = {}
+
+    def stopper() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            ck = list(out.glob("checkpoints/*/state.json"))
+            if ck and json.loads(ck[0].read_text())["k00"]["step"] >= 5:
+                for a in ray.util.list_named_actors(all_namespaces=True):
+                    if a["name"].startswith("plora-stoptest-") and a["name"].endswith(
+                        "-coordinator"
+                    ):
+                        relay = ray.get_actor(a["name"], namespace=a["namespace"])
+                        ray.get(relay.stop_config.remote("k00"))
+                        sent["k00"] = 1
+                        return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=stopper, daemon=True)
+    t.start()
+    summary = run_sweep(
+        sweep, out, cost=cost_of(sweep), source=StaticSource(cs),
+        options=RunOptions(entry=ENTRY, checkpoint_every=5),
+    )  # fmt: skip
+    t.join(5)
+    assert sent
+    res = SweepStore(out).read_results().set_index("config_id")
+    assert res.loc["k00", "status"] == "stopped" and 5 <= res.loc["k00", "steps"] < 60
+    assert res.loc["k01", "status"] == "done" and res.loc["k01", "steps"] == cs[1].max_steps
+    assert summary.counts["stopped"] == 1 and summary.counts["done"] == 1
+    kinds = [d["kind"] for d in SweepStore(out).read_decisions()]
+    assert "stop_config" in kinds
