@@ -8,6 +8,8 @@ import random
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plora.config import PROJECTIONS, ConfigError, HardwareConfig, LoRAConfig, SweepConfig
 from plora.cost import CostModel, Strategy
@@ -358,3 +360,50 @@ def test_real_packed_engine_steps(name: str) -> None:
     for pack, t, peak in rows:
         assert new.pack_memory(pack, 1) >= peak
         assert new.job_time(pack, 1) / 100 == pytest.approx(t, rel=0.08)
+
+
+def test_steps_agree_with_the_engine() -> None:
+    optim = pytest.importorskip("plora.engine.optim")
+    cm = model()
+    for k in configs(40, seed=9):
+        assert cm.steps(k) == optim.total_steps(k, cm.dataset_size)
+
+
+_config = st.builds(
+    LoRAConfig,
+    rank=st.sampled_from([1, 4, 8, 16, 64, 256]),
+    alpha=st.just(16.0),
+    lr=st.sampled_from([1e-5, 1e-4]),
+    batch_size=st.integers(1, 32),
+    target_modules=st.lists(st.sampled_from(PROJECTIONS), min_size=1, max_size=7, unique=True).map(
+        tuple
+    ),
+    dropout=st.sampled_from([0.0, 0.1]),
+    max_steps=st.integers(1, 5000),
+)
+_degree = st.sampled_from(
+    [(1, None), (2, Strategy.TP), (4, Strategy.FSDP), (8, Strategy.PP), (8, Strategy.TP)]
+)
+
+_SHARED = model()
+
+
+@settings(max_examples=60, deadline=None)
+@given(pack=st.lists(_config, min_size=1, max_size=10), degree=_degree)
+def test_properties_of_any_pack(pack: list[LoRAConfig], degree) -> None:
+    cm = _SHARED
+    d, s = degree
+    longest = max(cm.steps(k) for k in pack)
+    total = cm.job_time(pack, d, s)
+    assert total == pytest.approx(
+        cm.fixed_time(longest, d, s) + sum(cm.config_time(k, d, s) for k in pack)
+    )
+    # adding a config never makes a job shorter or smaller
+    assert cm.job_time(pack[:-1], d, s) <= total
+    assert cm.pack_memory(pack[:-1], d, s) < cm.pack_memory(pack, d, s)
+    # more rows cost more memory and time
+    k = pack[0]
+    bigger = LoRAConfig.from_dict({**k.to_dict(), "config_id": "", "batch_size": k.batch_size + 1})
+    assert cm.config_memory(bigger, d, s) > cm.config_memory(k, d, s)
+    assert cm.config_time(bigger, d, s) > cm.config_time(k, d, s)
+    assert 0 < cm.config_work(k) <= cm.job_time([k], 1, None)
