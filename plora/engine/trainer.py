@@ -69,6 +69,8 @@ class PackedTrainer:
         dtype: autocast dtype; default bf16 on CUDA, none (fp32) on CPU.
         seq_len: truncate examples to this many tokens (None: as tokenized).
         max_rows: most sequences per forward; more rows are split into micro-batches.
+        adapt_to_memory: on CUDA out-of-memory in forward/backward, halve ``max_rows`` and redo
+            the step's accumulation with the same batches (exact: gradient accumulation).
         gradient_checkpointing: recompute the frozen base's activations in backward.
         profile_steps: how many first steps :meth:`profile` keeps.
         base_model_name_or_path: written into exported ``adapter_config.json``.
@@ -84,6 +86,7 @@ class PackedTrainer:
         dtype: torch.dtype | None = None,
         seq_len: int | None = None,
         max_rows: int | None = None,
+        adapt_to_memory: bool = True,
         gradient_checkpointing: bool = False,
         profile_steps: int = 10,
         base_model_name_or_path: str | None = None,
@@ -103,6 +106,8 @@ class PackedTrainer:
         if max_rows is not None and max_rows < 1:
             raise ConfigError(f"trainer: max_rows={max_rows} must be >= 1 or None")
         self.max_rows = max_rows
+        self.adapt_to_memory = adapt_to_memory
+        self.oom_splits = 0
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = pad if pad is not None else (getattr(tokenizer, "eos_token_id", None) or 0)
         self.base_model_name_or_path = base_model_name_or_path or str(
@@ -206,20 +211,24 @@ class PackedTrainer:
         t0 = time.perf_counter()
         batches = {ad.slot: self._draw(ad) for ad in active}
         denoms = {s: max(1, sum(_n_targets(ex) for ex in exs)) for s, exs in batches.items()}
-        ce_sums = dict.fromkeys(batches, 0.0)
-        micros = _plan_micro_batches(batches, self.max_rows)
-        rows = padded = seq_len = 0
-        for m, micro in enumerate(micros):
-            pb, keys = self._pack(micro, active)
-            rows += pb.input_ids.shape[0]
-            padded += pb.input_ids.numel()
-            seq_len = max(seq_len, pb.input_ids.shape[1])
-            nonce = _mix(self.global_step, m)
-            with lora.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
-                loss, sums = self._forward_loss(pb, denoms)
-                loss.backward()
-            for slot, value in sums.items():
-                ce_sums[slot] += value
+        while True:
+            try:
+                ce_sums, micros, rows, padded, seq_len = self._accumulate(batches, denoms, active)
+                break
+            except torch.OutOfMemoryError:
+                total = sum(len(b) for b in batches.values())
+                current = min(self.max_rows or total, total)
+                if not self.adapt_to_memory or current <= 1:
+                    raise
+            # Out of memory (the exception and its frames are released by now): gradient
+            # accumulation on demand -- same batches, half the rows per forward. The result is
+            # unchanged since each micro-batch carries its share of every adapter's loss.
+            for ad in active:
+                ad.optimizer.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.empty_cache()
+            self.max_rows = max(1, current // 2)
+            self.oom_splits += 1
         metrics = []
         elapsed = None
         updates = []
@@ -271,6 +280,25 @@ class PackedTrainer:
                 )
             )
         return metrics
+
+    def _accumulate(self, batches, denoms, active):
+        """Forward + backward of the step's rows in micro-batches of ``max_rows``."""
+        ce_sums = dict.fromkeys(batches, 0.0)
+        micros = _plan_micro_batches(batches, self.max_rows)
+        rows = padded = seq_len = 0
+        for m, micro in enumerate(micros):
+            pb, keys = self._pack(micro, active)
+            rows += pb.input_ids.shape[0]
+            padded += pb.input_ids.numel()
+            seq_len = max(seq_len, pb.input_ids.shape[1])
+            nonce = _mix(self.global_step, m)
+            with lora.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
+                loss, sums = self._forward_loss(pb, denoms)
+                loss.backward()
+            del loss
+            for slot, value in sums.items():
+                ce_sums[slot] += value
+        return ce_sums, micros, rows, padded, seq_len
 
     def _draw(self, ad: _Adapter) -> list[Any]:
         exs = [self.train_examples[i] for i in ad.stream.next_batch()]

@@ -245,3 +245,35 @@ def test_packed_loss_matches_per_slot_mean_ce(monkeypatch, chunk_logits):
     (g,) = torch.autograd.grad(loss, hidden)
     (g_ref,) = torch.autograd.grad(ref, hidden)
     torch.testing.assert_close(g.double(), g_ref.double(), rtol=1e-5, atol=1e-7)
+
+
+def test_out_of_memory_splits_into_micro_batches(monkeypatch):
+    """An OOM in forward/backward halves the rows per forward and redoes the step with the
+    same batches: the run equals one configured with that micro-batch size from the start."""
+    base = tiny_model("qwen2")
+    data = toy_dataset()
+    original = PackedTrainer._forward_loss
+
+    def small_memory(self, pb, denoms):
+        if pb.input_ids.shape[0] > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return original(self, pb, denoms)
+
+    reference = _trainer(base, data, max_rows=2)
+    for cfg in CONFIGS:
+        reference.add(cfg)
+    _run(reference, 3, {})
+    monkeypatch.setattr(PackedTrainer, "_forward_loss", small_memory)
+    adaptive = _trainer(base, data)
+    for cfg in CONFIGS:
+        adaptive.add(cfg)
+    _run(adaptive, 3, {})
+    assert adaptive.max_rows == 2 and adaptive.oom_splits == 2  # 10 -> 5 -> 2 rows
+    for cfg in CONFIGS:
+        a = adapter_state_dict(reference.model, reference.slot_of(cfg.config_id))
+        b = adapter_state_dict(adaptive.model, adaptive.slot_of(cfg.config_id))
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    strict = _trainer(base, data, adapt_to_memory=False)
+    strict.add(CONFIGS[3])  # batch 4 > 3 rows
+    with pytest.raises(torch.OutOfMemoryError):
+        strict.step()
