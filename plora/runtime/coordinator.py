@@ -24,6 +24,15 @@ from typing import Any
 
 from plora.config import LoRAConfig
 from plora.runtime.costview import cost_strategy, describe_cost, job_memory, refit_cost
+from plora.runtime.ledger import (
+    config_status,
+    job_row,
+    metric_row,
+    result_row,
+    spec_state,
+    tell_metrics,
+    upsert_job_row,
+)
 from plora.runtime.records import (
     ConfigSource,
     ConfigStatus,
@@ -210,23 +219,9 @@ class Coordinator:
     def on_metrics(self, job_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Per-adapter step metrics streamed from a worker (``StepMetrics`` as dicts)."""
         now = self.now()
-        out = []
-        for r in rows:
-            cid = str(r["config_id"])
-            self.progress[cid] = max(self.progress.get(cid, 0), int(r["step"]))
-            out.append(
-                {
-                    "config_id": cid,
-                    "job_id": job_id,
-                    "step": int(r["step"]),
-                    "loss": _f(r.get("loss")),
-                    "lr": _f(r.get("lr")),
-                    "tokens": int(r.get("tokens") or 0),
-                    "grad_norm": _f(r.get("grad_norm")),
-                    "step_time_s": _f(r.get("time_s")),
-                    "time": now,
-                }
-            )
+        out = [metric_row(job_id, r, now) for r in rows]
+        for r in out:
+            self.progress[r["config_id"]] = max(self.progress.get(r["config_id"], 0), r["step"])
         if self.store is not None:
             self.store.append_metrics(out)
             if now - self._last_flush >= self._flush_s:
@@ -279,7 +274,7 @@ class Coordinator:
             if r is None:  # never trained (e.g. added after the job stopped): back to the queue
                 self.status[cid] = ConfigStatus.QUEUED
                 continue
-            status = _config_status(r.get("status"), stopped=cid in self._stop_requests)
+            status = config_status(r.get("status"), stopped=cid in self._stop_requests)
             share = tokens[cid] / total_tokens if total_tokens > 0 else 1 / len(run.config_ids)
             self.status[cid] = status
             fields = {k: v for k, v in r.items() if k not in ("status", "config_id", "job_id")}
@@ -301,7 +296,7 @@ class Coordinator:
                 steps=r.get("steps"),
             )
             if status is ConfigStatus.DONE:
-                self.source.tell(cid, self._tell_metrics(r))
+                self.source.tell(cid, tell_metrics(r, self.metric_name))
         self._decide(Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall)
         self._job_row(run, status=JobStatus.DONE, end=end)
         profile = result.get("profile") or {}
@@ -317,7 +312,7 @@ class Coordinator:
         status = {FailureKind.DIED: JobStatus.DIED, FailureKind.OOM: JobStatus.OOM}.get(
             kind, JobStatus.FAILED
         )
-        self._job_row(run, status=status, end=self.now(), error=message)
+        self._job_row(run, status=status, end=self.now())
         spec = run.spec
         if kind is FailureKind.DIED and spec.attempt < self.max_retries:
             retry = dataclasses.replace(
@@ -616,55 +611,25 @@ class Coordinator:
         self._next_job += 1
         return f"j{self._next_job:04d}"
 
-    def _tell_metrics(self, r: Mapping[str, Any]) -> dict[str, Any]:
-        out = {
-            "eval_loss": r.get("eval_loss"),
-            "eval_metric": r.get("eval_metric"),
-            "train_loss": r.get("final_train_loss"),
-            "final_train_loss": r.get("final_train_loss"),
-        }
-        if self.metric_name and self.metric_name not in out:
-            out[self.metric_name] = r.get("eval_metric")
-        return out
-
     def _result_row(self, cid: str, *, status: ConfigStatus, **r: Any) -> dict[str, Any]:
-        cfg = self.configs[cid]
-        hp = cfg.hparams()
-        hp["target_modules"] = ",".join(hp["target_modules"])
-        row = {"config_id": cid, **hp, "status": str(status)}
-        for key in ("final_train_loss", "eval_loss", "eval_metric"):
-            row[key] = _f(r.get(key))
-        row["metric_name"] = self.metric_name
-        row["steps"] = int(r.get("steps") or self.progress.get(cid, 0))
-        row["tokens"] = int(r.get("tokens") or 0)
-        row["gpu_seconds"] = _f(r.get("gpu_seconds"))
-        row["job_id"] = r.get("job_id")
-        row["adapter_path"] = r.get("adapter_path")
-        row["error"] = r.get("error")
-        return row
+        return result_row(
+            self.configs[cid],
+            status=status,
+            metric_name=self.metric_name,
+            steps_seen=self.progress.get(cid, 0),
+            **r,
+        )
 
-    def _job_row(
-        self, run: _Running, *, status: JobStatus, end: float | None, error: str = ""
-    ) -> None:
-        key = (run.spec.job_id, run.spec.attempt, run.started_s)
-        row = {
-            "job_id": run.spec.job_id,
-            "config_ids": list(run.config_ids),
-            "gpus": run.spec.gpus,
-            "gpu_ids": list(run.spec.gpu_ids),
-            "node": run.node,
-            "start": run.started_s,
-            "end": end,
-            "status": str(status),
-            "attempt": run.spec.attempt,
-            "strategy": run.spec.strategy,
-        }
-        for i, old in enumerate(self.job_rows):
-            if (old["job_id"], old["attempt"], old["start"]) == key:
-                self.job_rows[i] = row
-                break
-        else:
-            self.job_rows.append(row)
+    def _job_row(self, run: _Running, *, status: JobStatus, end: float | None) -> None:
+        row = job_row(
+            run.spec,
+            config_ids=run.config_ids,
+            node=run.node,
+            start=run.started_s,
+            end=end,
+            status=status,
+        )
+        upsert_job_row(self.job_rows, row)
 
     def _persist(self) -> None:
         if self.store is None:
@@ -689,7 +654,7 @@ class Coordinator:
             "progress": self.progress,
             "results": self.results,
             "stop_requests": sorted(self._stop_requests),
-            "interrupted": [_spec_state(s, self.configs) for s in [*running, *self.forced]],
+            "interrupted": [spec_state(s) for s in [*running, *self.forced]],
             "measurements": self.measurements,
             "job_rows": self.job_rows,
             "source": encode_state(self.source.get_state()),
@@ -744,34 +709,6 @@ class Coordinator:
             jobs=[s.job_id for s in self.forced],
             done=sum(s in _DONE for s in self.status.values()),
         )
-
-
-def _spec_state(spec: JobSpec, configs: Mapping[str, LoRAConfig]) -> dict[str, Any]:
-    return {
-        "job_id": spec.job_id,
-        "config_ids": list(spec.config_ids),
-        "gpus": spec.gpus,
-        "strategy": spec.strategy,
-        "attempt": spec.attempt,
-    }
-
-
-def _config_status(value: Any, *, stopped: bool) -> ConfigStatus:
-    try:
-        status = ConfigStatus(str(value).lower())
-    except ValueError:
-        status = (
-            ConfigStatus.DONE
-            if str(value).lower() in ("finished", "completed", "ok")
-            else ConfigStatus.FAILED
-        )
-    if stopped and status is ConfigStatus.DONE:
-        return ConfigStatus.STOPPED
-    return status
-
-
-def _f(x: Any) -> float | None:
-    return None if x is None else float(x)
 
 
 def _jsonable(v: Any) -> bool:

@@ -78,6 +78,7 @@ class Progress:
     def _table(self, snap: Mapping[str, Any]) -> Any:
         from rich.console import Group
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(title=None, expand=False)
         for col in ("job", "GPUs", "configs", "running for"):
@@ -86,7 +87,7 @@ class Progress:
             ids = j["config_ids"]
             shown = ", ".join(ids[:4]) + (f" +{len(ids) - 4}" if len(ids) > 4 else "")
             table.add_row(jid, str(j["gpus"]), shown, _fmt_s(snap["now_s"] - j["started_s"]))
-        return Group(summary_line(snap), table)
+        return Group(Text(summary_line(snap)), table)
 
 
 def status_text(root: str) -> str:

@@ -291,6 +291,7 @@ class _Driver:
             self.coord.stop_config(cid, reason="relay request")
 
     def _finish(self, job_id: str) -> list[JobSpec]:
+        self._resolve_nodes()  # a short job may end before its node was recorded
         handle = self.handles.pop(job_id)
         try:
             result = ray.get(handle.result_ref)

@@ -85,7 +85,7 @@ def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> Non
     assert summary.ok and summary.counts["done"] == 24
     store = SweepStore(out)
     jobs = store.read_jobs()
-    assert (jobs["status"] == "done").all()
+    assert (jobs["status"] == "done").all() and jobs["node"].notna().all()
     n_at_once, gpus_at_once = overlap_max(jobs)
     assert n_at_once >= 2 and gpus_at_once <= 8
     for _, j in jobs.iterrows():  # booked GPU ids are distinct among overlapping jobs

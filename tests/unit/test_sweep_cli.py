@@ -92,3 +92,38 @@ def test_existing_out_needs_resume_and_resume_needs_a_sweep(tmp_path) -> None:
     assert_one_error(run("sweep", path, "--out", str(out)), "already exists", "--resume")
     assert_one_error(run("sweep", path, "--out", str(out), "--resume"), "no sweep to resume")
     assert_one_error(run("status", str(out)), "not a plora sweep directory")
+
+
+def test_status_and_progress_read_a_sweep_dir(tmp_path) -> None:
+    import io
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from runtime_fakes import AffineCost, GreedyPlanner, lora
+
+    from plora.runtime.coordinator import Coordinator
+    from plora.runtime.progress import Progress
+    from plora.runtime.store import SweepStore
+
+    store = SweepStore(tmp_path)
+    configs = [lora(i, rank=30) for i in range(3)]
+    coord = Coordinator(
+        cost=AffineCost(), num_gpus=2, configs=configs, planner=GreedyPlanner(), store=store
+    )
+    launches = coord.start()
+    buf = io.StringIO()
+    show = Progress(stream=buf, live=False)
+    show(coord.snapshot())
+    assert "running 2 queued 1 failed 0 | jobs 2 | GPUs busy 2/2" in buf.getvalue()
+    spec = launches[0]
+    res = {c.config_id: {"status": "completed", "steps": 10, "eval_metric": 0.25 + i / 10, "eval_loss": 1.0}
+           for i, c in enumerate(spec.configs)}  # fmt: skip
+    coord.on_job_finished(spec.job_id, {"results": res, "profile": {}})
+    result = run("status", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert (
+        "not finished" in result.output
+        and "done 1" in result.output
+        and "running 2" in result.output
+    )
+    assert "best by eval_metric" in result.output and spec.config_ids[0] in result.output

@@ -1,0 +1,149 @@
+"""Rows the coordinator writes to the sweep directory (pure functions, no state).
+
+One row shape per table: ``metrics.parquet`` (:func:`metric_row`), ``results.parquet``
+(:func:`result_row`), ``jobs.parquet`` (:func:`job_row`); plus the mapping from the engine's
+per-config status to :class:`ConfigStatus` and what the searcher is told about a config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from plora.config import LoRAConfig
+from plora.runtime.records import ConfigStatus, JobSpec, JobStatus
+
+
+def metric_row(job_id: str, r: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """One ``StepMetrics`` (as a dict) -> a ``metrics.parquet`` row; ``time`` = sweep clock."""
+    return {
+        "config_id": str(r["config_id"]),
+        "job_id": job_id,
+        "step": int(r["step"]),
+        "loss": _f(r.get("loss")),
+        "lr": _f(r.get("lr")),
+        "tokens": int(r.get("tokens") or 0),
+        "grad_norm": _f(r.get("grad_norm")),
+        "step_time_s": _f(r.get("time_s")),
+        "time": now,
+    }
+
+
+def result_row(
+    config: LoRAConfig,
+    *,
+    status: ConfigStatus,
+    metric_name: str | None,
+    steps_seen: int = 0,
+    **r: Any,
+) -> dict[str, Any]:
+    """A ``results.parquet`` row: the config's hyperparameters and how its training ended.
+
+    Args:
+        config: The config.
+        status: Where it ended.
+        metric_name: The dataset's metric (``exact_match``, ``accuracy``, ...) behind
+            ``eval_metric``.
+        steps_seen: Steps seen in the metric stream (used when ``r`` has no ``steps``).
+        **r: ``ConfigResult`` fields plus ``job_id``, ``gpu_seconds``, ``error``.
+    """
+    hp = config.hparams()
+    hp["target_modules"] = ",".join(hp["target_modules"])
+    row: dict[str, Any] = {"config_id": config.config_id, **hp, "status": str(status)}
+    for key in ("final_train_loss", "eval_loss", "eval_metric"):
+        row[key] = _f(r.get(key))
+    row["metric_name"] = metric_name
+    row["steps"] = int(r.get("steps") or steps_seen)
+    row["tokens"] = int(r.get("tokens") or 0)
+    row["gpu_seconds"] = _f(r.get("gpu_seconds"))
+    row["job_id"] = r.get("job_id")
+    row["adapter_path"] = r.get("adapter_path")
+    row["error"] = r.get("error")
+    return row
+
+
+def job_row(
+    spec: JobSpec,
+    *,
+    config_ids: list[str],
+    node: str | None,
+    start: float,
+    end: float | None,
+    status: JobStatus,
+) -> dict[str, Any]:
+    """A ``jobs.parquet`` row: one attempt of one job."""
+    return {
+        "job_id": spec.job_id,
+        "config_ids": list(config_ids),
+        "gpus": spec.gpus,
+        "gpu_ids": list(spec.gpu_ids),
+        "node": node,
+        "start": start,
+        "end": end,
+        "status": str(status),
+        "attempt": spec.attempt,
+        "strategy": spec.strategy,
+    }
+
+
+def upsert_job_row(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    """Replace the row of the same attempt (job id, attempt, start) or append ``row``."""
+    key = (row["job_id"], row["attempt"], row["start"])
+    for i, old in enumerate(rows):
+        if (old["job_id"], old["attempt"], old["start"]) == key:
+            rows[i] = row
+            return
+    rows.append(row)
+
+
+def config_status(value: Any, *, stopped: bool) -> ConfigStatus:
+    """The engine's per-config status (``completed`` / ``stopped`` / ``aborted``) as ours."""
+    text = str(value).lower()
+    try:
+        status = ConfigStatus(text)
+    except ValueError:
+        status = (
+            ConfigStatus.DONE if text in ("completed", "finished", "ok") else ConfigStatus.FAILED
+        )
+    if stopped and status is ConfigStatus.DONE:
+        return ConfigStatus.STOPPED
+    return status
+
+
+def tell_metrics(r: Mapping[str, Any], metric_name: str | None) -> dict[str, Any]:
+    """What the searcher is told about a finished config (the sweep's ``metric`` is a key)."""
+    out = {
+        "eval_loss": r.get("eval_loss"),
+        "eval_metric": r.get("eval_metric"),
+        "train_loss": r.get("final_train_loss"),
+        "final_train_loss": r.get("final_train_loss"),
+    }
+    if metric_name and metric_name not in out:
+        out[metric_name] = r.get("eval_metric")
+    return out
+
+
+def spec_state(spec: JobSpec) -> dict[str, Any]:
+    """A job attempt as saved in ``state.json`` (configs by id)."""
+    return {
+        "job_id": spec.job_id,
+        "config_ids": list(spec.config_ids),
+        "gpus": spec.gpus,
+        "strategy": spec.strategy,
+        "attempt": spec.attempt,
+    }
+
+
+def _f(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+__all__ = [
+    "config_status",
+    "job_row",
+    "metric_row",
+    "result_row",
+    "spec_state",
+    "tell_metrics",
+    "upsert_job_row",
+]
