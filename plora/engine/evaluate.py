@@ -82,9 +82,13 @@ def evaluate(
             loss = eval_loss(model, examples, pad_id=_pad_id(tokenizer), batch_size=batch_size)
             value: float | None = None
             if examples and metric == "exact_match":
-                value = exact_match(model, tokenizer, examples, batch_size=batch_size, max_new_tokens=max_new_tokens)  # fmt: skip
+                value = exact_match(
+                    model, tokenizer, examples, batch_size=batch_size, max_new_tokens=max_new_tokens
+                )
             elif examples and metric == "accuracy":
-                value = label_accuracy(model, tokenizer, examples, labels or [], batch_size=batch_size)  # fmt: skip
+                value = label_accuracy(
+                    model, tokenizer, examples, labels or [], batch_size=batch_size
+                )
     finally:
         if was_training and hasattr(model, "train"):
             model.train()
@@ -117,8 +121,15 @@ def evaluate_adapters(
     out: dict[int | None, EvalResult] = {}
     for slot in slots:
         with use_slot(model, slot):
-            out[slot] = evaluate(model, tokenizer, examples, metric=dataset.metric, labels=dataset.labels,
-                                 batch_size=batch_size, max_new_tokens=max_new_tokens)  # fmt: skip
+            out[slot] = evaluate(
+                model,
+                tokenizer,
+                examples,
+                metric=dataset.metric,
+                labels=dataset.labels,
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
+            )
     return out
 
 
@@ -126,7 +137,9 @@ def evaluate_adapters(
 
 
 @torch.no_grad()
-def eval_loss(model: Any, examples: Sequence[Example], *, pad_id: int, batch_size: int = 32) -> float:  # fmt: skip
+def eval_loss(
+    model: Any, examples: Sequence[Example], *, pad_id: int, batch_size: int = 32
+) -> float:
     """Token-weighted mean NLL over the examples' target tokens (NaN if none)."""
     total, count = 0.0, 0
     for chunk in _chunks(examples, batch_size):
@@ -134,8 +147,12 @@ def eval_loss(model: Any, examples: Sequence[Example], *, pad_id: int, batch_siz
         labels, _ = _right_pad([ex.labels for ex in chunk], IGNORE_INDEX, ids.device)
         logits = _logits(model(input_ids=ids, attention_mask=mask))[:, :-1].float()
         target = labels[:, 1:]
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                              ignore_index=IGNORE_INDEX, reduction="sum")  # fmt: skip
+        nll = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            target.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
         total += float(nll)
         count += int((target != IGNORE_INDEX).sum())
     return total / count if count else math.nan
@@ -169,7 +186,10 @@ def generate_greedy(
     past, step_ids = None, ids
     for _ in range(max_new_tokens):
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        kwargs: dict[str, Any] = {"attention_mask": mask, "position_ids": pos if past is None else pos[:, -step_ids.shape[1] :]}  # fmt: skip
+        kwargs: dict[str, Any] = {
+            "attention_mask": mask,
+            "position_ids": pos if past is None else pos[:, -step_ids.shape[1] :],
+        }
         if past is not None:
             kwargs["past_key_values"] = past
         res = model(input_ids=step_ids, use_cache=True, **kwargs)
@@ -191,13 +211,26 @@ def generate_greedy(
     return result
 
 
-def exact_match(model: Any, tokenizer: Any, examples: Sequence[Example], *, batch_size: int = 32, max_new_tokens: int = 8) -> float:  # fmt: skip
+def exact_match(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    *,
+    batch_size: int = 32,
+    max_new_tokens: int = 8,
+) -> float:
     """Fraction of examples whose greedy answer equals ``example.answer`` (see module doc)."""
     stop_ids = set(_eos_ids(tokenizer)) | set(_newline_ids(tokenizer))
     hits = 0
     for chunk in _chunks(examples, batch_size):
         prompts = [ex.input_ids[: ex.context_len()] for ex in chunk]
-        gens = generate_greedy(model, prompts, pad_id=_pad_id(tokenizer), stop_ids=stop_ids, max_new_tokens=max_new_tokens)  # fmt: skip
+        gens = generate_greedy(
+            model,
+            prompts,
+            pad_id=_pad_id(tokenizer),
+            stop_ids=stop_ids,
+            max_new_tokens=max_new_tokens,
+        )
         for ex, gen in zip(chunk, gens, strict=True):
             text = tokenizer.decode(gen, skip_special_tokens=True).split("\n")[0].strip()
             hits += text == (ex.answer or "").strip()
@@ -205,7 +238,14 @@ def exact_match(model: Any, tokenizer: Any, examples: Sequence[Example], *, batc
 
 
 @torch.no_grad()
-def option_scores(model: Any, tokenizer: Any, examples: Sequence[Example], options: Sequence[str], *, batch_size: int = 32) -> torch.Tensor:  # fmt: skip
+def option_scores(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    options: Sequence[str],
+    *,
+    batch_size: int = 32,
+) -> torch.Tensor:
     """``[N, K]`` log-likelihood of each option (its tokens + eos) after each example's prompt."""
     eos = _eos_ids(tokenizer)[:1]
     encoded = [list(tokenizer(o, add_special_tokens=False)["input_ids"]) + eos for o in options]
@@ -227,11 +267,21 @@ def option_scores(model: Any, tokenizer: Any, examples: Sequence[Example], optio
     return torch.tensor(scores).view(len(examples), len(options))
 
 
-def label_accuracy(model: Any, tokenizer: Any, examples: Sequence[Example], options: Sequence[str], *, batch_size: int = 32) -> float:  # fmt: skip
+def label_accuracy(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    options: Sequence[str],
+    *,
+    batch_size: int = 32,
+) -> float:
     """Fraction of examples whose best-scoring option is their label (see module doc)."""
     scores = option_scores(model, tokenizer, examples, options, batch_size=batch_size)
     pred = scores.argmax(dim=1).tolist()
-    hits = sum(options[p] == (ex.label if ex.label is not None else ex.answer) for p, ex in zip(pred, examples, strict=True))  # fmt: skip
+    hits = sum(
+        options[p] == (ex.label if ex.label is not None else ex.answer)
+        for p, ex in zip(pred, examples, strict=True)
+    )
     return hits / len(examples)
 
 
@@ -242,7 +292,9 @@ def _chunks(items: Sequence[Example], size: int) -> Iterable[Sequence[Example]]:
         yield items[i : i + size]
 
 
-def _right_pad(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _right_pad(
+    seqs: Sequence[Sequence[int]], pad: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)

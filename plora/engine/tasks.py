@@ -27,17 +27,63 @@ from pathlib import Path
 from plora.config import ConfigError
 
 POSITIVE_WORDS: tuple[str, ...] = (
-    "good", "great", "excellent", "happy", "love", "wonderful", "fine", "nice",
-    "superb", "enjoyed", "fun", "best", "lovely", "bright", "amazing", "pleasant",
-)  # fmt: skip
+    "good",
+    "great",
+    "excellent",
+    "happy",
+    "love",
+    "wonderful",
+    "fine",
+    "nice",
+    "superb",
+    "enjoyed",
+    "fun",
+    "best",
+    "lovely",
+    "bright",
+    "amazing",
+    "pleasant",
+)
 NEGATIVE_WORDS: tuple[str, ...] = (
-    "bad", "awful", "terrible", "sad", "hate", "boring", "poor", "worst",
-    "ugly", "dull", "broken", "rude", "slow", "noisy", "wasted", "bland",
-)  # fmt: skip
+    "bad",
+    "awful",
+    "terrible",
+    "sad",
+    "hate",
+    "boring",
+    "poor",
+    "worst",
+    "ugly",
+    "dull",
+    "broken",
+    "rude",
+    "slow",
+    "noisy",
+    "wasted",
+    "bland",
+)
 NEUTRAL_WORDS: tuple[str, ...] = (
-    "the", "movie", "food", "service", "room", "was", "and", "it", "very", "a",
-    "staff", "plot", "day", "really", "quite", "place", "book", "music", "so", "all",
-)  # fmt: skip
+    "the",
+    "movie",
+    "food",
+    "service",
+    "room",
+    "was",
+    "and",
+    "it",
+    "very",
+    "a",
+    "staff",
+    "plot",
+    "day",
+    "really",
+    "quite",
+    "place",
+    "book",
+    "music",
+    "so",
+    "all",
+)
 
 Row = dict[str, str]
 
@@ -163,8 +209,12 @@ def shipped_data_path(name: str = "reverse_200.jsonl") -> Path:
     """Path of a data file shipped in the package (``plora/data/<name>``)."""
     path = Path(__file__).resolve().parent.parent / "data" / name
     if not path.is_file():
-        raise ConfigError("no such shipped data file", key="dataset.path", value=name,
-                          fix="use reverse_200.jsonl or your own .jsonl path")  # fmt: skip
+        raise ConfigError(
+            "no such shipped data file",
+            key="dataset.path",
+            value=name,
+            fix="use reverse_200.jsonl or your own .jsonl path",
+        )
     return path
 
 

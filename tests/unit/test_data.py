@@ -59,7 +59,9 @@ def test_completion_only_false_and_text_rows(qtok, tmp_path):
     path = _jsonl(
         tmp_path / "d.jsonl", [{"prompt": "a=", "completion": "1"}, {"text": "free text"}]
     )
-    ds = load_dataset(DatasetSpec(path=path, eval_fraction=0.0, completion_only=False, metric="none"), qtok)  # fmt: skip
+    ds = load_dataset(
+        DatasetSpec(path=path, eval_fraction=0.0, completion_only=False, metric="none"), qtok
+    )
     assert all(ex.labels == ex.input_ids for ex in ds.train)
     text = ds.train[1]
     assert text.input_ids == qtok("free text")["input_ids"] + [qtok.eos_token_id]
@@ -74,12 +76,19 @@ def test_chat_rows_plain_template(tok, tmp_path):
         {"role": "user", "content": "and 3+3?"},
         {"role": "assistant", "content": "6"},
     ]
-    ds = load_dataset(DatasetSpec(path=_jsonl(tmp_path / "c.jsonl", [{"messages": msgs}]), eval_fraction=0.0), tok)  # fmt: skip
+    ds = load_dataset(
+        DatasetSpec(path=_jsonl(tmp_path / "c.jsonl", [{"messages": msgs}]), eval_fraction=0.0), tok
+    )
     ex = ds.train[0]
     eos = tok.eos_token
     assert _trained_text(tok, ex) == f"4{eos}6{eos}"
-    full = "system: be brief\nuser: 2+2?\nassistant: 4" + eos + "\nuser: and 3+3?\nassistant: 6" + eos  # fmt: skip
-    assert tok.decode(ex.input_ids, skip_special_tokens=False).removeprefix(tok.bos_token or "") == full  # fmt: skip
+    full = (
+        "system: be brief\nuser: 2+2?\nassistant: 4" + eos + "\nuser: and 3+3?\nassistant: 6" + eos
+    )
+    assert (
+        tok.decode(ex.input_ids, skip_special_tokens=False).removeprefix(tok.bos_token or "")
+        == full
+    )
     assert ex.prompt.endswith("and 3+3?\nassistant: ") and ex.answer == "6"
     assert tok.decode(ex.input_ids[: ex.context_len()]).endswith("assistant: ")
 
@@ -91,7 +100,9 @@ def test_chat_rows_with_a_chat_template(tmp_path):
         "{% if add_generation_prompt %}<|assistant|>{% endif %}"
     )
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    ds = load_dataset(DatasetSpec(path=_jsonl(tmp_path / "c.jsonl", [{"messages": msgs}]), eval_fraction=0.0), tok)  # fmt: skip
+    ds = load_dataset(
+        DatasetSpec(path=_jsonl(tmp_path / "c.jsonl", [{"messages": msgs}]), eval_fraction=0.0), tok
+    )
     ex = ds.train[0]
     assert tok.decode(ex.input_ids) == "<|user|>hi<|end|>\n<|assistant|>hello<|end|>\n"
     assert _trained_text(tok, ex) == "hello<|end|>\n"
@@ -138,11 +149,19 @@ def test_eval_split_is_seeded_and_disjoint(qtok, tmp_path):
 
 def test_truncation(qtok, tmp_path):
     rows = [{"prompt": "p" * 5, "completion": "c" * 30}, {"prompt": "p" * 40, "completion": "c"}]
-    ds = load_dataset(DatasetSpec(path=_jsonl(tmp_path / "d.jsonl", rows), eval_fraction=0.0, max_seq_len=16), qtok)  # fmt: skip
+    ds = load_dataset(
+        DatasetSpec(path=_jsonl(tmp_path / "d.jsonl", rows), eval_fraction=0.0, max_seq_len=16),
+        qtok,
+    )
     assert len(ds.train) == 1  # the second has no target left and is dropped
-    assert len(ds.train[0].input_ids) == 16 and ds.train[0].labels[5:] == ds.train[0].input_ids[5:]  # fmt: skip
+    assert len(ds.train[0].input_ids) == 16 and ds.train[0].labels[5:] == ds.train[0].input_ids[5:]
     with pytest.raises(ConfigError, match="max_seq_len=8: no training example keeps a target"):
-        load_dataset(DatasetSpec(path=_jsonl(tmp_path / "e.jsonl", rows[1:]), eval_fraction=0.0, max_seq_len=8), qtok)  # fmt: skip
+        load_dataset(
+            DatasetSpec(
+                path=_jsonl(tmp_path / "e.jsonl", rows[1:]), eval_fraction=0.0, max_seq_len=8
+            ),
+            qtok,
+        )
 
 
 def test_metric_auto_and_explicit(qtok, tmp_path):
@@ -154,7 +173,10 @@ def test_metric_auto_and_explicit(qtok, tmp_path):
     assert load_dataset(DatasetSpec(path=text), qtok).metric == "none"
     with pytest.raises(ConfigError, match=r"metric='accuracy'.*plain text"):
         load_dataset(DatasetSpec(path=text, metric="accuracy"), qtok)
-    assert load_dataset(DatasetSpec(builtin="sentiment", num_examples=20), qtok).labels == ["neg", "pos"]  # fmt: skip
+    assert load_dataset(DatasetSpec(builtin="sentiment", num_examples=20), qtok).labels == [
+        "neg",
+        "pos",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -191,7 +213,10 @@ def test_missing_empty_and_format_mismatch(qtok, tmp_path):
     with pytest.raises(ConfigError, match="dataset is empty"):
         load_dataset(DatasetSpec(path=empty), qtok)
     text = _jsonl(tmp_path / "t.jsonl", [{"text": "x"}])
-    with pytest.raises(ConfigError, match=r"t\.jsonl:1: row has no 'prompt' and 'completion' \(format: prompt_completion\)"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"t\.jsonl:1: row has no 'prompt' and 'completion' \(format: prompt_completion\)",
+    ):
         load_dataset(DatasetSpec(path=text, format="prompt_completion"), qtok)
 
 
@@ -231,7 +256,9 @@ def test_builtin_dataset_sizes_and_unknown_name(qtok):
 # ---------------------------------------------------------------------------- streams
 
 
-@pytest.mark.parametrize(("n", "bs", "drop_last"), [(10, 3, False), (10, 3, True), (7, 7, False), (5, 8, False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("n", "bs", "drop_last"), [(10, 3, False), (10, 3, True), (7, 7, False), (5, 8, False)]
+)
 def test_stream_epochs_are_permutations(n, bs, drop_last):
     s = AdapterStream(n, bs, seed=11, drop_last=drop_last)
     for epoch in range(3):
@@ -279,14 +306,26 @@ def _ex(n, start=10, prompt=2):
 
 
 def test_pack_batch_layout():
-    rows = [[_ex(4), _ex(6, 20)], [], [_ex(3, 30)], [_ex(5, 40), _ex(2, 50, prompt=1), _ex(1, 60, prompt=0)]]  # fmt: skip
+    rows = [
+        [_ex(4), _ex(6, 20)],
+        [],
+        [_ex(3, 30)],
+        [_ex(5, 40), _ex(2, 50, prompt=1), _ex(1, 60, prompt=0)],
+    ]
     pb = pack_batch(rows, pad_id=0)
     assert pb.input_ids.shape == pb.labels.shape == pb.attention_mask.shape == (6, 6)
-    assert [(s.slot, s.start, s.stop) for s in pb.segments] == [(0, 0, 2), (1, 2, 2), (2, 2, 3), (3, 3, 6)]  # fmt: skip
+    assert [(s.slot, s.start, s.stop) for s in pb.segments] == [
+        (0, 0, 2),
+        (1, 2, 2),
+        (2, 2, 3),
+        (3, 3, 6),
+    ]
     flat = [ex for r in rows for ex in r]
     for r, ex in enumerate(flat):
         n = len(ex.input_ids)
-        assert pb.input_ids[r, :n].tolist() == ex.input_ids and pb.labels[r, :n].tolist() == ex.labels  # fmt: skip
+        assert (
+            pb.input_ids[r, :n].tolist() == ex.input_ids and pb.labels[r, :n].tolist() == ex.labels
+        )
         assert (pb.input_ids[r, n:] == 0).all() and (pb.labels[r, n:] == IGNORE_INDEX).all()
         assert pb.attention_mask[r].tolist() == [1] * n + [0] * (6 - n)
     # predicted tokens per slot: labels[1:] that are not masked

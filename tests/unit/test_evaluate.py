@@ -49,7 +49,9 @@ def test_eval_loss_matches_hf_loss_per_example(tiny):
     with torch.no_grad():
         for ex in ds.eval:  # one at a time, HF's own shifted mean loss
             n = sum(1 for y in ex.labels[1:] if y != -100)
-            loss = model(input_ids=torch.tensor([ex.input_ids]), labels=torch.tensor([ex.labels])).loss  # fmt: skip
+            loss = model(
+                input_ids=torch.tensor([ex.input_ids]), labels=torch.tensor([ex.labels])
+            ).loss
             total, count = total + float(loss) * n, count + n
     got = eval_loss(model, ds.eval, pad_id=tok.pad_token_id, batch_size=3)
     assert got == pytest.approx(total / count, rel=1e-5)
@@ -61,7 +63,9 @@ def test_greedy_generation_matches_hf_generate(tiny):
     ds = load_dataset(DatasetSpec(builtin="sentiment", num_examples=40, eval_fraction=0.25), tok)
     prompts = [ex.input_ids[: ex.context_len()] for ex in ds.eval]  # ragged: left padding matters
     assert len({len(p) for p in prompts}) > 3
-    got = generate_greedy(model, prompts, pad_id=tok.pad_token_id, stop_ids=[tok.eos_token_id], max_new_tokens=6)  # fmt: skip
+    got = generate_greedy(
+        model, prompts, pad_id=tok.pad_token_id, stop_ids=[tok.eos_token_id], max_new_tokens=6
+    )
     want = [_hf_generate(model, p, 6, tok.eos_token_id) for p in prompts]
     assert got == want
 
@@ -77,8 +81,12 @@ def test_exact_match_counts_the_models_own_answers(qwen):
         answers.append(tok.decode(gen, skip_special_tokens=True).strip())
     own = [dataclasses.replace(ex, answer=a) for ex, a in zip(ds.eval, answers, strict=True)]
     assert exact_match(model, tok, own, batch_size=5, max_new_tokens=5) == 1.0
-    half = [dataclasses.replace(ex, answer=ex.answer + "x") if i % 2 else ex for i, ex in enumerate(own)]  # fmt: skip
-    assert exact_match(model, tok, half, max_new_tokens=5) == pytest.approx(sum(1 for i in range(len(own)) if not i % 2) / len(own))  # fmt: skip
+    half = [
+        dataclasses.replace(ex, answer=ex.answer + "x") if i % 2 else ex for i, ex in enumerate(own)
+    ]
+    assert exact_match(model, tok, half, max_new_tokens=5) == pytest.approx(
+        sum(1 for i in range(len(own)) if not i % 2) / len(own)
+    )
 
 
 def test_option_scores_and_accuracy(tiny):
@@ -97,7 +105,9 @@ def test_option_scores_and_accuracy(tiny):
                 assert scores[i, k].item() == pytest.approx(ref, rel=1e-5, abs=1e-5)
     pred = [options[int(k)] for k in scores.argmax(1)]
     res = evaluate(model, tok, ds.eval, metric="accuracy", labels=options)
-    assert res.metric_value == pytest.approx(sum(p == ex.label for p, ex in zip(pred, ds.eval, strict=True)) / len(ds.eval))  # fmt: skip
+    assert res.metric_value == pytest.approx(
+        sum(p == ex.label for p, ex in zip(pred, ds.eval, strict=True)) / len(ds.eval)
+    )
     # Relabel every example with the model's own choice: accuracy 1.
     own = [dataclasses.replace(ex, label=p) for ex, p in zip(ds.eval, pred, strict=True)]
     assert evaluate(model, tok, own, metric="accuracy", labels=options).metric_value == 1.0
@@ -128,13 +138,17 @@ def test_peft_training_improves_eval(qwen, tmp_path):
     ds = load_dataset(DatasetSpec(builtin="arithmetic", num_examples=400), tok)
     before = evaluate(base, tok, ds.eval, metric=ds.metric, labels=ds.labels)
     torch.manual_seed(0)
-    peft = get_peft_model(copy.deepcopy(base), PeftLoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))  # fmt: skip
+    peft = get_peft_model(
+        copy.deepcopy(base), PeftLoraConfig(r=8, lora_alpha=16, target_modules="all-linear")
+    )
     opt = torch.optim.AdamW([p for p in peft.parameters() if p.requires_grad], lr=2e-3)
     stream = AdapterStream(len(ds.train), 16, seed=0)
     peft.train()
     for _ in range(30):
         pb = pack_batch([[ds.train[i] for i in stream.next_batch()]], tok.pad_token_id)
-        peft(input_ids=pb.input_ids, attention_mask=pb.attention_mask, labels=pb.labels).loss.backward()  # fmt: skip
+        peft(
+            input_ids=pb.input_ids, attention_mask=pb.attention_mask, labels=pb.labels
+        ).loss.backward()
         opt.step()
         opt.zero_grad()
     after = evaluate(peft, tok, ds.eval, metric=ds.metric, labels=ds.labels)

@@ -93,9 +93,17 @@ def test_tokenizer_is_lossless_byte_level(flavour):
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert len(ids) == len(text.encode()), text  # one token per UTF-8 byte
         assert tok.decode(ids) == text
-    assert tok("x<s>y</s>", add_special_tokens=False)["input_ids"] == [*tok("x")["input_ids"][-1:], 1, *tok("y")["input_ids"][-1:], 2]  # fmt: skip
+    assert tok("x<s>y</s>", add_special_tokens=False)["input_ids"] == [
+        *tok("x")["input_ids"][-1:],
+        1,
+        *tok("y")["input_ids"][-1:],
+        2,
+    ]
     with_special = tok("ab")["input_ids"]
-    assert with_special == ([1] if flavour == "llama" else []) + tok("ab", add_special_tokens=False)["input_ids"]  # fmt: skip
+    assert (
+        with_special
+        == ([1] if flavour == "llama" else []) + tok("ab", add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_save_base_model_reloads_bit_identically(tiny, tmp_path):
@@ -128,8 +136,13 @@ def test_peft_adapter_round_trip_on_saved_base(tmp_path):
     torch.manual_seed(0)
     peft = get_peft_model(
         model,
-        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False),
-    )  # fmt: skip
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "v_proj", "down_proj"],
+            init_lora_weights=False,
+        ),
+    )
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     expected = peft(input_ids=ids).logits
     peft.save_pretrained(tmp_path / "adapter")
