@@ -68,3 +68,56 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
         and "done 8" in status.stdout
         and "best by eval_metric" in status.stdout
     )
+
+
+def test_engine_job_survives_a_killed_worker(ray_cluster, tmp_path) -> None:
+    """ray.kill the worker of a real packed job mid-training: the job restarts from its
+    train-state checkpoint (no step 1 again) and every config completes."""
+    import threading
+
+    import ray
+
+    from plora.config import SweepConfig
+    from plora.cost.model import build_cost_model
+    from plora.runtime.records import StaticSource
+    from plora.runtime.store import SweepStore
+    from plora.runtime.sweep import RunOptions, run_sweep
+    from plora.space import expand
+
+    sweep = SweepConfig.from_yaml(ROOT / "sweeps/quickstart.yaml")
+    configs = [c for c in expand(sweep) if c.rank == 4][:3]
+    out = tmp_path / "kill"
+    killed: dict[str, str] = {}
+
+    def killer() -> None:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if list(out.glob("checkpoints/*/train_state/*")):
+                for a in ray.util.list_named_actors(all_namespaces=True):
+                    if a["name"].startswith("plora-quickstart-") and a["name"].endswith("-a0-r0"):
+                        ray.kill(
+                            ray.get_actor(a["name"], namespace=a["namespace"]), no_restart=True
+                        )
+                        killed["name"] = a["name"]
+                        return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    summary = run_sweep(
+        sweep, out, cost=build_cost_model(sweep, use_profile=False), source=StaticSource(configs),
+        options=RunOptions(checkpoint_every=10),
+    )  # fmt: skip
+    t.join(5)
+    assert killed and summary.ok and summary.counts["done"] == 3
+    store = SweepStore(out)
+    jobs = store.read_jobs().sort_values("start")
+    assert list(jobs["status"]) == ["died", "done"] and list(jobs["attempt"]) == [0, 1]
+    m = store.read_metrics()
+    second = m[m["time"] >= jobs.iloc[1]["start"]]
+    assert second.groupby("config_id")["step"].min().min() > 10  # resumed, not from step 1
+    res = store.read_results().set_index("config_id")
+    assert (res["status"] == "done").all() and (res["steps"] == 100).all()
+    assert res["eval_metric"].notna().all()
+    for c in configs:
+        assert (out / "adapters" / c.config_id / "adapter_model.safetensors").is_file()
