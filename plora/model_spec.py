@@ -140,6 +140,12 @@ class ModelSpec:
             return self.o_bias
         return self.mlp_bias
 
+    def tp_divides(self, d: int) -> bool:
+        """Whether tensor parallelism of degree ``d`` splits attention evenly: ``d`` divides the
+        query heads, and the KV heads either split (``d | n_kv``) or replicate (``n_kv | d``)."""
+        kv = self.num_kv_heads
+        return self.num_heads % d == 0 and (kv % d == 0 or d % kv == 0)
+
     # ------------------------------------------------------------ parameters
     def projection_params(self, name: str) -> int:
         """Parameters of one projection in one layer: ``in·out`` (+ ``out`` with a bias)."""

@@ -212,3 +212,12 @@ def test_builtin_tiny_models() -> None:
         cfg = models.tiny_config(name)
         spec = ModelSpec.from_hf_config(name)
         assert spec.total_params == sum(p.numel() for p in meta_model(cfg).parameters())
+
+
+def test_tensor_parallel_degrees_that_split_attention() -> None:
+    qwen7b = ModelSpec.from_hf_config("Qwen/Qwen2.5-7B")  # 28 query heads, 4 KV heads
+    assert [d for d in (1, 2, 4, 8) if qwen7b.tp_divides(d)] == [1, 2, 4]
+    qwen3b = ModelSpec.from_hf_config("Qwen/Qwen2.5-3B")  # 16 / 2: KV heads replicate at 4, 8
+    assert [d for d in (1, 2, 4, 8, 16, 32) if qwen3b.tp_divides(d)] == [1, 2, 4, 8, 16]
+    llama = ModelSpec.from_hf_config("meta-llama/Llama-3.1-8B")  # 32 / 8
+    assert all(llama.tp_divides(d) for d in (1, 2, 4, 8, 16, 32))
