@@ -122,6 +122,33 @@ def _slots_p2(meta: PackedMeta) -> int:
     return max(16, tk.next_pow2(meta.n_slots + 1))
 
 
+#: num_stages that fit shared memory, per (kernel, constexprs, device), learnt from OutOfResources.
+_STAGES_THAT_FIT: dict[tuple, int] = {}
+
+
+def _launch(kernel, grid, args: tuple, consts: dict, launch: dict) -> None:
+    """Launch; on a shared-memory OutOfResources retry with one pipeline stage less (remembered)."""
+    from triton.runtime.errors import OutOfResources
+
+    key = (
+        kernel.fn.__name__,
+        tuple(sorted(consts.items())),
+        tuple(sorted(launch.items())),
+        args[0].device.index,
+    )
+    stages = _STAGES_THAT_FIT.get(key, launch.get("num_stages", 3))
+    while True:
+        try:
+            kernel[grid](*args, **consts, **{**launch, "num_stages": stages})
+        except OutOfResources:
+            if stages <= 1:
+                raise
+            stages -= 1
+            continue
+        _STAGES_THAT_FIT[key] = stages
+        return
+
+
 def shrink(
     inp: torch.Tensor,
     mat: torch.Tensor,
@@ -147,14 +174,16 @@ def shrink(
     )
     if n_tiles == 0:
         return out
-    tk._shrink_kernel[(n_tiles,)](
+    args = (
         inp, mat, out, table, seed,
         inp.shape[1], meta.n_slots, table.stride(0),
         inp.stride(0), inp.stride(1), mat_strides[0], mat_strides[1], out.stride(0),
+    )  # fmt: skip
+    consts = dict(
         HAS_DROPOUT=dropout and meta.has_dropout,
         BM=bm, BR=tk.next_pow2(width), BK=cfg["BK"], SLOTS_P2=_slots_p2(meta),
-        **launch,
     )  # fmt: skip
+    _launch(tk._shrink_kernel, (n_tiles,), args, consts, launch)
     return out
 
 
@@ -186,23 +215,33 @@ def lora_gemm(
     kind = "gemm" if base is not None else "lora"
     cfg = kernel_config(kind, out.device, out.element_size())
     launch = _pop_launch(cfg)
+    use_dropout = dropout and meta.has_dropout
+    # The dropout mask of a tile lives in registers: keep it <= 64 elements per thread (a
+    # 64x256 tile on 4 warps ran 2x slower in the backward than 64x128 on the H200).
+    while (
+        use_dropout
+        and cfg["BM"] * cfg["BN"] > 64 * 32 * launch.get("num_warps", 4)
+        and cfg["BN"] > 32
+    ):
+        cfg["BN"] //= 2
     if base is not None:
         p, q_mat, (sqn, sqk) = base
         k, spm, spk = p.shape[1], p.stride(0), p.stride(1)
     else:
         p, q_mat, sqn, sqk, k, spm, spk = out, out, 0, 0, 0, 0, 0
     grid = (triton_cdiv(m, cfg["BM"]) * triton_cdiv(n, cfg["BN"]),)
-    tk._lora_gemm_kernel[grid](
+    args = (
         p, q_mat, bias if bias is not None else out, lora_in, r_mat, out, table, seed,
         m, n, k, meta.n_slots, table.stride(0),
         spm, spk, sqn, sqk, lora_in.stride(0), r_strides[0], r_strides[1],
         out.stride(0), out.stride(1),
-        HAS_BASE=base is not None, HAS_BIAS=bias is not None,
-        HAS_DROPOUT=dropout and meta.has_dropout,
+    )  # fmt: skip
+    consts = dict(
+        HAS_BASE=base is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=use_dropout,
         BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], BR=min(cfg["BR"], tk.next_pow2(meta.max_rank_pad)),
         SLOTS_P2=_slots_p2(meta), GROUP_M=cfg["GROUP_M"],
-        **launch,
     )  # fmt: skip
+    _launch(tk._lora_gemm_kernel, grid, args, consts, launch)
     return out
 
 
@@ -229,14 +268,13 @@ def wgrad(
     # Rank chunk: the tuned BR without dropout; with dropout, one chunk (no Philox recompute).
     full = tk.next_pow2(meta.max_rank_pad)
     br = full if (dropout and meta.has_dropout) else min(cfg.pop("BR", full), full)
-    tk._wgrad_kernel[grid](
+    args = (
         p, q, grad, table, seed,
         n, table.stride(0),
         p.stride(0), p.stride(1), q.stride(0), grad_strides[0], grad_strides[1],
-        HAS_DROPOUT=dropout and meta.has_dropout,
-        BN=cfg["BN"], BR=br, BT=cfg["BT"],
-        **launch,
     )  # fmt: skip
+    consts = dict(HAS_DROPOUT=dropout and meta.has_dropout, BN=cfg["BN"], BR=br, BT=cfg["BT"])
+    _launch(tk._wgrad_kernel, grid, args, consts, launch)
     return grad
 
 

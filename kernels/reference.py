@@ -5,9 +5,10 @@ of :func:`plora.kernels.packed_lora_linear` and the oracle of the kernel tests (
 
 :func:`dropout_mask` is an independent port of Triton's counter-based Philox4x32-10 and its
 uint32 -> float conversion (``tl.rand``), written with int64 torch ops so that it runs on any
-device. The kernels draw element ``(t, c)`` of slot ``i``'s segment from counter
-``(c0, c1) = (t·in + c, i)`` under key ``(seed mod 2³², seed >> 32)``; this function draws the same
-numbers, so a CPU run and a GPU run of one step drop the same activations.
+device. The kernels draw element ``(t, c)`` of slot ``i``'s segment from word ``c % 4`` of the
+counter ``(t·⌈in/4⌉ + c//4, i, 0, 0)`` under key ``(seed mod 2³², seed >> 32)`` (``tl.randint4x``);
+this function draws the same numbers, so a CPU run and a GPU run of one step drop the same
+activations.
 """
 
 from __future__ import annotations
@@ -59,17 +60,6 @@ def philox4x32(
     return c0, c1, c2, c3
 
 
-def philox_uint32(seed: int, c0: torch.Tensor, c1: torch.Tensor) -> torch.Tensor:
-    """Triton's ``randint(seed, offset)``: first Philox word for counters ``(c0, c1, 0, 0)``.
-
-    ``seed`` is the 64-bit key (``k0`` = low word, ``k1`` = high word); ``c0``/``c1`` the low and
-    high words of Triton's 64-bit offset.
-    """
-    seed &= 0xFFFFFFFFFFFFFFFF
-    zero = torch.zeros((), dtype=torch.int64, device=c0.device)
-    return philox4x32((seed & _M32, (seed >> 32) & _M32), c0, c1, zero, zero)[0]
-
-
 def uniform_from_uint32(bits: torch.Tensor) -> torch.Tensor:
     """Triton's ``uint_to_uniform_float`` for 32-bit words: float32 in [0, 1)."""
     signed_nonneg = torch.where(bits >= 2**31, _M32 - bits, bits)  # ~x for negative int32
@@ -96,10 +86,14 @@ def dropout_mask(
         Bool tensor of ``shape``; ``True`` = kept (scaled by ``1/(1-p)`` by the caller).
     """
     rows, cols = shape
+    groups = (cols + 3) // 4
     t = torch.arange(rows, device=device, dtype=torch.int64).unsqueeze(1)
-    c = torch.arange(cols, device=device, dtype=torch.int64).unsqueeze(0)
-    counter = t * cols + c
-    bits = philox_uint32(seed, counter, torch.tensor(slot, device=device, dtype=torch.int64))
+    g = torch.arange(groups, device=device, dtype=torch.int64).unsqueeze(0)
+    seed &= 0xFFFFFFFFFFFFFFFF
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    slot_word = torch.tensor(slot, device=device, dtype=torch.int64)
+    words = philox4x32((seed & _M32, (seed >> 32) & _M32), t * groups + g, slot_word, zero, zero)
+    bits = torch.stack(words, dim=-1).reshape(rows, groups * 4)[:, :cols]  # column c: word c % 4
     return uniform_from_uint32(bits) >= torch.tensor(p, dtype=torch.float32, device=device)
 
 

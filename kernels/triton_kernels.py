@@ -16,8 +16,9 @@ masked to those rows, into the same accumulator. The weight-gradient kernel give
 repeatable results.
 
 Dropout. Element ``(t, c)`` of slot ``i`` (``t`` counted from the segment start, ``c`` an input
-feature) is kept iff ``tl.rand(seed, i·2³² + t·in + c) >= p_i``; each kernel regenerates the bits
-it needs (see :func:`plora.kernels.reference.dropout_mask`).
+feature) is kept iff ``uniform(word c%4 of Philox4x32-10(key=seed, counter=(t·⌈in/4⌉ + c//4, i))) >= p_i``
+(``tl.randint4x``: one Philox call per four elements, Philox being the cost of dropout); each kernel
+regenerates the bits it needs (see :func:`plora.kernels.reference.dropout_mask`).
 
 The slot table is one int32 tensor ``(5, n_slots + 1)``: rows seg_starts, rank_offsets, ranks,
 scales (float32 bits), dropout_p (float32 bits); ``ts`` is its row stride.
@@ -32,11 +33,21 @@ _BIG = tl.constexpr(2147483647)
 
 
 @triton.jit
-def _keep(seed, slot, t_local, cols, n_cols, p):
-    """Dropout keep mask ``(len(t_local), len(cols))`` of ``slot`` (see module docstring)."""
-    counter = t_local.to(tl.int64)[:, None] * n_cols + cols.to(tl.int64)[None, :]
+def _keep(seed, slot, t_local, col0, n_cols, p, BC: tl.constexpr):
+    """Dropout keep mask ``(len(t_local), BC)`` of ``slot`` for columns ``col0 + [0, BC)``.
+
+    One Philox4x32-10 call yields four words: column ``c`` uses word ``c % 4`` of counter
+    ``(t·ceil(n_cols/4) + c//4, slot)``. ``col0`` and ``BC`` are multiples of 4.
+    """
+    groups = col0 // 4 + tl.arange(0, BC // 4)
+    counter = t_local.to(tl.int64)[:, None] * ((n_cols + 3) // 4) + groups.to(tl.int64)[None, :]
     counter = counter + tl.cast(slot, tl.int64) * 4294967296
-    return tl.rand(seed, counter) >= p
+    w0, w1, w2, w3 = tl.randint4x(seed, counter)
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (t_local.shape[0], BC))
+    # Triton's uint -> uniform [0, 1) conversion (tl.rand), on the interleaved words.
+    x = words.to(tl.int32, bitcast=True)
+    x = tl.where(x < 0, ~x, x)
+    return x.to(tl.float32) * 4.6566127342e-10 >= p
 
 
 @triton.jit
@@ -90,7 +101,7 @@ def _shrink_kernel(
                 other=0.0,
             )
             if HAS_DROPOUT:
-                keep = _keep(seed, slot, rows - seg_start, ks, K, p)
+                keep = _keep(seed, slot, rows - seg_start, k0, K, p, BK)
                 pt = tl.where(keep, pt, 0.0)
             mt = tl.load(
                 m_ptr + (off + rr)[None, :] * stride_mr + ks[:, None] * stride_mk,
@@ -188,7 +199,7 @@ def _lora_gemm_kernel(
         if HAS_DROPOUT:
             p = _slot_float(table_ptr, ts, 4, j)
             if p > 0.0:
-                keep = _keep(seed, j, rows - start, cols, N, p)
+                keep = _keep(seed, j, rows - start, pid_n * BN, N, p, BN)
                 part = tl.where(keep, part / (1.0 - p), 0.0)
         acc += part
 
@@ -231,7 +242,7 @@ def _wgrad_kernel(
                 other=0.0,
             )
             if HAS_DROPOUT:
-                keep = _keep(seed, slot, tt - start, cols, N, p)
+                keep = _keep(seed, slot, tt - start, pid_n * BN, N, p, BN)
                 pt = tl.where(keep, pt, 0.0)
             qt = tl.load(
                 q_ptr + tt64[:, None] * stride_qt + rr[None, :],

@@ -46,7 +46,7 @@ def test_dropout_mask_statistics_and_independence():
     for other in (dropout_mask(8, 0, (256, 300), 0.3), dropout_mask(7, 1, (256, 300), 0.3)):
         agree = (m == other).float().mean().item()
         assert abs(agree - (0.7**2 + 0.3**2)) < 0.01  # independent streams per seed and slot
-    # Rows of a longer segment extend the shorter one (counter = t·in + c).
+    # Rows of a longer segment extend the shorter one (the counter depends on t and c only).
     assert torch.equal(dropout_mask(7, 0, (100, 300), 0.3), m[:100])
     assert dropout_mask(7, 0, (4, 5), 0.0).all()
 

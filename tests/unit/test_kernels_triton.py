@@ -119,15 +119,16 @@ def test_kernel_keep_mask_equals_torch_philox():
 
     @triton.jit
     def keep_kernel(out_ptr, seed, slot, rows, cols, p, BT: tl.constexpr, BC: tl.constexpr):
+        col0 = tl.program_id(0) * BC  # column tiles: the word-interleave must line up across them
         t = tl.arange(0, BT)
-        c = tl.arange(0, BC)
-        keep = TK._keep(seed, slot, t, c, cols, p)
+        c = col0 + tl.arange(0, BC)
+        keep = TK._keep(seed, slot, t, col0, cols, p, BC)
         tl.store(out_ptr + t[:, None] * cols + c[None, :], keep.to(tl.int8),
                  mask=(t[:, None] < rows) & (c[None, :] < cols))  # fmt: skip
 
     for seed, slot, p in ((3, 0, 0.5), (2**33 + 5, 6, 0.1), (123456789, 31, 0.9)):
         out = torch.empty(13, 29, dtype=torch.int8)
-        keep_kernel[(1,)](out, seed, slot, 13, 29, p, BT=16, BC=32)
+        keep_kernel[(4,)](out, seed, slot, 13, 29, p, BT=16, BC=8)
         ref = dropout_mask(seed, slot, (13, 29), p)
         assert torch.equal(out.bool(), ref)
 
