@@ -209,6 +209,10 @@ class Coordinator:
         """First event: ask the searcher, plan, and return the jobs to launch."""
         return self._schedule(trigger="start")
 
+    def tick(self) -> list[JobSpec]:
+        """Nothing ended, nothing runs: ask a waiting searcher again and launch what it gives."""
+        return self._schedule(trigger="tick")
+
     def on_job_started(self, job_id: str, *, node: str | None = None) -> None:
         """The driver placed the job's workers (``node``: where, for jobs.parquet)."""
         run = self.running.get(job_id)
@@ -255,6 +259,9 @@ class Coordinator:
         if status is ConfigStatus.QUEUED:
             self._drop_from_plan(config_id)
             self.status[config_id] = ConfigStatus.STOPPED
+            self.source.tell(
+                config_id, tell_metrics({}, self.metric_name, status=ConfigStatus.STOPPED)
+            )
             self.results[config_id] = self._result_row(config_id, status=ConfigStatus.STOPPED)
             self._persist()
         else:
@@ -295,8 +302,7 @@ class Coordinator:
                 eval_metric=r.get("eval_metric"),
                 steps=r.get("steps"),
             )
-            if status is ConfigStatus.DONE:
-                self.source.tell(cid, tell_metrics(r, self.metric_name))
+            self.source.tell(cid, tell_metrics(r, self.metric_name, status=status))
         self._decide(Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall)
         self._job_row(run, status=JobStatus.DONE, end=end)
         profile = result.get("profile") or {}
@@ -368,6 +374,7 @@ class Coordinator:
             )
             for c in live:
                 self.status[c] = ConfigStatus.FAILED
+                self.source.tell(c, tell_metrics({}, self.metric_name, status=ConfigStatus.FAILED))
                 self.results[c] = self._result_row(
                     c, status=ConfigStatus.FAILED, job_id=job_id, error=f"{reason}: {message}"[:500]
                 )

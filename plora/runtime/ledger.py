@@ -110,9 +110,13 @@ def config_status(value: Any, *, stopped: bool) -> ConfigStatus:
     return status
 
 
-def tell_metrics(r: Mapping[str, Any], metric_name: str | None) -> dict[str, Any]:
-    """What the searcher is told about a finished config (the sweep's ``metric`` is a key)."""
+def tell_metrics(
+    r: Mapping[str, Any], metric_name: str | None, *, status: ConfigStatus
+) -> dict[str, Any]:
+    """What the searcher is told when a config ends: its losses and metric (the sweep's
+    ``metric`` is a key) and ``status`` (done / stopped / failed; metrics None when failed)."""
     out = {
+        "status": str(status),
         "eval_loss": r.get("eval_loss"),
         "eval_metric": r.get("eval_metric"),
         "train_loss": r.get("final_train_loss"),

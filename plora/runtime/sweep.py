@@ -255,7 +255,7 @@ class _Driver:
         for ref in ready:
             launches += self._finish(refs[ref])
         if not refs and not ready:
-            launches += self.coord.start()  # a waiting searcher may have configs now
+            launches += self.coord.tick()  # a waiting searcher may have configs now
             if not launches and not self.coord.running and not self.coord.is_done():
                 raise RuntimeError(
                     "the searcher gives no more configs but the sweep is not finished; "

@@ -313,3 +313,48 @@ def test_real_planner_and_cost_model_replan_after_refit(tmp_path) -> None:
     assert replan["time_s"] == 60.0 and replan["inputs"]["cost"] == refit["inputs"]["cost_after"]
     (job,) = [j for j in json.loads(store.plan_json.read_text())["jobs"]]
     assert job["end_s"] - job["start_s"] > 10 * predicted * 100 * 0.5
+
+
+class LimitedSource:
+    """An adaptive-searcher stand-in: at most ``limit`` configs outstanding (ConcurrencyLimiter)."""
+
+    def __init__(self, configs, limit: int = 2) -> None:
+        self.configs, self.limit, self.told, self.given = list(configs), limit, {}, 0
+
+    def ask(self, n: int):
+        room = self.limit - (self.given - len(self.told))
+        out = self.configs[self.given : self.given + max(0, min(n, room))]
+        self.given += len(out)
+        return out
+
+    def tell(self, config_id, metrics) -> None:
+        assert config_id not in self.told
+        self.told[config_id] = metrics
+
+    def is_finished(self) -> bool:
+        return self.given == len(self.configs) and len(self.told) == self.given
+
+    def get_state(self):
+        return {"given": self.given, "told": self.told}
+
+    def set_state(self, state) -> None:
+        self.given, self.told = state["given"], dict(state["told"])
+
+
+def test_searcher_is_told_every_ending_and_asked_again() -> None:
+    configs = [lora(i, rank=30) for i in range(5)]
+    source = LimitedSource(configs, limit=2)
+    clock = Clock()
+    coord = Coordinator(
+        cost=AffineCost(), num_gpus=4, source=source, planner=GreedyPlanner(), clock=clock
+    )
+    launches = coord.start()
+    assert sum(len(s.configs) for s in launches) == 2  # only what the searcher gave
+    coord.stop_config(launches[0].config_ids[0])
+    every = run_to_end(coord, clock, launches)
+    assert coord.is_done() and source.is_finished()
+    assert sorted(source.told) == sorted(c.config_id for c in configs)
+    assert source.told[launches[0].config_ids[0]]["status"] == "stopped"
+    done = [m for m in source.told.values() if m["status"] == "done"]
+    assert len(done) == 4 and all(m["eval_metric"] == pytest.approx(0.3) for m in done)
+    assert len({c for s in every for c in s.config_ids}) == 5
