@@ -7,9 +7,10 @@ by. The rows feed the same tokenization path as a user's JSONL file
 
 Tasks:
 
-* ``arithmetic`` -- ``"23+9="`` -> ``"32"``. Scored by **exact match** of the greedy answer.
-  Operands are drawn without replacement from the ``(a, op, b)`` table while it lasts, so a
-  train/eval split of up to the table size has no duplicate question across splits.
+* ``arithmetic`` -- ``"7+9="`` -> ``"16"``, ``"8-3="`` -> ``"5"`` (operands 0..9 by default:
+  a table of 155 questions). Scored by **exact match** of the greedy answer. Questions are drawn
+  without replacement from the table while it lasts (then it is reshuffled and repeats), so
+  up to 155 rows have no duplicate question across the train/eval split.
 * ``sentiment`` -- a bag of review words (positive, negative and neutral fillers, with
   opposite-polarity noise) -> ``"pos"`` / ``"neg"``; the label is the majority polarity (never
   tied). Scored by **accuracy**: the model's log-likelihood of each label option.
