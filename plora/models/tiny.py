@@ -21,7 +21,10 @@ directory under ``$PLORA_CACHE_DIR`` (default ``~/.cache/plora``) ``/tiny/<name>
 where the hash covers the architecture, the tokenizer and the recipe. It is published with
 one atomic rename and always *read back from disk*, so concurrent processes on one machine
 use identical weights. Pretraining runs on the CPU, in float32, on one thread (reproducible
-reductions), whatever device the model is later moved to.
+reductions), whatever device the model is later moved to. Another machine or torch version may
+round differently and so build a slightly different base (seen: eval loss 1.063 vs 1.058 on the
+arithmetic eval split); runs that must agree should share one built directory
+(:func:`plora.models.save_base_model`) rather than build twice.
 """
 
 from __future__ import annotations
