@@ -6,9 +6,9 @@ Sections:
      torch LoRA, forward and backward separately. Target: speedup >= 0.9·K.
   b) The whole packed LoRA linear (fwd + bwd: y, dX, dA, dB) vs the frozen linear alone (x·Wᵀ
      forward + dY·W backward): 8,192 tokens, d = 4,096, 32 slots of ranks 8-128, ragged
-     segments; fused / unfused / auto, dropout 0 and 0.1. Target: <= 1.10x.
+     segments; each mode (fused / epilogue / accumulate) and auto, dropout 0 and 0.1. Target: <= 1.10x.
   c) The same shape vs the naive per-adapter torch loop (mLoRA BatchLoRA style).
-  --tune first sweeps tile configs per kernel on the (b) shape, then measures fused vs unfused
+  --tune first sweeps tile configs per kernel on the (b) shape, then times the three modes
   per phase on a grid of shapes, and writes the tuned.json entry for this GPU.
 
 Timing: triton.testing.do_bench, median, after its warm-up; inputs rotate over several buffers
@@ -26,6 +26,7 @@ if "--dry-run" in sys.argv:  # before triton is imported
     os.environ["TRITON_INTERPRET"] = "1"
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
@@ -271,6 +272,29 @@ if DRY:
     DISPATCH_SHAPES = [(64, 32, 48), (128, 48, 32)]
 
 
+@contextlib.contextmanager
+def forced_mode(mode: str | None):
+    """Run packed_lora_linear in ``mode`` (an ops.Mode value), or as dispatched if None."""
+    if mode is None:
+        yield
+        return
+    original = ops.choose_mode
+    ops.choose_mode = lambda *a, **k: ops.Mode(mode)
+    try:
+        yield
+    finally:
+        ops.choose_mode = original
+
+
+def time_modes(pk: Pack, modes) -> dict:
+    """(fwd ms, bwd ms) of the whole packed linear per mode (None = the dispatched choice)."""
+    out = {}
+    for mode in modes:
+        with forced_mode(mode):
+            out[mode] = time_fwd_bwd(pk, lambda x, pk=pk: pk.packed(x, None))
+    return out
+
+
 def tune_dispatch(dtype, device, log) -> list[dict]:
     rows = []
     for tokens, in_f, out_f in DISPATCH_SHAPES:
@@ -280,17 +304,14 @@ def tune_dispatch(dtype, device, log) -> list[dict]:
         pk = Pack(
             seg_lens=lens, ranks=ranks, in_f=in_f, out_f=out_f, dtype=dtype, device=device, n_rot=2
         )
-        times = {
-            fused: time_fwd_bwd(pk, lambda x, f=fused, pk=pk: pk.packed(x, f))
-            for fused in (False, True)
-        }
+        times = time_modes(pk, [m.value for m in ops.Mode])
         for phase, k in (("fwd", 0), ("bwd", 1)):
-            fused = times[True][k] < times[False][k]
-            rows.append(dict(phase=phase, tokens=tokens, **{"in": in_f, "out": out_f}, fused=fused,
-                             fused_ms=round(times[True][k], 4), unfused_ms=round(times[False][k], 4)))  # fmt: skip
-            log(
-                f"  {phase} {tokens}x{in_f}->{out_f}: fused {times[True][k]:.3f} ms, unfused {times[False][k]:.3f} ms"
+            ms = {m: round(t[k], 4) for m, t in times.items()}
+            best = min(ms, key=ms.__getitem__)
+            rows.append(
+                dict(phase=phase, tokens=tokens, **{"in": in_f, "out": out_f}, mode=best, ms=ms)
             )
+            log(f"  {phase} {tokens}x{in_f}->{out_f}: {ms} -> {best}")
         del pk
     return rows
 
@@ -348,14 +369,15 @@ def section_bc(dtype, device, log) -> dict:
         pk = Pack(
             seg_lens=lens, ranks=ranks, in_f=d, out_f=d, dtype=dtype, device=device, dropout=p
         )
-        for fused in (False, True, None):
-            t_f, t_b = time_fwd_bwd(pk, lambda x, f=fused, pk=pk: pk.packed(x, f))
+        modes = [m.value for m in ops.Mode] + [None]
+        for mode, (t_f, t_b) in time_modes(pk, modes).items():
             ratio = (t_f + t_b) / (f_f + f_b)
-            out["rows"].append(
-                dict(dropout=p, fused=fused, fwd_ms=t_f, bwd_ms=t_b, ratio_vs_frozen=ratio)
+            row = dict(
+                dropout=p, mode=mode or "auto", fwd_ms=t_f, bwd_ms=t_b, ratio_vs_frozen=ratio
             )
+            out["rows"].append(row)
             log(
-                f"  packed p={p} fused={fused}: fwd {t_f:.4f} bwd {t_b:.4f} ms -> {ratio:.3f}x frozen"
+                f"  packed p={p} mode={row['mode']}: fwd {t_f:.4f} bwd {t_b:.4f} ms -> {ratio:.3f}x frozen"
             )
         if p == 0.0:
             calls = kernel_calls(pk)
@@ -413,7 +435,7 @@ def main() -> None:
                   device=device, n_rot=1)  # fmt: skip
         configs = tune_configs(pk, log)
         del pk
-        log("== tune: fused vs unfused per phase")
+        log("== tune: modes (fused / epilogue / accumulate) per phase and shape")
         dispatch = tune_dispatch(dtype, device, log)
         entry = dict(
             configs=configs, dispatch=dispatch, measured=info["date"], triton=info["triton"]

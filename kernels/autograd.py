@@ -3,14 +3,15 @@
 Forward (``S = s·drop(x)·Aᵀ`` is saved, the dropout mask is not)::
 
     S  = shrink(x, A)                              (N, rp_max)
-    y  = x·Wᵀ + bias + route(S·B_iᵀ)               fused: one Triton GEMM; unfused: the LoRA
-                                                   kernel writes route(S·B_iᵀ) + bias, then
-                                                   cuBLAS adds x·Wᵀ in place (addmm, beta = 1)
+    y  = x·Wᵀ + bias + route(S·B_iᵀ)               by one of three measured modes (ops.Mode):
+         FUSED      one Triton GEMM, LoRA products routed into the base tile's accumulator
+         EPILOGUE   LoRA kernel writes route(S·B_iᵀ) + bias, cuBLAS adds x·Wᵀ (addmm, beta = 1)
+         ACCUMULATE cuBLAS writes x·Wᵀ + bias, the LoRA kernel adds its term in place
 
 Backward::
 
     dS = shrink(dY, Bᵀ)                            s·dY_i·B_i
-    dX = dY·W + mask ⊙ route(dS·A_i)               fused, or LoRA kernel then cuBLAS addmm
+    dX = dY·W + mask ⊙ route(dS·A_i)               the same three modes
     dA = wgrad(drop(x), dS)      dB = wgrad(dY, S)  per-slot reductions, no atomics
 
 See the package docstring for the argument layouts.
@@ -38,7 +39,7 @@ def _seed(seed: int) -> int:
 
 class _PackedLoRA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, lora_a, lora_b, meta, seed, fused_fwd, fused_bwd):
+    def forward(ctx, x2d, weight, bias, lora_a, lora_b, meta, seed, mode_fwd, mode_bwd):
         from . import ops
 
         table = meta.device_table(x2d.device)
@@ -49,16 +50,23 @@ class _PackedLoRA(torch.autograd.Function):
         # 16-byte vectors along out instead of 2-byte gathers along the rank (a copy of R_tot·out).
         b_t = lora_b.t().contiguous()
         b_strides = (b_t.stride(1), b_t.stride(0))  # R[n, o + r] = Bᵀ[o + r, n]
-        y = torch.empty(x2d.shape[0], lora_b.shape[0], device=x2d.device, dtype=x2d.dtype)
-        if weight is not None and fused_fwd:  # one Triton GEMM: base tile + routed LoRA
+        lora = (s_buf, b_t, b_strides, table, meta, seed)
+        if weight is None:  # the LoRA term alone
+            y = x2d.new_empty(x2d.shape[0], b_t.shape[1])
+            ops.lora_gemm(y, *lora)
+        elif mode_fwd == ops.Mode.ACCUMULATE:  # cuBLAS base, then the LoRA term added in place
+            y = F.linear(x2d, weight, bias)
+            ops.lora_gemm(y, *lora, accumulate=True)
+        elif mode_fwd == ops.Mode.EPILOGUE:  # LoRA term (+ bias), then cuBLAS adds x·Wᵀ (beta=1)
+            y = x2d.new_empty(x2d.shape[0], b_t.shape[1])
+            ops.lora_gemm(y, *lora, bias=bias)
+            y.addmm_(x2d, weight.t())
+        else:  # FUSED: one Triton GEMM, base tile + routed LoRA products
+            y = x2d.new_empty(x2d.shape[0], b_t.shape[1])
             base = (x2d, weight, (weight.stride(0), weight.stride(1)))
-            ops.lora_gemm(y, s_buf, b_t, b_strides, table, meta, seed, base=base, bias=bias)
-        else:  # LoRA term (+ bias) written, then cuBLAS adds x·Wᵀ in its epilogue (beta = 1)
-            ops.lora_gemm(y, s_buf, b_t, b_strides, table, meta, seed, bias=bias)
-            if weight is not None:
-                y.addmm_(x2d, weight.t())
+            ops.lora_gemm(y, *lora, base=base, bias=bias)
         ctx.save_for_backward(x2d, weight, lora_a, b_t, s_buf)
-        ctx.meta, ctx.seed, ctx.fused_bwd = meta, seed, fused_bwd
+        ctx.meta, ctx.seed, ctx.mode_bwd = meta, seed, mode_bwd
         ctx.has_bias = bias is not None
         return y
 
@@ -75,14 +83,21 @@ class _PackedLoRA(torch.autograd.Function):
         a_strides = (lora_a.stride(1), lora_a.stride(0))  # R[n, o + r] = A[o + r, n]
         dx = dw = dbias = da = dlb = None
         if need_x:
-            dx = torch.empty_like(x2d)
-            if weight is not None and ctx.fused_bwd:
+            lora = (ds, lora_a, a_strides, table, meta, seed)
+            if weight is None:
+                dx = torch.empty_like(x2d)
+                ops.lora_gemm(dx, *lora, dropout=True)
+            elif ctx.mode_bwd == ops.Mode.ACCUMULATE:
+                dx = dy @ weight
+                ops.lora_gemm(dx, *lora, accumulate=True, dropout=True)
+            elif ctx.mode_bwd == ops.Mode.EPILOGUE:
+                dx = torch.empty_like(x2d)
+                ops.lora_gemm(dx, *lora, dropout=True)
+                dx.addmm_(dy, weight)
+            else:
+                dx = torch.empty_like(x2d)
                 base = (dy, weight, (weight.stride(1), weight.stride(0)))
-                ops.lora_gemm(dx, ds, lora_a, a_strides, table, meta, seed, base=base, dropout=True)
-            else:  # masked LoRA term written, then cuBLAS adds dY·W in place
-                ops.lora_gemm(dx, ds, lora_a, a_strides, table, meta, seed, dropout=True)
-                if weight is not None:
-                    dx.addmm_(dy, weight)
+                ops.lora_gemm(dx, *lora, base=base, dropout=True)
         if need_w and weight is not None:
             dw = dy.t() @ x2d
         if need_b and ctx.has_bias:
@@ -150,14 +165,10 @@ def _run(x, weight, bias, lora_a, lora_b, table_args, seed, fused) -> torch.Tens
         else:
             y = F.linear(x2d, weight, bias)
         return y.reshape(*x.shape[:-1], out_f)
-    if fused is None:
-        fused_fwd = ops.choose_fused("fwd", x2d.shape[0], x2d.shape[1], out_f, x2d.device)
-        fused_bwd = ops.choose_fused("bwd", x2d.shape[0], x2d.shape[1], out_f, x2d.device)
-    else:
-        fused_fwd = fused_bwd = bool(fused)
-    y = _PackedLoRA.apply(
-        x2d, weight, bias, lora_a, lora_b, meta, _seed(seed), fused_fwd, fused_bwd
-    )
+    shape = (x2d.shape[0], x2d.shape[1], out_f, x2d.device)
+    mode_fwd = ops.choose_mode("fwd", *shape, fused=fused)
+    mode_bwd = ops.choose_mode("bwd", *shape, fused=fused)
+    y = _PackedLoRA.apply(x2d, weight, bias, lora_a, lora_b, meta, _seed(seed), mode_fwd, mode_bwd)
     return y.reshape(*x.shape[:-1], out_f)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -95,14 +96,29 @@ def kernel_config(kind: str, device: torch.device, elem_size: int = 2) -> dict[s
     return cfg
 
 
-def choose_fused(phase: str, n_tokens: int, in_features: int, out_features: int, device) -> bool:
-    """Measured fused-vs-unfused choice for ``phase`` ('fwd' | 'bwd') at the nearest shape."""
+class Mode(StrEnum):
+    """How the base GEMM and the LoRA term meet (one choice per phase, measured per GPU)."""
+
+    FUSED = "fused"  #: one Triton GEMM: base tile + routed LoRA products in one accumulator
+    EPILOGUE = "epilogue"  #: LoRA kernel writes the term, cuBLAS adds the base (addmm, beta = 1)
+    ACCUMULATE = "accumulate"  #: cuBLAS writes the base, the LoRA kernel adds its term in place
+
+
+def choose_mode(
+    phase: str, n_tokens: int, in_features: int, out_features: int, device, *, fused: bool | None
+) -> Mode:
+    """The measured mode for ``phase`` ('fwd' | 'bwd') at the nearest tuned shape.
+
+    ``fused=True`` forces :attr:`Mode.FUSED`; ``fused=False`` takes the faster unfused mode at
+    that shape; ``None`` the fastest of all. Off-table GPUs get ACCUMULATE (or FUSED if forced).
+    """
+    if fused:
+        return Mode.FUSED
     if device.type != "cuda" or _interpreting():
-        return False
-    table = _gpu_entry(device.index or 0).get("dispatch", [])
-    best, best_dist = False, math.inf
-    for row in table:
-        if row["phase"] != phase:
+        return Mode.ACCUMULATE
+    best, best_dist = None, math.inf
+    for row in _gpu_entry(device.index or 0).get("dispatch", []):
+        if row.get("phase") != phase or "ms" not in row:
             continue
         dist = (
             abs(math.log2(max(n_tokens, 1) / row["tokens"]))
@@ -110,8 +126,11 @@ def choose_fused(phase: str, n_tokens: int, in_features: int, out_features: int,
             + abs(math.log2(out_features / row["out"]))
         )
         if dist < best_dist:
-            best, best_dist = bool(row["fused"]), dist
-    return best
+            best, best_dist = row, dist
+    if best is None:
+        return Mode.ACCUMULATE
+    times = {Mode(m): t for m, t in best["ms"].items() if fused is None or m != Mode.FUSED}
+    return min(times, key=times.__getitem__)
 
 
 def _pop_launch(cfg: dict[str, int]) -> dict[str, int]:
@@ -198,12 +217,13 @@ def lora_gemm(
     *,
     base: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None,
     bias: torch.Tensor | None = None,
+    accumulate: bool = False,
     dropout: bool = False,
 ) -> torch.Tensor:
-    """``out = [P·Qᵀ] + bias + Σ_i mask?(L_i·R_iᵀ)`` over regular output tiles (every element written).
+    """``out (+)= [P·Qᵀ] + bias + Σ_i mask?(L_i·R_iᵀ)`` over regular output tiles (all written).
 
     Args:
-        out: ``(M, N)`` output, overwritten.
+        out: ``(M, N)`` output, overwritten (read first and added to if ``accumulate``).
         lora_in: ``L (M, max_rank_pad)``: S (forward) or dS (backward).
         r_mat: holds ``R[n, o_i + r]`` at ``n·r_strides[0] + (o_i + r)·r_strides[1]``.
         base: ``(P (M, K), q_mat, (stride_n, stride_k))`` to fuse the base GEMM, or None for the
@@ -237,7 +257,8 @@ def lora_gemm(
         out.stride(0), out.stride(1),
     )  # fmt: skip
     consts = dict(
-        HAS_BASE=base is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=use_dropout,
+        HAS_BASE=base is not None, HAS_BIAS=bias is not None, ACCUMULATE=accumulate,
+        HAS_DROPOUT=use_dropout,
         BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], BR=min(cfg["BR"], tk.next_pow2(meta.max_rank_pad)),
         SLOTS_P2=_slots_p2(meta), GROUP_M=cfg["GROUP_M"],
     )  # fmt: skip

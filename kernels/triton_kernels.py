@@ -3,7 +3,7 @@
 Three kernels cover the forward and the backward (``T`` = tokens, ``i`` = slot)::
 
     _shrink_kernel   O[t, r]  = c_i · Σ_k drop?(P)[t, k] · M[o_i + r, k]     S = s·drop(x)·Aᵀ, dS = s·dY·B
-    _lora_gemm_kernel O[t, n] = [Σ_k P[t, k]·Q[n, k]] + bias?[n]
+    _lora_gemm_kernel O[t, n] (+)= [Σ_k P[t, k]·Q[n, k]] + bias?[n]
                               + Σ_i mask?(Σ_r L[t, r]·R[n, o_i + r])         y, dX (fused or LoRA only)
     _wgrad_kernel    G[n, o_i + r] = c_i · Σ_{t∈i} drop?(P)[t, n] · Q[t, r]    dA = dSᵀ·drop(x), dB = dYᵀ·S
 
@@ -125,7 +125,7 @@ def _lora_gemm_kernel(
     M, N, K, n_slots, ts,
     stride_pm, stride_pk, stride_qn, stride_qk, stride_lm, stride_rn, stride_rr,
     stride_om, stride_on,
-    HAS_BASE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_BASE: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
     SLOTS_P2: tl.constexpr, GROUP_M: tl.constexpr,
@@ -204,7 +204,10 @@ def _lora_gemm_kernel(
         acc += part
 
     o_ptrs = o_ptr + rows64[:, None] * stride_om + cols64[None, :] * stride_on
-    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    o_mask = row_ok[:, None] & col_ok[None, :]
+    if ACCUMULATE:
+        acc += tl.load(o_ptrs, mask=o_mask, other=0.0).to(tl.float32)
+    tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=o_mask)
 
 
 @triton.jit
