@@ -109,6 +109,17 @@ def test_chat_rows_with_a_chat_template(tmp_path):
     assert ex.prompt == "<|user|>hi<|end|>\n<|assistant|>"
 
 
+def test_chat_template_that_rewrites_history_is_refused(tmp_path):
+    _, tok = load_model("tiny-llama")
+    tok.chat_template = (
+        "{% for m in messages %}{% if loop.last %}>{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    path = _jsonl(tmp_path / "c.jsonl", [{"messages": msgs}])
+    with pytest.raises(ConfigError, match=r"c\.jsonl:1: messages: .*not render turns as prefixes"):
+        load_dataset(DatasetSpec(path=path, eval_fraction=0.0), tok)
+
+
 def test_shipped_jsonl_matches_its_generator_and_loads(qtok):
     path = tasks.shipped_data_path("reverse_200.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
