@@ -230,6 +230,7 @@ class Coordinator:
             self.store.append_metrics(out)
             if now - self._last_flush >= self._flush_s:
                 self.store.flush_metrics()
+                self.store.write_state(self.get_state())  # fresh clock and progress for --resume
                 self._last_flush = now
 
     def poll(self, job_id: str) -> dict[str, Any]:

@@ -104,7 +104,15 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
         if not _has_cuda():
             kwargs["num_gpus"] = num_gpus
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **kwargs)
+        try:
+            ray.init(
+                include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **kwargs
+            )
+        except ValueError:  # a `ray start` cluster on this machine was found: use it as it is
+            if not kwargs:
+                raise
+            ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
+            return False
         return True
     check_address(address)
     try:  # the job's runtime_env (``ray job submit --working-dir``) is left as submitted
