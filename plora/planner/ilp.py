@@ -1,0 +1,314 @@
+"""F(D, K): the single-job throughput ILP (Eq. 18-19), solved exactly.
+
+For a job on ``d`` GPUs with strategy ``s`` and a pack ``H ⊆ K``::
+
+    F(d, K) = max_H  Σ_k v_k H_k / T(H, d, s)
+              s.t.   M_base(d, s) + Σ_k H_k M_k(d, s) <= capacity(d)       (Eq. 19, per GPU)
+                     T(H, d, s) <= time_cap                                  (optional deadline)
+
+``T(H) = fixed_time(max_{k∈H} steps_k) + Σ_k H_k c_k`` is affine in H once the longest
+config is fixed, so we enumerate the distinct step counts θ as that threshold (only configs
+with ``steps <= θ``, overhead ``fixed_time(θ)``; with ``fixed_time`` non-decreasing in steps,
+the max over θ is exactly F) and for each θ solve the 0-1 *linear-fractional* knapsack by
+Dinkelbach's method: for the current ratio λ solve the linear knapsack
+``max Σ (v_k - λ c_k) H_k - λ fixed(θ)`` (:mod:`plora.planner.knapsack`); if its optimum is
+positive the maximizer has a ratio above λ and becomes the next λ, otherwise λ is optimal.
+λ starts from the best ratio found so far (over thresholds), so a threshold that cannot beat
+it costs one knapsack.
+
+Configs with identical costs (same value, steps, memory and time at every ``(d, s)``) are
+grouped into *classes*: the knapsack is bounded over classes, which keeps 1,000-config sweeps
+small (a grid has few distinct cost signatures).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from plora.config import ConfigError, LoRAConfig
+from plora.cost import CostModel, Strategy
+from plora.planner import knapsack
+from plora.planner.types import MEM_RTOL, Objective, call_strategy
+
+SOLVERS = ("auto", "bnb", "highs", "cvxpy", "gurobi")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class DegreeCosts:
+    """Costs of every config class on one ``(d, strategy)``."""
+
+    d: int
+    strategy: Strategy | None
+    base: float
+    """``M_base(d, s)`` bytes per GPU."""
+    capacity: float
+    """``capacity(d)`` bytes per GPU."""
+    mem: np.ndarray
+    """``M_k(d, s)`` per class, shape (C,)."""
+    time: np.ndarray
+    """``config_time(k, d, s)`` per class, shape (C,)."""
+    fits: np.ndarray
+    """Whether a class fits alone: ``base + mem <= capacity``, shape (C,) bool."""
+    fixed: dict[int, float]
+    """``fixed_time(steps, d, s)`` per distinct step count of the configs."""
+
+    @property
+    def mem_budget(self) -> float:
+        """Bytes per GPU left for adapters (with the :data:`MEM_RTOL` round-off slack)."""
+        return self.capacity * (1 + MEM_RTOL) - self.base
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class ClassTable:
+    """Configs grouped into cost classes plus their costs on every allowed ``(d, s)``."""
+
+    members: tuple[tuple[LoRAConfig, ...], ...]
+    """Configs of each class, in input order."""
+    value: np.ndarray
+    """``v_k`` per class (:class:`Objective`), shape (C,)."""
+    work: np.ndarray
+    """``cost.config_work(k)`` per class (for the lower bound), shape (C,)."""
+    steps: np.ndarray
+    """Optimizer steps per class, shape (C,)."""
+    options: tuple[DegreeCosts, ...]
+    """Every allowed ``(d, s)``: d = 1 (no strategy), and d = 2, 4, ... <= G per strategy."""
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """How many configs each class holds."""
+        return tuple(len(m) for m in self.members)
+
+
+def degrees(num_gpus: int, strategies: Sequence[Strategy]) -> list[tuple[int, Strategy | None]]:
+    """Allowed ``(d, strategy)``: ``(1, None)`` then every power of two ``2..G`` per strategy."""
+    out: list[tuple[int, Strategy | None]] = [(1, None)]
+    d = 2
+    while d <= num_gpus:
+        out.extend((d, s) for s in dict.fromkeys(strategies))
+        d *= 2
+    return out
+
+
+def build_classes(
+    configs: Sequence[LoRAConfig],
+    cost: CostModel,
+    num_gpus: int,
+    *,
+    objective: Objective = Objective.WORK,
+) -> ClassTable:
+    """Query the cost model once per config and ``(d, s)`` and group identical configs."""
+    ids = [c.config_id for c in configs]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ConfigError(f"configs: config_id {dup!r} appears twice; config ids must be unique")
+    opts = degrees(num_gpus, list(cost.strategies()))
+    sig: dict[tuple, list[LoRAConfig]] = {}
+    rows: dict[tuple, tuple[float, int, list[float], list[float]]] = {}
+    for cfg in configs:
+        work = float(cost.config_work(cfg))
+        value = work if objective is Objective.WORK else float(cfg.rank)
+        steps = int(cost.steps(cfg))
+        mems = [float(cost.config_memory(cfg, d, call_strategy(d, s))) for d, s in opts]
+        times = [float(cost.config_time(cfg, d, call_strategy(d, s))) for d, s in opts]
+        if not value > 0 or steps < 1:
+            raise ValueError(f"cost model: config {cfg.config_id} has value {value}, steps {steps}")
+        key = (value, work, steps, *mems, *times)
+        sig.setdefault(key, []).append(cfg)
+        rows[key] = (value, steps, mems, times, work)
+    keys = list(sig)
+    distinct_steps = sorted({rows[k][1] for k in keys})
+    mem = np.array([rows[k][2] for k in keys], dtype=float).reshape(len(keys), len(opts))
+    tim = np.array([rows[k][3] for k in keys], dtype=float).reshape(len(keys), len(opts))
+    options = []
+    for j, (d, s) in enumerate(opts):
+        base = float(cost.base_memory(d, call_strategy(d, s)))
+        capacity = float(cost.capacity(d))
+        options.append(
+            DegreeCosts(
+                d=d,
+                strategy=s,
+                base=base,
+                capacity=capacity,
+                mem=mem[:, j].copy(),
+                time=tim[:, j].copy(),
+                fits=base + mem[:, j] <= capacity * (1 + MEM_RTOL),
+                fixed={
+                    t: float(cost.fixed_time(t, d, call_strategy(d, s))) for t in distinct_steps
+                },
+            )
+        )
+    return ClassTable(
+        members=tuple(tuple(sig[k]) for k in keys),
+        value=np.array([rows[k][0] for k in keys], dtype=float),
+        work=np.array([rows[k][4] for k in keys], dtype=float),
+        steps=np.array([rows[k][1] for k in keys], dtype=np.int64),
+        options=tuple(options),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Pack:
+    """A solution of F(d, K): how many configs of each class go into one job."""
+
+    option: DegreeCosts
+    take: tuple[int, ...]
+    """Configs taken per class, shape (C,)."""
+    value: float
+    """``Σ v_k H_k``."""
+    time: float
+    """``T(H, d, s)`` seconds."""
+    memory: float
+    """``M_base + Σ M_k`` bytes per GPU."""
+
+    @property
+    def ratio(self) -> float:
+        """Throughput ``value / time``."""
+        return self.value / self.time
+
+
+def make_pack(table: ClassTable, option: DegreeCosts, take: Sequence[int]) -> Pack | None:
+    """The :class:`Pack` taking ``take[c]`` configs of class c on ``option``; None if empty."""
+    x = np.asarray(take, dtype=np.int64)
+    if not x.any():
+        return None
+    return Pack(
+        option=option,
+        take=tuple(int(t) for t in x),
+        value=float(table.value @ x),
+        time=option.fixed[int(table.steps[x > 0].max())] + float(option.time @ x),
+        memory=option.base + float(option.mem @ x),
+    )
+
+
+class KnapsackSolver:
+    """Runs the inner knapsacks on the chosen backend, with fallbacks and notes.
+
+    ``auto`` and ``bnb`` run the exact branch and bound and, past its node limit, the HiGHS
+    MILP (still exact); ``highs``/``cvxpy`` always run that MILP; ``gurobi`` runs gurobipy
+    when installed and licensed, else HiGHS (noted once in :attr:`notes`). Knapsacks with a
+    time cap (the deadline search of :mod:`plora.planner.schedule`, a heuristic layer on top
+    of the paper) take branch and bound's best within ``heuristic_node_limit`` nodes on every
+    backend; F(d, K) without a deadline is always solved exactly.
+    """
+
+    def __init__(
+        self, solver: str = "auto", *, node_limit: int = 20_000, heuristic_node_limit: int = 300
+    ) -> None:
+        if solver not in SOLVERS:
+            raise ConfigError(
+                f"planner.solver: unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}"
+            )
+        self.requested = solver
+        self.node_limit = node_limit
+        self.heuristic_node_limit = heuristic_node_limit
+        self.notes: list[str] = []
+        self.used: set[str] = set()
+        self._gurobi_ok = solver == "gurobi"
+
+    @property
+    def name(self) -> str:
+        """Backends actually used, e.g. ``bnb`` or ``bnb+highs``."""
+        order = ("bnb", "highs", "cvxpy", "gurobi")
+        return "+".join(b for b in order if b in self.used) or (
+            "bnb" if self.requested == "auto" else self.requested
+        )
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def __call__(
+        self, profit, mem, time, count, mem_cap, time_cap, *, exact: bool = True
+    ) -> tuple[list[int], float]:
+        """Solve one knapsack; ``exact=False`` accepts branch and bound's best past its limit."""
+        args = (profit, mem, time, count, mem_cap, time_cap)
+        if self.requested in ("auto", "bnb") or not exact:
+            limit = self.node_limit if exact else self.heuristic_node_limit
+            x, val, proven = knapsack.solve_bnb(*args, node_limit=limit)
+            self.used.add("bnb")
+            if proven or not exact:
+                return x, val
+            self._note(f"branch and bound passed {limit} nodes; HiGHS MILP solved it")
+        elif self.requested == "cvxpy":
+            self.used.add("cvxpy")
+            return knapsack.solve_cvxpy(*args)
+        elif self.requested == "gurobi" and self._gurobi_ok:
+            try:
+                out = knapsack.solve_gurobi(*args)
+                self.used.add("gurobi")
+                return out
+            except knapsack.GurobiUnavailable as err:
+                self._gurobi_ok = False
+                self._note(f"{err}; fell back to HiGHS")
+        self.used.add("highs")
+        return knapsack.solve_highs(*args)
+
+
+def solve_pack(
+    table: ClassTable,
+    option: DegreeCosts,
+    counts: Sequence[int],
+    solver: KnapsackSolver,
+    *,
+    time_cap: float = math.inf,
+) -> Pack | None:
+    """F(d, K) on the configs left (``counts`` per class); ``None`` if no config fits.
+
+    Args:
+        table: the class table.
+        option: the ``(d, s)`` of the job.
+        counts: configs available per class, shape (C,).
+        solver: the knapsack backend.
+        time_cap: only packs with ``T(H) <= time_cap`` (a deadline); ``inf`` for none.
+    """
+    cnt = np.asarray(counts, dtype=np.int64)
+    avail = (cnt > 0) & option.fits & (option.time <= time_cap)
+    if not avail.any():
+        return None
+    v, c, a, steps = table.value, option.time, option.mem, table.steps
+    budget = option.mem_budget
+
+    fixed = option.fixed.__getitem__
+
+    best_x: np.ndarray | None = None
+    lam = 0.0
+    # A single config is a feasible pack: start λ at the best of them.
+    for k in np.flatnonzero(avail):
+        t = fixed(int(steps[k])) + c[k]
+        if t <= time_cap and v[k] / t > lam:
+            lam = v[k] / t
+            best_x = np.zeros_like(cnt)
+            best_x[k] = 1
+    if best_x is None:
+        return None
+    for theta in sorted({int(s) for s in steps[avail]}, reverse=True):
+        f0 = fixed(theta)
+        idx_all = np.flatnonzero(avail & (steps <= theta))
+        for _ in range(64):
+            prof = v[idx_all] - lam * c[idx_all]
+            pos = prof > 0
+            if not pos.any():
+                break
+            idx = idx_all[pos]
+            x, val = solver(
+                prof[pos].tolist(),
+                a[idx].tolist(),
+                c[idx].tolist(),
+                cnt[idx].tolist(),
+                budget,
+                time_cap - f0,
+                exact=not math.isfinite(time_cap),
+            )
+            if val - lam * f0 <= knapsack.REL_TOL * max(val, lam * f0, 1e-300):
+                break
+            xs = np.zeros_like(cnt)
+            xs[idx] = x
+            new = float(v @ xs) / (f0 + float(c @ xs))
+            if new <= lam * (1 + knapsack.REL_TOL):
+                break
+            lam, best_x = new, xs
+    return make_pack(table, option, best_x)
