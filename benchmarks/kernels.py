@@ -146,6 +146,15 @@ class Pack:
         return [*self.xs, self.a, self.b, *self.a_list, *self.b_list]
 
 
+def ragged_lens(n: int, n_slots: int, seed: int = 1) -> list[int]:
+    """``n_slots`` segment lengths summing to ``n``, each within 0.5-1.5x of the mean."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(n_slots, generator=g) + 0.5
+    lens = (w / w.sum() * n).floor().long().tolist()
+    lens[-1] += n - sum(lens)
+    return lens
+
+
 def time_fwd_bwd(pk: Pack, fwd) -> tuple[float, float]:
     """(forward ms, backward ms) of ``fwd(x) -> tensor | list`` with rotating inputs."""
     t_f = bench(rotate_calls([lambda x=x: fwd(x) for x in pk.xs]), grad_to_none=pk.leaves())
@@ -348,10 +357,7 @@ def section_bc(dtype, device, log) -> dict:
     n, d, n_slots = 8192, 4096, 32
     if DRY:
         n, d, n_slots = 256, 64, 6
-    g = torch.Generator().manual_seed(1)
-    w = torch.rand(n_slots, generator=g) + 0.5
-    lens = (w / w.sum() * n).floor().long().tolist()
-    lens[-1] += n - sum(lens)
+    lens = ragged_lens(n, n_slots)
     ranks = [(8, 16, 24, 32, 48, 64, 96, 128)[i % 8] for i in range(n_slots)]
     out: dict = {
         "tokens": n,
@@ -431,7 +437,7 @@ def main() -> None:
         log("== tune: tile configs on the (b) shape")
         n, d = (8192, 4096) if not DRY else (128, 48)
         ranks = [(8, 16, 24, 32, 48, 64, 96, 128)[i % 8] for i in range(32 if not DRY else 4)]
-        pk = Pack(seg_lens=[n // len(ranks)] * len(ranks), ranks=ranks, in_f=d, out_f=d, dtype=dtype,
+        pk = Pack(seg_lens=ragged_lens(n, len(ranks)), ranks=ranks, in_f=d, out_f=d, dtype=dtype,
                   device=device, n_rot=1)  # fmt: skip
         configs = tune_configs(pk, log)
         del pk
