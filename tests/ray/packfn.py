@@ -3,6 +3,7 @@
 Each config fits a 4-dim linear regression with SGD at its own lr and seed, one step per packed
 step; it streams metrics, obeys control (stop / add / abort), checkpoints every N steps and
 resumes from its checkpoint. Steps sleep ``PACKFN_STEP_S`` seconds so tests can time kills.
+A pack with more than two configs whose ids start with ``oom`` raises ``torch.OutOfMemoryError``.
 It exercises every runtime path without the cost of the LLM engine.
 """
 
@@ -29,6 +30,8 @@ def _data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def run_pack(*, model, configs, dataset, out_dir, device=None, checkpoint_dir=None,
              checkpoint_every=None, resume=True, hooks=None):  # fmt: skip
     step_s = float(os.environ.get("PACKFN_STEP_S", "0.02"))
+    if sum(c.config_id.startswith("oom") for c in configs) > 2:  # a pack too big for the GPU
+        raise torch.OutOfMemoryError("CUDA out of memory (packfn: more than 2 'oom' configs)")
     x, y = _data(0)
     state: dict[str, dict] = {}
     ckpt = Path(checkpoint_dir) / "state.json" if checkpoint_dir else None

@@ -89,3 +89,22 @@ def test_stop_one_adapter_of_a_running_job(ray_cluster, tmp_path) -> None:
     assert summary.counts["stopped"] == 1 and summary.counts["done"] == 1
     kinds = [d["kind"] for d in SweepStore(out).read_decisions()]
     assert "stop_config" in kinds
+
+
+def test_oom_pack_is_split_in_halves_and_completes(ray_cluster, tmp_path) -> None:
+    import dataclasses
+
+    sweep = tiny_sweep(num_gpus=1, name="oomtest")
+    cs = [dataclasses.replace(c, config_id=f"oom{i}") for i, c in enumerate(configs(4, steps=10))]
+    out = tmp_path / "sweep"
+    summary = run_sweep(
+        sweep, out, cost=cost_of(sweep), source=StaticSource(cs),
+        options=RunOptions(entry=ENTRY, refill=False),
+    )  # fmt: skip
+    assert summary.ok and summary.counts["done"] == 4
+    store = SweepStore(out)
+    split = [d for d in store.read_decisions() if d["kind"] == "split_oom"]
+    assert len(split) == 1 and sorted(len(p) for p in split[0]["inputs"]["into"].values()) == [2, 2]
+    jobs = store.read_jobs().sort_values("start")
+    assert list(jobs["status"]) == ["oom", "done", "done"]
+    assert sorted(len(c) for c in jobs["config_ids"]) == [2, 2, 4]
