@@ -4,8 +4,10 @@
 events -- :meth:`~Coordinator.start`, :meth:`~Coordinator.on_metrics`,
 :meth:`~Coordinator.on_job_finished`, :meth:`~Coordinator.on_job_failed`,
 :meth:`~Coordinator.stop_config` -- and each returns the :class:`JobSpec` s to launch now.
-Workers call :meth:`~Coordinator.poll` between steps for control (stop one adapter, refill a free
-slot). It does no Ray calls; :mod:`plora.runtime.actor` wraps it in a named Ray actor.
+:meth:`~Coordinator.poll` gives a running job its control (stop one adapter, refill a free
+slot). It does no Ray calls: it runs in the driver (:mod:`plora.runtime.sweep`), next to the sweep
+directory it writes, and workers reach it through the named relay actor
+:class:`plora.runtime.monitor.CoordinatorActor` (metrics in, control out).
 
 Online re-planning. Whenever GPUs are freed (a job ended, died or ran out of memory) the cost
 model is refit from every measurement so far (step time and peak memory of the jobs that ran) and
@@ -33,6 +35,7 @@ from plora.runtime.ledger import (
     tell_metrics,
     upsert_job_row,
 )
+from plora.runtime.policy import choose_refills, split_halves
 from plora.runtime.records import (
     ConfigSource,
     ConfigStatus,
@@ -121,7 +124,6 @@ class Coordinator:
         self.status: dict[str, ConfigStatus] = {}
         self.progress: dict[str, int] = {}
         self.results: dict[str, dict[str, Any]] = {}
-        self.attempts: dict[str, int] = {}
         self.pending: list[Any] = []  # planner Jobs not started yet, in plan order
         self.forced: list[JobSpec] = []  # retries, OOM halves, resumed jobs: launched first
         self.running: dict[str, _Running] = {}
@@ -342,8 +344,7 @@ class Coordinator:
                 self.status[c] = ConfigStatus.QUEUED
         elif kind is FailureKind.OOM and len(live) > 1:
             self._measure(run, {}, oom=True)
-            half = (len(live) + 1) // 2
-            parts = [live[:half], live[half:]]
+            parts = split_halves(live)
             new_ids = []
             for part in parts:
                 jid = self._new_job_id()
@@ -539,44 +540,41 @@ class Coordinator:
     def _refill(self, run: _Running) -> None:
         """Fill slots finished configs left with queued configs that fit and end no later."""
         active = [
-            c
+            self.configs[c]
             for c in run.config_ids
             if c not in self._stop_requests
             and self.progress.get(c, 0) < self.cost.steps(self.configs[c])
         ]
-        if not active or len(active) >= run.peak_pack:
-            return
         in_forced = {c for s in self.forced for c in s.config_ids}
-        left = max(self.cost.steps(self.configs[c]) - self.progress.get(c, 0) for c in active)
-        for cid in self.queued_ids():
-            if len(active) >= run.peak_pack:
-                break
-            if cid in in_forced:
-                continue
-            cand = self.configs[cid]
-            pack = [self.configs[c] for c in active] + [cand]
-            used, cap = job_memory(self.cost, pack, run.spec.gpus, run.spec.strategy)
-            steps = self.cost.steps(cand)
-            if used > cap or steps > left:
-                continue
+        picks = choose_refills(
+            active=active,
+            queued=[self.configs[c] for c in self.queued_ids() if c not in in_forced],
+            slots=run.peak_pack,
+            progress=self.progress,
+            cost=self.cost,
+            gpus=run.spec.gpus,
+            strategy=run.spec.strategy,
+        )
+        for pick in picks:
+            cid = pick.config_id
             self._drop_from_plan(cid)
             self.status[cid] = ConfigStatus.RUNNING
             run.config_ids.append(cid)
             run.add_pending.append(cid)
-            active.append(cid)
             if run.plan_job is not None:
                 run.plan_job = dataclasses.replace(run.plan_job, config_ids=tuple(run.config_ids))
             self._decide(
                 Decision.REFILL,
                 job_id=run.spec.job_id,
                 config_ids=[cid],
-                memory_bytes=used,
-                capacity_bytes=cap,
-                steps=steps,
-                steps_left_in_job=left,
-                pack=list(active),
+                memory_bytes=pick.memory_bytes,
+                capacity_bytes=pick.capacity_bytes,
+                steps=pick.steps,
+                steps_left_in_job=pick.steps_left,
+                pack=[c.config_id for c in active] + [p.config_id for p in picks],
             )
-        self._persist()
+        if picks:
+            self._persist()
 
     def _drop_from_plan(self, config_id: str) -> None:
         for i, job in enumerate(self.pending):

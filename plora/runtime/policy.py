@@ -1,0 +1,84 @@
+"""The coordinator's small decisions as pure functions: which queued configs refill a running
+job, how an out-of-memory pack is split."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from plora.config import LoRAConfig
+from plora.runtime.costview import job_memory
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Refill:
+    """One queued config chosen to join a running job, with the numbers that allowed it."""
+
+    config_id: str
+    memory_bytes: float
+    """Predicted per-GPU memory of the job with it: ``M_base(d) + Σ_k M_k(d)``."""
+    capacity_bytes: float
+    steps: int
+    steps_left: int
+    """Steps the job's longest active config still has to go (the refill must not exceed it)."""
+
+
+def choose_refills(
+    *,
+    active: Sequence[LoRAConfig],
+    queued: Sequence[LoRAConfig],
+    slots: int,
+    progress: Mapping[str, int],
+    cost: Any,
+    gpus: int,
+    strategy: str | None,
+) -> list[Refill]:
+    """Queued configs that may join a running job now, in queue order.
+
+    A candidate joins when the pack has a free slot (fewer than ``slots`` active configs: the
+    pack size the planner chose), the pack with it fits the GPU (``job_memory <= capacity``), and
+    it needs no more steps than the job's longest active config has left -- so a refill uses
+    memory and step time a finished config left behind without making the job end later.
+
+    Args:
+        active: The job's configs still training.
+        queued: Configs waiting for a job, in the order to try them.
+        slots: The most configs the job may train at once.
+        progress: Steps done per config id.
+        cost: The cost model (``steps``, memory).
+        gpus: The job's d.
+        strategy: The job's strategy (None for d = 1).
+    """
+    if not active or len(active) >= slots:
+        return []
+    pack = list(active)
+    left = max(cost.steps(c) - progress.get(c.config_id, 0) for c in active)
+    out: list[Refill] = []
+    for cand in queued:
+        if len(pack) >= slots:
+            break
+        used, cap = job_memory(cost, [*pack, cand], gpus, strategy)
+        steps = int(cost.steps(cand))
+        if used > cap or steps > left:
+            continue
+        pack.append(cand)
+        out.append(
+            Refill(
+                config_id=cand.config_id,
+                memory_bytes=used,
+                capacity_bytes=cap,
+                steps=steps,
+                steps_left=left,
+            )
+        )
+    return out
+
+
+def split_halves(config_ids: Sequence[str]) -> list[list[str]]:
+    """An out-of-memory pack's configs in two halves (the first gets the odd one)."""
+    half = (len(config_ids) + 1) // 2
+    return [list(config_ids[:half]), list(config_ids[half:])]
+
+
+__all__ = ["Refill", "choose_refills", "split_halves"]
