@@ -358,3 +358,28 @@ def test_searcher_is_told_every_ending_and_asked_again() -> None:
     done = [m for m in source.told.values() if m["status"] == "done"]
     assert len(done) == 4 and all(m["eval_metric"] == pytest.approx(0.3) for m in done)
     assert len({c for s in every for c in s.config_ids}) == 5
+
+
+@pytest.mark.parametrize(
+    ("active_steps", "queued", "slots", "want"),
+    [
+        # (steps of the active configs, (rank, steps) of queued configs, pack slots, chosen)
+        ([100], [(10, 50), (10, 60)], 3, ["c10", "c11"]),  # two free slots, both fit
+        ([100], [(10, 50), (10, 60)], 2, ["c10"]),  # one free slot
+        ([100], [(10, 101), (10, 90)], 3, ["c11"]),  # 101 steps would outlast the job
+        ([100], [(25, 50), (10, 50)], 3, ["c11"]),  # rank 25 + 10 = 35 > 30 rank units of memory
+        ([100, 100], [(1, 1)], 2, []),  # no free slot
+    ],
+)
+def test_choose_refills_table(active_steps, queued, slots, want) -> None:
+    from plora.runtime.policy import choose_refills
+
+    cost = AffineCost()  # capacity 4 = base 1 + 0.1 per rank unit -> 30 rank units
+    active = [lora(i, rank=10 // len(active_steps), steps=s) for i, s in enumerate(active_steps)]
+    cands = [lora(10 + i, rank=r, steps=s) for i, (r, s) in enumerate(queued)]
+    picks = choose_refills(
+        active=active, queued=cands, slots=slots, progress={}, cost=cost, gpus=1, strategy=None
+    )
+    assert [p.config_id for p in picks] == want
+    for p in picks:
+        assert p.memory_bytes <= p.capacity_bytes and p.steps <= p.steps_left
