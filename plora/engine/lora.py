@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from plora.config import PROJECTIONS, LoRAConfig
+from plora.config import PROJECTIONS, ConfigError, LoRAConfig
 from plora.engine.fused import RANK_ALIGN, fused_forward, kernel, set_kernel_backend
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -369,7 +369,10 @@ def add_adapter(model: nn.Module, slot: int, config: LoRAConfig) -> list[nn.Para
             )
     params = adapter_parameters(model, slot)
     if not params:
-        raise ValueError(f"config {config.config_id}: none of {config.target_modules} is wrapped")
+        raise ConfigError(
+            f"config {config.config_id}: target_modules {list(config.target_modules)} match no "
+            "projection of this model; pick from the decoder's q/k/v/o/gate/up/down_proj"
+        )
     return params
 
 
