@@ -121,3 +121,55 @@ def test_engine_job_survives_a_killed_worker(ray_cluster, tmp_path) -> None:
     assert res["eval_metric"].notna().all()
     for c in configs:
         assert (out / "adapters" / c.config_id / "adapter_model.safetensors").is_file()
+
+
+def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> None:
+    """24 configs of the tiny model on 8 logical GPUs: several jobs at once, never more than 8
+    GPUs, every config trained exactly once to its step count (read back from the sweep dir)."""
+    import dataclasses
+
+    from test_runtime import overlap_max
+
+    from plora.config import SweepConfig
+    from plora.cost.model import build_cost_model
+    from plora.runtime.records import StaticSource
+    from plora.runtime.store import SweepStore
+    from plora.runtime.sweep import RunOptions, run_sweep
+    from plora.space import expand
+
+    sweep = SweepConfig.from_yaml(ROOT / "sweeps/quickstart.yaml")
+    sweep = dataclasses.replace(sweep, hardware=dataclasses.replace(sweep.hardware, num_gpus=8))
+    cs = [
+        dataclasses.replace(c, config_id=f"{c.config_id}-s{s}", seed=s, max_steps=20 + 5 * s)
+        for s in range(3)
+        for c in expand(sweep)
+    ]
+    out = tmp_path / "sweep"
+    summary = run_sweep(
+        sweep, out, cost=build_cost_model(sweep, use_profile=False), source=StaticSource(cs),
+        options=RunOptions(checkpoint_every=None),
+    )  # fmt: skip
+    assert summary.ok and summary.counts["done"] == 24
+    store = SweepStore(out)
+    jobs = store.read_jobs()
+    assert (jobs["status"] == "done").all() and jobs["node"].notna().all()
+    n_at_once, gpus_at_once = overlap_max(jobs)
+    assert n_at_once >= 2 and gpus_at_once <= 8
+    for _, j in jobs.iterrows():  # booked GPU ids are distinct among overlapping jobs
+        over = jobs[(jobs["start"] < j["end"]) & (jobs["end"] > j["start"])]
+        ids = [g for gl in over["gpu_ids"] for g in gl]
+        assert len(ids) == len(set(ids)) and all(0 <= g < 8 for g in ids)
+    assert sorted(c for cl in jobs["config_ids"] for c in cl) == sorted(c.config_id for c in cs)
+    res = store.read_results().set_index("config_id")
+    assert len(res) == 24 and (res["status"] == "done").all() and res["eval_metric"].notna().all()
+    for c in cs:
+        assert res.loc[c.config_id, "steps"] == c.max_steps
+        assert (out / "adapters" / c.config_id / "adapter_model.safetensors").is_file()
+    m = store.read_metrics()
+    assert m.groupby("config_id")["step"].max().to_dict() == {c.config_id: c.max_steps for c in cs}
+    assert not m.duplicated(["config_id", "step"]).any() and len(m) == sum(c.max_steps for c in cs)
+    kinds = [d["kind"] for d in store.read_decisions()]
+    assert kinds.count("start_job") == len(jobs) and kinds[-1] == "sweep_done"
+    assert kinds.count("refit") == len(jobs)  # every finished job refits the cost model
+    assert store.plan_json.is_file() and (out / "base_model" / "config.json").is_file()
+    assert not list(tmp_path.glob(".sweep.tmp-*"))

@@ -74,41 +74,6 @@ def overlap_max(jobs: pd.DataFrame) -> tuple[int, int]:
     return n_max, g_max
 
 
-def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> None:
-    sweep = tiny_sweep()
-    cs = configs(24)
-    out = tmp_path / "sweep"
-    summary = run_sweep(
-        sweep, out, cost=cost_of(sweep), source=StaticSource(cs),
-        options=RunOptions(entry=ENTRY, checkpoint_every=10, refill=False),
-    )  # fmt: skip
-    assert summary.ok and summary.counts["done"] == 24
-    store = SweepStore(out)
-    jobs = store.read_jobs()
-    assert (jobs["status"] == "done").all() and jobs["node"].notna().all()
-    n_at_once, gpus_at_once = overlap_max(jobs)
-    assert n_at_once >= 2 and gpus_at_once <= 8
-    for _, j in jobs.iterrows():  # booked GPU ids are distinct among overlapping jobs
-        over = jobs[(jobs["start"] < j["end"]) & (jobs["end"] > j["start"])]
-        ids = [g for gl in over["gpu_ids"] for g in gl]
-        assert len(ids) == len(set(ids)) and all(0 <= g < 8 for g in ids)
-    assert sorted(c for cl in jobs["config_ids"] for c in cl) == sorted(c.config_id for c in cs)
-    res = store.read_results().set_index("config_id")
-    assert len(res) == 24 and (res["status"] == "done").all()
-    for c in cs:
-        assert res.loc[c.config_id, "steps"] == c.max_steps
-        assert Path(res.loc[c.config_id, "adapter_path"], "adapter.json").is_file()
-    m = store.read_metrics()
-    assert m.groupby("config_id")["step"].max().to_dict() == {c.config_id: c.max_steps for c in cs}
-    assert not m.duplicated(["config_id", "step"]).any() and len(m) == sum(c.max_steps for c in cs)
-    kinds = [d["kind"] for d in store.read_decisions()]
-    assert kinds.count("start_job") == len(jobs) and kinds[-1] == "sweep_done"
-    assert kinds.count("refit") == len(jobs)  # every finished job refits the cost model
-    assert store.plan_json.is_file() and (out / "sweep.yaml").is_file()
-    assert (out / "base_model" / "config.json").is_file()
-    assert not list(tmp_path.glob(".sweep.tmp-*"))
-
-
 def _find_worker(prefix: str) -> tuple[str, str] | None:
     import ray
 
