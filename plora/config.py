@@ -212,6 +212,8 @@ DATASET_FORMATS: tuple[str, ...] = ("auto", "text", "prompt_completion", "chat",
 DATASET_METRICS: tuple[str, ...] = ("auto", "exact_match", "accuracy", "none")
 #: What a sweep ranks configs by: eval/train loss (min) or the dataset's task metric (max).
 SWEEP_METRICS: tuple[str, ...] = ("eval_loss", "train_loss", "eval_metric")
+#: Knapsack backends of the planner (``plora.planner.ilp.SOLVERS``).
+PLANNER_SOLVERS: tuple[str, ...] = ("auto", "bnb", "highs", "cvxpy", "gurobi")
 #: Model dtypes; aliases map to these names (``torch.<name>``).
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}  # fmt: skip
@@ -438,19 +440,21 @@ class PlannerOptions:
     """How the job planner runs."""
 
     solver: str = "auto"
-    """ILP backend: auto (gurobi if licensed, else HiGHS) | highs | gurobi."""
+    """Knapsack backend of the ILPs: auto | bnb (exact branch and bound, then HiGHS) | highs |
+    cvxpy | gurobi (if installed and licensed, else HiGHS)."""
     strategies: tuple[Any, ...] = ()
     """Multi-GPU strategies (``plora.cost.Strategy``: tp | fsdp | pp) jobs with d > 1 may use;
     empty: every strategy the runtime supports."""
     seq_len: int | None = None
     """Sequence length to plan with; default ``dataset.max_seq_len``."""
     time_limit_s: float = 60.0
-    """Wall-clock limit of one ILP solve."""
+    """Wall-clock budget of one ILP solve (reserved: the planner bounds its search by node
+    counts today and does not read it yet)."""
 
     def __post_init__(self) -> None:
         from plora.cost import Strategy
 
-        as_choice(self.solver, "solver", ("auto", "highs", "gurobi"))
+        as_choice(self.solver, "solver", PLANNER_SOLVERS)
         raw = self.strategies
         if isinstance(raw, str) or not isinstance(raw, list | tuple):
             raise ConfigError(
@@ -731,6 +735,7 @@ __all__ = [
     "DATASET_METRICS",
     "DTYPES",
     "GPU_MEMORY_GIB",
+    "PLANNER_SOLVERS",
     "PROJECTIONS",
     "PROJECTION_ALIASES",
     "SWEEP_METRICS",

@@ -12,6 +12,7 @@ import yaml
 from plora.config import (
     BUILTIN_DATASETS,
     GPU_MEMORY_GIB,
+    PLANNER_SOLVERS,
     ConfigError,
     DatasetSpec,
     HardwareConfig,
@@ -143,6 +144,9 @@ def test_planner_options_strategies() -> None:
     assert opts.strategies == (Strategy.TP, Strategy.FSDP)
     assert "strategies='tp'" in error_of(PlannerOptions, strategies="tp")
     assert "solver='cplex'" in error_of(PlannerOptions, solver="cplex")
+    from plora.planner.ilp import SOLVERS
+
+    assert set(PLANNER_SOLVERS) == set(SOLVERS)
 
 
 def test_lora_config_is_unchanged() -> None:
