@@ -97,6 +97,7 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
     """
     if ray.is_initialized():
         return False
+    where = "--address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS") or None
     runtime_env = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}}
     if address is None:
@@ -120,7 +121,7 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
-            f"--address {address}: cannot connect to a Ray cluster ({first}); start one with "
+            f"{where} {address}: cannot connect to a Ray cluster ({first}); start one with "
             "`ray start --head` or drop --address to run locally"
         ) from None
     return False
@@ -128,6 +129,7 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
 
 def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:
     """Fail fast on an unreachable ``host:port`` (Ray itself retries for minutes)."""
+    where = "--address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None or address == "auto" or address.startswith("local"):
         return
@@ -135,14 +137,14 @@ def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError(
-            f"--address {address}: not host:port, ray://host:port or auto; "
+            f"{where} {address}: not host:port, ray://host:port or auto; "
             "e.g. --address 10.0.0.1:6379"
         )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as e:
         raise ConfigError(
-            f"--address {address}: cannot reach a Ray cluster ({e.strerror or e}); start one with "
+            f"{where} {address}: cannot reach a Ray cluster ({e.strerror or e}); start one with "
             "`ray start --head` or drop --address to run locally"
         ) from None
 
