@@ -1,0 +1,42 @@
+"""The Ray runtime: run a sweep's packed jobs, watch them, re-plan as they end.
+
+* :func:`run_sweep` (:mod:`.sweep`) -- what ``plora sweep`` calls: validate, create the sweep
+  dir, launch jobs as Ray actor groups, feed the coordinator, ``--resume``.
+* :class:`Coordinator` (:mod:`.coordinator`) -- the event-driven brain (no Ray): config queue,
+  plan, free GPUs, refits, re-plans, refills, retries, OOM splits; every decision logged.
+* :mod:`.job` / :mod:`.worker` -- a job = placement group of d GPU bundles, one
+  :class:`~.worker.PackWorker` per GPU running ``plora.engine.run_pack``.
+* :mod:`.monitor` -- Ray connection, GPU pool checks, the relay actor between workers and the
+  coordinator.
+* :class:`SweepStore` (:mod:`.store`) -- the sweep directory (Parquet/JSON, atomic writes).
+
+Submodules load lazily: ``import plora.runtime`` does not import Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Coordinator": "plora.runtime.coordinator",
+    "ConfigStatus": "plora.runtime.records",
+    "Decision": "plora.runtime.records",
+    "FailureKind": "plora.runtime.records",
+    "JobSpec": "plora.runtime.records",
+    "JobStatus": "plora.runtime.records",
+    "StaticSource": "plora.runtime.records",
+    "RunOptions": "plora.runtime.sweep",
+    "SweepSummary": "plora.runtime.sweep",
+    "run_sweep": "plora.runtime.sweep",
+    "SweepStore": "plora.runtime.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'plora.runtime' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)
