@@ -147,7 +147,8 @@ def run_sweep(
     """
     options = options or RunOptions()
     t0 = time.monotonic()
-    out = check_out_dir(out, resume=resume)
+    # absolute: workers write adapters and checkpoints from their own working directory
+    out = check_out_dir(out, resume=resume).absolute()
     check_address(address)
     store: SweepStore | None = None
     if resume:
