@@ -13,11 +13,13 @@ frozen linear only. With ``r_i`` the true rank, ``o_i = rank_offsets[i]``,
     dX  = dY·W + Σ_i  m_i/(1-p_i) ⊙ (s_i · dY_i·B_i·A_i)
     dA_i = s_i · (dY_i·B_i)ᵀ · drop_i(x_i)          dB_i = s_i · dY_iᵀ · (drop_i(x_i)·A_iᵀ)
 
-``drop_i(x_i) = x_i ⊙ m_i / (1 - p_i)`` with the keep mask ``m_i`` regenerated from a counter
-based Philox4x32-10 stream (Triton's ``tl.rand``): element ``(t, c)`` of segment ``i`` (``t``
-counted from the segment start) is kept iff ``uniform(seed, counter = i·2³² + t·in + c) >= p_i``.
+``drop_i(x_i) = x_i ⊙ m_i / (1 - p_i)`` with the keep mask ``m_i`` regenerated from counter-based
+Philox4x32-10 (Triton's ``tl.randint4x``, four words per call): element ``(t, c)`` of segment ``i``
+(``t`` counted from the segment start) is kept iff ``u >= p_i``, where ``u`` is word ``c % 4`` of
+Philox(key = seed, counter = (t·⌈in/4⌉ + c//4, i, 0, 0)) mapped to [0, 1) as ``tl.rand`` does.
 No mask is stored; the backward regenerates it. :func:`dropout_mask` reproduces it in pure torch
-on any device (an independent Philox port, tested against ``tl.rand``).
+on any device (an independent Philox port, checked against Random123's known answers and the
+kernels).
 
 Public API
 ----------
@@ -57,10 +59,12 @@ scales:       ``n_slots`` floats ``s_i`` (alpha/r, or alpha/sqrt(r) for rsLoRA).
 dropout_p:    ``n_slots`` floats in ``[0, 1)`` (or one float for every slot).
 dropout_seed: int, the Philox key for this call. Give every layer and every step its own seed
               (e.g. ``hash((step, layer_index))``): equal seeds give equal masks.
-fused:        ``None`` picks per shape from the measured dispatch table of this GPU
-              (``kernels/tuned.json``); ``True`` accumulates the LoRA term inside a Triton base
-              GEMM (and ``dX`` inside the ``dY·W`` GEMM); ``False`` runs cuBLAS for the base and
-              adds the LoRA term with separate kernels.
+fused:        how the base GEMM and the LoRA term meet (``ops.Mode``, measured per GPU and shape
+              in ``kernels/tuned.json``): ``None`` takes the fastest mode of the nearest tuned
+              shape; ``True`` forces FUSED (the LoRA products accumulate inside a Triton base
+              GEMM tile, and dX inside the ``dY·W`` GEMM); ``False`` takes the faster unfused
+              mode: EPILOGUE (LoRA kernel writes its term, cuBLAS ``addmm`` adds the base) or
+              ACCUMULATE (cuBLAS first, the LoRA kernel adds in place).
 backend:      ``"auto"`` (Triton on CUDA tensors, torch reference elsewhere), ``"triton"``
               (also on CPU under ``TRITON_INTERPRET=1``, for tests) or ``"torch"``.
 
@@ -69,7 +73,9 @@ CPU tensors. They are packed into one small device tensor per distinct value (ca
 passing the same table to every layer of a step costs one copy. CUDA tensors are accepted but
 read back to the host (a device sync).
 
-Dtype rules: accumulation in float32; ``y``/``dX`` in ``x.dtype``; the intermediate
+Dtype rules: the Triton path takes float16 / bfloat16 / float32 ``x`` and computes in
+``x.dtype`` (weights and factors are cast to it; autograd casts their gradients back), with
+float32 accumulation (float32 dots use TF32 on the GPU); ``y``/``dX`` in ``x.dtype``; the intermediate
 ``S = s·drop(x)·Aᵀ`` (saved for the backward, ``N × max rp`` elements) in ``x.dtype``;
 ``dA``/``dB`` in the parameters' dtype. Weight gradients use no atomics: one program owns one
 slot's tile and reduces over that slot's tokens in a fixed order, so results are bitwise
