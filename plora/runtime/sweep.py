@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -308,7 +309,9 @@ class _Driver:
             kind, msg, result = FailureKind.OOM, result.get("error", ""), None
         if result is None:
             return self.coord.on_job_failed(job_id, kind, msg)
-        return self.coord.on_job_finished(job_id, result)
+        launches = self.coord.on_job_finished(job_id, result)  # state.json now has its results
+        shutil.rmtree(self.store.checkpoints_dir / job_id, ignore_errors=True)
+        return launches
 
     def _launch(self, launches: list[JobSpec]) -> None:
         for spec in launches:

@@ -121,6 +121,7 @@ def test_engine_job_survives_a_killed_worker(ray_cluster, tmp_path) -> None:
     assert res["eval_metric"].notna().all()
     for c in configs:
         assert (out / "adapters" / c.config_id / "adapter_model.safetensors").is_file()
+    assert not list((out / "checkpoints").glob("*"))  # a finished job's train-state is dropped
 
 
 def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> None:
