@@ -24,20 +24,20 @@ from .meta import PackedMeta
 TUNED_PATH = Path(__file__).with_name("tuned.json")
 
 #: Defaults for a GPU absent from tuned.json (H100-class numbers), and for the CPU interpreter.
-DEFAULT_CONFIGS: dict[str, dict[str, int]] = {
-    "shrink": {"BM": 64, "BK": 64, "num_warps": 4, "num_stages": 3},
+DEFAULT_CONFIGS: dict[str, dict[str, int]] = {  # what --tune picked on both H100 and H200
+    "shrink": {"BM": 64, "BK": 64, "num_warps": 4, "num_stages": 4},
     "gemm": {
         "BM": 128,
         "BN": 128,
         "BK": 64,
-        "BR": 32,
+        "BR": 64,
         "GROUP_M": 8,
         "num_warps": 8,
-        "num_stages": 3,
+        "num_stages": 4,
     },
     "lora": {
         "BM": 64,
-        "BN": 128,
+        "BN": 256,
         "BK": 32,
         "BR": 32,
         "GROUP_M": 8,
@@ -110,7 +110,8 @@ def choose_mode(
     """The measured mode for ``phase`` ('fwd' | 'bwd') at the nearest tuned shape.
 
     ``fused=True`` forces :attr:`Mode.FUSED`; ``fused=False`` takes the faster unfused mode at
-    that shape; ``None`` the fastest of all. Off-table GPUs get ACCUMULATE (or FUSED if forced).
+    that shape; ``None`` the fastest of all. Off-table GPUs get EPILOGUE (the mode measured
+    fastest at most tuned shapes on H100 and H200), or FUSED if forced.
     """
     if fused:
         return Mode.FUSED
@@ -128,7 +129,7 @@ def choose_mode(
         if dist < best_dist:
             best, best_dist = row, dist
     if best is None:
-        return Mode.ACCUMULATE
+        return Mode.EPILOGUE
     times = {Mode(m): t for m, t in best["ms"].items() if fused is None or m != Mode.FUSED}
     return min(times, key=times.__getitem__)
 
