@@ -403,6 +403,37 @@ def section_bc(dtype, device, log) -> dict:
     return out
 
 
+def section_probes(dtype, device, log) -> dict:
+    """Where the memory-bound LoRA kernels stand against plain copies of the same bytes."""
+    n, d = (8192, 4096) if not DRY else (256, 64)
+    out = {}
+    y = torch.empty(n, d, device=device, dtype=dtype)
+    x = torch.randn(n, d, device=device, dtype=dtype)
+    out["write_y_ms"] = bench(lambda: y.fill_(1.0))
+    out["copy_x_to_y_ms"] = bench(lambda: y.copy_(x))
+    for ranks in (
+        [16] * 32,
+        [128] * 32,
+        [(8, 16, 24, 32, 48, 64, 96, 128)[i % 8] for i in range(32)],
+    ):
+        pk = Pack(
+            seg_lens=ragged_lens(n, 32),
+            ranks=ranks,
+            in_f=d,
+            out_f=d,
+            dtype=dtype,
+            device=device,
+            n_rot=1,
+        )
+        calls = kernel_calls(pk)
+        key = f"ranks {sorted(set(ranks))}"
+        out[key] = {k: bench(calls[k]) for k in ("shrink", "lora", "wgrad")}
+        del pk
+    for k, v in out.items():
+        log(f"  {k}: {v}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -410,7 +441,9 @@ def main() -> None:
     ap.add_argument(
         "--tune", action="store_true", help="tune configs and dispatch first; write tuned.json"
     )
-    ap.add_argument("--sections", default="a,b", help="comma list of a, b (b includes c)")
+    ap.add_argument(
+        "--sections", default="a,b", help="comma list of a, b (b includes c), p (probes)"
+    )
     ap.add_argument(
         "--out", default="runs/kernels", help="directory for results JSON and tuned.json"
     )
@@ -464,6 +497,9 @@ def main() -> None:
     if "b" in sections:
         log("== b/c) packed LoRA linear vs frozen linear (target <= 1.10x) and vs naive loop")
         results["linear"] = section_bc(dtype, device, log)
+    if "p" in sections:
+        log("== p) probes: bandwidth floors vs the LoRA kernels at the (b) shape")
+        results["probes"] = section_probes(dtype, device, log)
     (out_dir / "kernels_results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out_dir / "kernels_log.txt").write_text("\n".join(lines) + "\n")
 

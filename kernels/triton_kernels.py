@@ -104,7 +104,7 @@ def _shrink_kernel(
                 keep = _keep(seed, slot, rows - seg_start, k0, K, p, BK)
                 pt = tl.where(keep, pt, 0.0)
             mt = tl.load(
-                m_ptr + (off + rr)[None, :] * stride_mr + ks[:, None] * stride_mk,
+                m_ptr + (off + rr).to(tl.int64)[None, :] * stride_mr + ks[:, None] * stride_mk,
                 mask=r_ok[None, :] & k_ok[:, None],
                 other=0.0,
             )
