@@ -38,13 +38,21 @@ def total_steps(config: LoRAConfig, num_examples: int) -> int:
 
 
 def make_optimizer(params: Sequence[torch.nn.Parameter], config: LoRAConfig) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` over one adapter's parameters with its lr and weight decay."""
+    """``torch.optim.AdamW`` over one adapter's parameters with its lr and weight decay.
+
+    On CUDA the fused implementation (one kernel for all of the adapter's tensors; the same
+    update rule) -- measured on an H200 at 16 adapters of Qwen2.5-3B shape, the multi-tensor
+    default spent ~4 ms per adapter per step in launches.
+    """
+    params = list(params)
+    fused = bool(params) and all(p.is_cuda for p in params)
     return torch.optim.AdamW(
-        list(params),
+        params,
         lr=config.lr,
         betas=ADAM_BETAS,
         eps=ADAM_EPS,
         weight_decay=config.weight_decay,
+        fused=fused or None,
     )
 
 
