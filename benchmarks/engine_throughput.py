@@ -230,9 +230,10 @@ def main() -> None:
                 print("liger_kernel not installed: skipping the Liger pass", flush=True)
         for liger in passes:
             if liger:
-                from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+                import liger_kernel.transformers as lk
 
-                apply_liger_kernel_to_qwen2(
+                apply = getattr(lk, f"apply_liger_kernel_to_{cfg.model_type}")
+                apply(
                     rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                     fused_linear_cross_entropy=False, model=base,
                 )  # fmt: skip
