@@ -22,8 +22,9 @@ class CoordinatorActor:
     """Relay between workers and the driver's coordinator (one per sweep, named).
 
     Worker side: :meth:`push_metrics`, :meth:`poll`. Driver side: :meth:`drain`,
-    :meth:`post_control`, :meth:`forget`, :meth:`set_snapshot`. Others (a Tune proxy trial,
-    a user) may call :meth:`stop_config` and :meth:`snapshot`.
+    :meth:`post_control`, :meth:`post_results`, :meth:`forget`, :meth:`set_snapshot`. Others
+    (a Tune proxy trial following one config, a user) may call :meth:`stop_config`,
+    :meth:`config_view` and :meth:`snapshot`.
     """
 
     def __init__(self) -> None:
@@ -32,9 +33,21 @@ class CoordinatorActor:
         self._aborted: set[str] = set()
         self._stops: list[str] = []
         self._snapshot: dict[str, Any] = {}
+        self._last: dict[str, dict[str, Any]] = {}
+        self._results: dict[str, dict[str, Any]] = {}
 
     def push_metrics(self, job_id: str, rows: list[dict[str, Any]]) -> None:
         self._metrics[job_id].extend(rows)
+        for r in rows:
+            self._last[str(r["config_id"])] = r
+
+    def post_results(self, results: dict[str, dict[str, Any]]) -> None:
+        """Result rows (``results.parquet`` shape) of configs that ended."""
+        self._results.update(results)
+
+    def config_view(self, config_id: str) -> dict[str, Any]:
+        """One config as seen now: its latest step metrics and, once it ended, its result."""
+        return {"last": self._last.get(config_id), "result": self._results.get(config_id)}
 
     def poll(self, job_id: str) -> dict[str, Any]:
         ctl = self._control.pop(job_id, None) or {"stop": [], "add": []}

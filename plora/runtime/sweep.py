@@ -220,6 +220,7 @@ class _Driver:
         self.relay = start_relay(f"{self.prefix}-coordinator")
         self.cpus = cpus_per_worker()
         self.handles: dict[str, JobHandle] = {}
+        self.posted: set[str] = set()
         self.run_args = {
             "model": sweep.model,
             "dataset": sweep.dataset,
@@ -329,6 +330,10 @@ class _Driver:
     def _update(self) -> None:
         snap = self.coord.snapshot()
         self.relay.set_snapshot.remote(snap)
+        ended = {c: r for c, r in self.coord.results.items() if c not in self.posted}
+        if ended:
+            self.relay.post_results.remote(ended)
+            self.posted.update(ended)
         if self.on_update is not None:
             self.on_update(snap)
 

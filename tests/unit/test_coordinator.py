@@ -383,3 +383,24 @@ def test_choose_refills_table(active_steps, queued, slots, want) -> None:
     assert [p.config_id for p in picks] == want
     for p in picks:
         assert p.memory_bytes <= p.capacity_bytes and p.steps <= p.steps_left
+
+
+def test_relay_actor_logic_without_ray() -> None:
+    from plora.runtime.monitor import CoordinatorActor
+
+    relay = CoordinatorActor()
+    relay.push_metrics("j1", [{"config_id": "a", "step": 1}, {"config_id": "a", "step": 2}])
+    relay.push_metrics("j2", [{"config_id": "b", "step": 1}])
+    relay.stop_config("a")
+    got = relay.drain()
+    assert [r["step"] for r in got["metrics"]["j1"]] == [1, 2] and got["stops"] == ["a"]
+    assert relay.drain() == {"metrics": {}, "stops": []}
+    assert relay.config_view("a") == {"last": {"config_id": "a", "step": 2}, "result": None}
+    relay.post_control("j1", {"stop": ["a"], "add": [{"config_id": "c"}]})
+    relay.post_control("j1", {"stop": ["x"], "add": []})
+    assert relay.poll("j1") == {"stop": ["a", "x"], "add": [{"config_id": "c"}], "abort": False}
+    assert relay.poll("j1") == {"stop": [], "add": [], "abort": False}  # delivered once
+    relay.abort("j2")
+    assert relay.poll("j2")["abort"] is True
+    relay.post_results({"a": {"status": "stopped"}})
+    assert relay.config_view("a")["result"] == {"status": "stopped"}
