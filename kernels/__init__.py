@@ -57,8 +57,8 @@ rank_offsets: ``n_slots + 1`` ints, ``rank_offsets[0] == 0``, ``rank_offsets[-1]
 ranks:        ``n_slots`` true ranks (1..256, e.g. 8, 24, 64, 128).
 scales:       ``n_slots`` floats ``s_i`` (alpha/r, or alpha/sqrt(r) for rsLoRA).
 dropout_p:    ``n_slots`` floats in ``[0, 1)`` (or one float for every slot).
-dropout_seed: int, the Philox key for this call. Give every layer and every step its own seed
-              (e.g. ``hash((step, layer_index))``): equal seeds give equal masks.
+dropout_seed: int, the Philox key for this call (taken mod 2⁶³). Give every layer and every
+              step its own seed (e.g. ``hash((step, layer_index))``): equal seeds, equal masks.
 fused:        how the base GEMM and the LoRA term meet (``ops.Mode``, measured per GPU and shape
               in ``kernels/tuned.json``): ``None`` takes the fastest mode of the nearest tuned
               shape; ``True`` forces FUSED (the LoRA products accumulate inside a Triton base

@@ -89,7 +89,7 @@ def dropout_mask(
     groups = (cols + 3) // 4
     t = torch.arange(rows, device=device, dtype=torch.int64).unsqueeze(1)
     g = torch.arange(groups, device=device, dtype=torch.int64).unsqueeze(0)
-    seed &= 0xFFFFFFFFFFFFFFFF
+    seed &= 0x7FFFFFFFFFFFFFFF  # as the kernels: a Triton int64 argument holds 63 bits
     zero = torch.zeros((), dtype=torch.int64, device=device)
     slot_word = torch.tensor(slot, device=device, dtype=torch.int64)
     words = philox4x32((seed & _M32, (seed >> 32) & _M32), t * groups + g, slot_word, zero, zero)

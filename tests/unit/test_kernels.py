@@ -55,6 +55,9 @@ def test_seeds_above_32_bits_use_the_high_key_word():
     lo = dropout_mask(5, 2, (64, 64), 0.5)
     hi = dropout_mask(5 + 2**32, 2, (64, 64), 0.5)
     assert not torch.equal(lo, hi)
+    # Seeds are taken mod 2^63 (what a Triton int64 argument carries); negatives wrap.
+    assert torch.equal(dropout_mask(5 + 2**63, 2, (64, 64), 0.5), lo)
+    assert torch.equal(dropout_mask(-1, 2, (8, 8), 0.5), dropout_mask(2**63 - 1, 2, (8, 8), 0.5))
 
 
 def _naive_oracle(case: Case, x, w, b, a, bb, seed):
