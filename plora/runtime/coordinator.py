@@ -310,6 +310,7 @@ class Coordinator:
         self._job_row(run, status=JobStatus.DONE, end=end)
         profile = result.get("profile") or {}
         self._measure(run, profile, oom=False)
+        self._need_plan = True  # GPUs were freed: re-plan the remaining configs
         return self._schedule(trigger=f"job {job_id} done")
 
     def on_job_failed(self, job_id: str, kind: FailureKind, message: str = "") -> list[JobSpec]:
@@ -381,6 +382,7 @@ class Coordinator:
                     c, status=ConfigStatus.FAILED, job_id=job_id, error=f"{reason}: {message}"[:500]
                 )
                 self._decide(Decision.CONFIG_FAILED, job_id=job_id, config_ids=[c], reason=reason)
+        self._need_plan = True
         return self._schedule(trigger=f"job {job_id} {kind}")
 
     # -- scheduling -------------------------------------------------------------------------

@@ -404,3 +404,23 @@ def test_relay_actor_logic_without_ray() -> None:
     assert relay.poll("j2")["abort"] is True
     relay.post_results({"a": {"status": "stopped"}})
     assert relay.config_view("a")["result"] == {"status": "stopped"}
+
+
+def test_config_missing_from_a_job_result_is_planned_again() -> None:
+    """A refill the worker never picked up (the pack ended first) goes back to the queue and
+    gets its own job, even when the job reported no profile (no refit)."""
+    long_, short, mid = (
+        lora(0, rank=10, steps=100),
+        lora(1, rank=10, steps=5),
+        lora(2, rank=10, steps=100),
+    )
+    late = lora(3, rank=10, steps=20)
+    coord, clock = make([long_, short, mid, late], gpus=1)
+    (spec,) = coord.start()
+    coord.on_metrics(spec.job_id, [{"config_id": "c01", "step": 5}])
+    assert [d["config_id"] for d in coord.poll(spec.job_id)["add"]] == ["c03"]
+    clock.t = 10.0
+    results = {c.config_id: {"status": "completed", "steps": c.max_steps} for c in spec.configs}
+    (again,) = coord.on_job_finished(spec.job_id, {"results": results, "profile": {}})
+    assert again.config_ids == ("c03",)
+    assert coord.status["c03"] is ConfigStatus.RUNNING
