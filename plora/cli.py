@@ -387,4 +387,21 @@ def status(
     typer.echo(text)
 
 
+@app.command()
+def report(
+    sweep_dir: Annotated[Path, typer.Argument(metavar="DIR", help="A `plora sweep --out` dir.")],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Report file, .html or .md (default DIR/report.html)."),
+    ] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Rows in the best-config table.")] = 10,
+) -> None:
+    """Write a sweep's report: best configs, a Gantt chart of its jobs, loss curves, HP effects."""
+    from plora.analysis.report import write_report
+
+    with user_errors():
+        path = write_report(sweep_dir, out, k=top)
+    typer.echo(f"wrote {path}")
+
+
 __all__ = ["EXIT_USER_ERROR", "app", "fail", "load_sweep", "make_plan", "user_errors"]

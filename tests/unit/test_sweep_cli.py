@@ -127,3 +127,7 @@ def test_status_and_progress_read_a_sweep_dir(tmp_path) -> None:
         and "running 2" in result.output
     )
     assert "best by eval_metric" in result.output and spec.config_ids[0] in result.output
+    result = run("report", str(tmp_path), "--out", str(tmp_path / "r.md"))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r.md").is_file() and (tmp_path / "r_files" / "jobs_gantt.png").is_file()
+    assert_one_error(run("report", str(tmp_path), "--out", str(tmp_path / "r.pdf")), ".html or .md")
