@@ -303,6 +303,8 @@ class _Driver:
             kind, msg, result = FailureKind.DIED, _first_line(e), None
         except ray.exceptions.RayTaskError as e:
             kind, msg, result = FailureKind.ERROR, _first_line(e.cause or e), None
+        except ray.exceptions.RayError as e:  # lost objects, runtime-env setup, ...
+            kind, msg, result = FailureKind.ERROR, _first_line(e), None
         stop_job(handle)
         self.relay.forget.remote(job_id)
         self._drain()  # the worker flushed its last metrics before returning
