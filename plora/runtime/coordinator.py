@@ -719,8 +719,4 @@ class Coordinator:
         )
 
 
-def _jsonable(v: Any) -> bool:
-    return isinstance(v, (int, float, str, bool, type(None), list, tuple, dict))
-
-
 __all__ = ["Coordinator"]
