@@ -15,6 +15,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if Path(str(item.fspath)).resolve().parent == HERE:
             item.add_marker(pytest.mark.ray)
+            item.add_marker(pytest.mark.timeout(420))  # a stuck sweep fails, not hangs CI
 
 
 @pytest.fixture(scope="session")

@@ -127,7 +127,9 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tmp_path) -> None:
     for c in cs:
         first = after[after["config_id"] == c.config_id]["step"].min()
         assert first > 1, "the restarted job trained from scratch instead of its checkpoint"
-        assert first <= killed["steps"][c.config_id] + 1
+        # resumed exactly after a checkpoint (every 5 steps), one at least as late as the one
+        # the killer saw (a newer one may land between reading it and the kill)
+        assert (first - 1) % 5 == 0 and first - 1 >= killed["steps"][c.config_id]
     assert len(retry) and store.read_results().set_index("config_id")["steps"].to_dict() == {
         c.config_id: c.max_steps for c in cs
     }
