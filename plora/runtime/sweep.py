@@ -13,6 +13,11 @@ Order of work (nothing is created on disk until every input has been checked)::
 
 ``--resume`` reads ``state.json``: finished configs stay finished, interrupted jobs restart from
 their checkpoints, the rest is re-planned.
+
+On a multi-node cluster (``--address``, or ``ray job submit`` which sets ``RAY_ADDRESS``) workers
+write adapters and checkpoints straight into the sweep directory, so ``--out`` must be an
+absolute path on storage every node mounts (NFS, a shared volume), as for Ray Tune's
+``storage_path``; everything else in the directory is written by the driver.
 """
 
 from __future__ import annotations
