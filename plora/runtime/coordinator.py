@@ -309,7 +309,7 @@ class Coordinator:
         self._decide(Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall)
         self._job_row(run, status=JobStatus.DONE, end=end)
         profile = result.get("profile") or {}
-        self._measure(run, profile, oom=False)
+        self._measure(run, profile)
         self._need_plan = True  # GPUs were freed: re-plan the remaining configs
         return self._schedule(trigger=f"job {job_id} done")
 
@@ -344,7 +344,6 @@ class Coordinator:
             for c in live:
                 self.status[c] = ConfigStatus.QUEUED
         elif kind is FailureKind.OOM and len(live) > 1:
-            self._measure(run, {}, oom=True)
             parts = split_halves(live)
             new_ids = []
             for part in parts:
@@ -585,9 +584,9 @@ class Coordinator:
                 self.pending[i] = dataclasses.replace(job, config_ids=rest)
         self.pending = [j for j in self.pending if j.config_ids]
 
-    def _measure(self, run: _Running, profile: Mapping[str, Any], *, oom: bool) -> None:
+    def _measure(self, run: _Running, profile: Mapping[str, Any]) -> None:
         """Record what the job measured and refit the cost model from all measurements."""
-        if oom or not profile.get("steps"):
+        if not profile.get("steps"):
             return
         self.measurements.append(
             {
