@@ -51,44 +51,19 @@ def fused_forward(fn, layer, x, pieces, *, seed: int) -> torch.Tensor:
     inside the kernel from a Philox seed keyed by (step nonce, module key): deterministic under
     recomputation, statistically the same as the CPU path's keyed masks.
     """
-    slots, seg_rows, fill = [], [pieces[0][1]], []
+    slots: list[int | None] = []
+    seg_rows = [pieces[0][1]]
     for slot, start, stop in pieces:
         if start > seg_rows[-1]:
             slots.append(None)
             seg_rows.append(start)
         slots.append(slot)
         seg_rows.append(stop)
-    real = [s for s in slots if s is not None]
-    a_cat, b_cat, offsets = layer.packed(real)
-    ranks, scales, drops, rank_offsets = [], [], [], [0]
-    it = iter(range(len(real)))
-    for slot in slots:
-        if slot is None:
-            fill.append(len(ranks))
-            ranks.append(1)
-            scales.append(0.0)
-            drops.append(0.0)
-            rank_offsets.append(rank_offsets[-1] + RANK_ALIGN)
-            continue
-        k = next(it)
-        spec = layer.specs[slot]
-        ranks.append(spec.rank)
-        scales.append(spec.scale)
-        drops.append(spec.dropout if layer.training else 0.0)
-        rank_offsets.append(rank_offsets[-1] + offsets[k + 1] - offsets[k])
-    if fill:  # zero blocks for the filler slots, at their positions in the concatenation
-        a_parts, b_parts, k = [], [], 0
-        zero_a = a_cat.new_zeros(RANK_ALIGN, a_cat.shape[1])
-        zero_b = b_cat.new_zeros(b_cat.shape[0], RANK_ALIGN)
-        for slot in slots:
-            if slot is None:
-                a_parts.append(zero_a)
-                b_parts.append(zero_b)
-            else:
-                a_parts.append(a_cat[offsets[k] : offsets[k + 1]])
-                b_parts.append(b_cat[:, offsets[k] : offsets[k + 1]])
-                k += 1
-        a_cat, b_cat = torch.cat(a_parts), torch.cat(b_parts, 1)
+    a_cat, b_cat, rank_offsets = layer.packed(slots)
+    specs = [layer.specs[s] if s is not None else None for s in slots]
+    ranks = [sp.rank if sp else 1 for sp in specs]
+    scales = [sp.scale if sp else 0.0 for sp in specs]
+    drops = [sp.dropout if sp and layer.training else 0.0 for sp in specs]
     per_row = math.prod(x.shape[1:-1])
     autocast = torch.is_autocast_enabled(x.device.type)
     dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
@@ -98,7 +73,7 @@ def fused_forward(fn, layer, x, pieces, *, seed: int) -> torch.Tensor:
         layer.base_layer.weight.to(dtype),
         None if bias is None else bias.to(dtype),
         a_cat.to(dtype),
-        b_cat.to(dtype),
+        b_cat.to(dtype),  # a transposed view of a contiguous Bᵀ: the kernels' native layout
         [r * per_row for r in seg_rows],
         rank_offsets,
         ranks,

@@ -178,8 +178,11 @@ class PackedLoRALinear(nn.Module):
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=gen)
         device = self.base_layer.weight.device
         self.lora_A[str(slot)] = nn.Parameter(a.to(device))
+        # B (out, r) is stored transposed (strides (1, out)): Bᵀ rows of all slots concatenate
+        # into the kernels' contiguous (Σ r_pad, out) layout, and its gradient slices back into
+        # each slot without a copy.
         self.lora_B[str(slot)] = nn.Parameter(
-            torch.zeros(self.out_features, rank, dtype=torch.float32, device=device)
+            torch.zeros(rank, self.out_features, dtype=torch.float32, device=device).t()
         )
         self.specs[slot] = SlotSpec(rank=rank, scale=float(scale), dropout=dropout, seed=seed)
 
@@ -193,21 +196,31 @@ class PackedLoRALinear(nn.Module):
         """``(A, B)`` of ``slot``: ``(r, in)`` and ``(out, r)``."""
         return self.lora_A[str(slot)], self.lora_B[str(slot)]
 
-    def packed(self, slots: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    def packed(self, slots: Sequence[int | None]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Rank-concatenated, zero-padded factors of ``slots`` (differentiable view).
+
+        A ``None`` entry is a filler: a zero block of ``RANK_ALIGN`` rows.
 
         Returns:
             ``A`` (Σ r_pad, in), ``B`` (out, Σ r_pad) and the padded offsets (len + 1), where
-            ``r_pad = ceil(r / RANK_ALIGN) · RANK_ALIGN``; padding rows/cols are zeros.
+            ``r_pad = ceil(r / RANK_ALIGN) · RANK_ALIGN``; padding rows/cols are zeros. ``B`` is
+            the transpose of a contiguous ``Bᵀ`` (strides ``(1, out)``).
         """
-        a_parts, b_parts, offsets = [], [], [0]
+        a_parts, bt_parts, offsets = [], [], [0]
         for slot in slots:
+            if slot is None:
+                w = self.base_layer.weight
+                a_parts.append(w.new_zeros(RANK_ALIGN, self.in_features, dtype=torch.float32))
+                bt_parts.append(w.new_zeros(RANK_ALIGN, self.out_features, dtype=torch.float32))
+                offsets.append(offsets[-1] + RANK_ALIGN)
+                continue
             a, b = self.factors(slot)
+            bt = b.t()
             pad = -a.shape[0] % RANK_ALIGN
             a_parts.append(nn.functional.pad(a, (0, 0, 0, pad)) if pad else a)
-            b_parts.append(nn.functional.pad(b, (0, pad)) if pad else b)
+            bt_parts.append(nn.functional.pad(bt, (0, 0, 0, pad)) if pad else bt)
             offsets.append(offsets[-1] + a.shape[0] + pad)
-        return torch.cat(a_parts, 0), torch.cat(b_parts, 1), offsets
+        return torch.cat(a_parts, 0), torch.cat(bt_parts, 0).t(), offsets
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:

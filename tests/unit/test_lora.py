@@ -143,8 +143,16 @@ def test_packed_layout_pads_ranks_with_zeros():
         assert torch.equal(b_view[:, offsets[k] : offsets[k] + r], b.detach())
         assert float(a_view[offsets[k] + r : offsets[k + 1]].abs().sum()) == 0.0
         assert float(b_view[:, offsets[k] + r : offsets[k + 1]].abs().sum()) == 0.0
-    (a_cat.sum() + b_cat.sum()).backward()
-    assert layer.factors(0)[0].grad.shape == (4, 24)  # padding is not a parameter
+    # B is stored transposed so that the concatenation is the kernels' contiguous Bᵀ layout
+    assert b_cat.t().is_contiguous() and layer.factors(1)[1].t().is_contiguous()
+    (a_cat.sum() + (2 * b_cat).sum()).backward()
+    a0, b0 = layer.factors(0)
+    assert a0.grad.shape == (4, 24)  # padding is not a parameter
+    assert b0.grad.shape == (20, 4) and b0.grad.stride() == b0.stride()
+    assert torch.equal(b0.grad, torch.full((20, 4), 2.0))
+    filler_a, filler_b, off = layer.packed([0, None, 2])
+    assert float(filler_b[:, 16:32].abs().sum()) == 0.0
+    assert off == [0, 16, 32, 64] and float(filler_a[16:32].abs().sum()) == 0.0
 
 
 def test_kernel_hook_matches_torch_path_with_filler_slots():
