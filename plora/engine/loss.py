@@ -1,8 +1,9 @@
 """The packed loss: each adapter's own mean token cross-entropy, summed over adapters.
 
-Logits are formed only at target positions (label != -100 after the causal shift), in chunks
-whose head matmul + cross-entropy is recomputed in backward when large, so ``R × S × V``
-logits never exist at once.
+Logits are formed only at target positions (label != -100 after the causal shift), a chunk at
+a time, with the gradient w.r.t. the hidden states computed in the same pass (a fused
+linear-cross-entropy in plain torch), so ``R × S × V`` logits never exist and the head is not
+recomputed in backward.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 _IGNORE = -100
-#: Above this many logits (tokens x vocab) per chunk, the head + CE is recomputed in backward.
+#: Logits (tokens x vocab) per chunk of the fused head + cross-entropy.
 _LOGIT_CHUNK = 1 << 26
 
 
@@ -55,28 +55,61 @@ def packed_loss(
     rows = valid.nonzero()[:, 0]
     h = hidden[:, :-1][valid]
     t = targets[valid]
-    ce = _chunked_ce(head, h, t)
-    loss = (ce * row_w[rows]).sum()
+    loss, ce = _weighted_ce(head, h, t, row_w[rows])
     per_slot = torch.zeros(len(slots), dtype=torch.float64, device=labels.device)
     per_slot.index_add_(0, row_slot[rows], ce.detach().to(torch.float64))
     return loss, dict(zip(slots, per_slot.tolist(), strict=True))
 
 
-def _ce(head: nn.Module, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(head(h).float(), t, reduction="none")
+class _LinearCrossEntropy(torch.autograd.Function):
+    """``Σ_t w_t · CE(h_t Wᵀ + b, y_t)`` with ``∂/∂h`` formed during the forward pass.
+
+    Per chunk of tokens: logits in the compute dtype, ``log_softmax`` in float32 (the upcast
+    fused into it), per-token CE, and ``∂L/∂h = (w ⊙ (softmax - onehot)) W`` -- the same
+    arithmetic autograd would do for HF's ``CE(logits.float())``, but no logits survive the
+    chunk and nothing is recomputed in backward. The head is frozen (no ``∂/∂W``).
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, w, chunk: int, dtype: torch.dtype):
+        n = h.shape[0]
+        ce = torch.empty(n, dtype=torch.float32, device=h.device)
+        grad_h = torch.empty_like(h)
+        with torch.autocast(h.device.type, enabled=False):
+            wt = weight.to(dtype)
+            b = None if bias is None else bias.to(dtype)
+            for i in range(0, n, chunk):
+                tc = targets[i : i + chunk]
+                logp = torch.log_softmax(
+                    F.linear(h[i : i + chunk].to(dtype), wt, b), dim=-1, dtype=torch.float32
+                )
+                ce[i : i + chunk] = -logp.gather(1, tc[:, None]).squeeze(1)
+                g = logp.exp_()  # softmax
+                g[torch.arange(tc.shape[0], device=g.device), tc] -= 1.0
+                g.mul_(w[i : i + chunk, None])
+                grad_h[i : i + chunk] = (g.to(dtype) @ wt).to(h.dtype)
+            loss = (ce * w).sum()
+        ctx.save_for_backward(grad_h)
+        ctx.mark_non_differentiable(ce)
+        return loss, ce
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_ce):
+        (grad_h,) = ctx.saved_tensors
+        return grad_h * grad_loss.to(grad_h.dtype), None, None, None, None, None, None
 
 
-def _chunked_ce(head: nn.Module, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """Per-token CE of ``head(h)`` without holding all logits (recomputed in backward)."""
-    vocab = head.weight.shape[0]
-    chunk = max(1, _LOGIT_CHUNK // vocab)
-    if h.shape[0] <= chunk:
-        return _ce(head, h, t)
-    parts = [
-        checkpoint(_ce, head, h[i : i + chunk], t[i : i + chunk], use_reentrant=False)
-        for i in range(0, h.shape[0], chunk)
-    ]
-    return torch.cat(parts)
+def _weighted_ce(
+    head: nn.Module, h: torch.Tensor, t: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Σ_t w_t CE_t, CE)`` of ``head(h)`` in chunks of ``_LOGIT_CHUNK`` logits."""
+    weight = head.weight
+    if weight.requires_grad:
+        raise ValueError("packed_loss expects a frozen LM head (weight.requires_grad is True)")
+    chunk = max(1, _LOGIT_CHUNK // weight.shape[0])
+    dev = h.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+    return _LinearCrossEntropy.apply(h, weight, head.bias, t, w, chunk, dtype)
 
 
 __all__ = ["packed_loss"]

@@ -214,14 +214,14 @@ def test_activation_checkpointing_changes_nothing():
         assert_same_adapter(w1[cid], w0[cid], tol=1e-6)
 
 
-@pytest.mark.parametrize("chunk_logits", [1 << 26, 7 * 61], ids=["one-chunk", "chunked+recompute"])
+@pytest.mark.parametrize("chunk_logits", [1 << 26, 7 * 61], ids=["one-chunk", "chunked"])
 def test_packed_loss_matches_per_slot_mean_ce(monkeypatch, chunk_logits):
     """Σ_i mean CE of slot i's target tokens (empty slots, ignored labels), value and grads."""
     from plora.engine import loss as loss_mod
 
     monkeypatch.setattr(loss_mod, "_LOGIT_CHUNK", chunk_logits)
     torch.manual_seed(0)
-    head = torch.nn.Linear(16, 61, bias=False)
+    head = torch.nn.Linear(16, 61, bias=False).requires_grad_(False)
     hidden = torch.randn(5, 9, 16, requires_grad=True)
     labels = torch.randint(0, 61, (5, 9))
     labels[0, :4] = -100
@@ -277,3 +277,13 @@ def test_out_of_memory_splits_into_micro_batches(monkeypatch):
     strict.add(CONFIGS[3])  # batch 4 > 3 rows
     with pytest.raises(torch.OutOfMemoryError):
         strict.step()
+
+
+def test_packed_loss_rejects_a_trainable_head():
+    from plora.engine.loss import packed_loss
+
+    head = torch.nn.Linear(4, 7)
+    with pytest.raises(ValueError, match="frozen LM head"):
+        packed_loss(
+            head, torch.randn(1, 3, 4), torch.ones(1, 3, dtype=torch.long), [(0, 0, 1)], {0: 2}
+        )
