@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from plora.planner.ilp import ClassTable, KnapsackSolver, Pack, solve_pack
 
 _TOL = 1e-12
@@ -45,6 +47,11 @@ class Policy:
 
 
 EMPTY = Policy(packs=(), throughput=0.0)
+
+
+def ubs_of(ubs: list[tuple[float, int]], d: int) -> float:
+    """The per-GPU upper bound recorded for degree d."""
+    return next(ub for ub, e in ubs if e == d)
 
 
 class DTM:
@@ -79,6 +86,18 @@ class DTM:
             self._packs[key] = best
         return self._packs[key]
 
+    def upper_ratio(self, d: int, counts: tuple[int, ...], cap: float) -> float:
+        """``max_k v_k / c_k(d, s)`` over available configs and strategies: ``F(d, K) / d <=`` it / d."""
+        cnt = np.asarray(counts)
+        best = 0.0
+        for option in self.table.options:
+            if option.d != d:
+                continue
+            mask = (cnt > 0) & option.fits & (option.time <= cap)
+            if mask.any():
+                best = max(best, float(np.max(self.table.value[mask] / option.time[mask])))
+        return best / d
+
     def solve(self, g: int, counts: tuple[int, ...], *, time_cap: float = math.inf) -> Policy:
         """The max-throughput policy on ``g`` GPUs for the configs left (``counts`` per class).
 
@@ -100,21 +119,44 @@ class DTM:
         greedy_only = self._nodes > self.node_budget
         if greedy_only:
             self.budget_hit = True
-        cands = []
+        # Upper bounds F(d, K) <= d · ub_d (a ratio of sums is at most the largest ratio), so
+        # F is solved only for degrees that may hold the best per-GPU throughput or survive
+        # the pruning bound below.
+        ubs: list[tuple[float, int]] = []
         d = 1
         while d <= g:
-            pack = self.best_pack(d, counts, cap)
-            if pack is not None:
-                cands.append(pack)
+            ub = self.upper_ratio(d, counts, cap)
+            if ub > 0:
+                ubs.append((ub, d))
             d *= 2
-        if not cands:
+        ubs.sort(reverse=True)
+        solved: dict[int, Pack | None] = {}
+        rho = 0.0  # best per-GPU throughput of a solved degree
+        for ub, d in ubs:
+            if ub <= rho:
+                break
+            solved[d] = pack = self.best_pack(d, counts, cap)
+            if pack is not None:
+                rho = max(rho, pack.ratio / d)
+        if rho <= 0:
             self._policies[key] = EMPTY
             return EMPTY
-        cands.sort(key=lambda p: -p.ratio / p.option.d)
-        rho = cands[0].ratio / cands[0].option.d
+        order = sorted(
+            ((p.ratio / d, d) for d, p in solved.items() if p is not None), reverse=True
+        ) + [(ub, d) for ub, d in ubs if d not in solved]
         best = EMPTY
-        for pack in cands:
-            d = pack.option.d
+        for _, d in order:
+            if (
+                best.packs
+                and d not in solved
+                and d * ubs_of(ubs, d) + (g - d) * rho <= (best.throughput * (1 + _TOL))
+            ):
+                continue
+            if d not in solved:
+                solved[d] = self.best_pack(d, counts, cap)
+            pack = solved[d]
+            if pack is None:
+                continue
             if best.packs and pack.ratio + (g - d) * rho <= best.throughput * (1 + _TOL):
                 continue
             rest = tuple(c - t for c, t in zip(counts, pack.take, strict=True))

@@ -196,7 +196,7 @@ class KnapsackSolver:
     """
 
     def __init__(
-        self, solver: str = "auto", *, node_limit: int = 20_000, heuristic_node_limit: int = 300
+        self, solver: str = "auto", *, node_limit: int = 20_000, heuristic_node_limit: int = 25
     ) -> None:
         if solver not in SOLVERS:
             raise ConfigError(
@@ -226,13 +226,15 @@ class KnapsackSolver:
     ) -> tuple[list[int], float]:
         """Solve one knapsack; ``exact=False`` accepts branch and bound's best past its limit."""
         args = (profit, mem, time, count, mem_cap, time_cap)
-        if self.requested in ("auto", "bnb") or not exact:
-            limit = self.node_limit if exact else self.heuristic_node_limit
-            x, val, proven = knapsack.solve_bnb(*args, node_limit=limit)
+        if not exact:
+            x, val, _ = knapsack.solve_bnb(*args, node_limit=self.heuristic_node_limit)
+            return x, val
+        if self.requested in ("auto", "bnb"):
+            x, val, proven = knapsack.solve_bnb(*args, node_limit=self.node_limit)
             self.used.add("bnb")
-            if proven or not exact:
+            if proven:
                 return x, val
-            self._note(f"branch and bound passed {limit} nodes; HiGHS MILP solved it")
+            self._note(f"branch and bound passed {self.node_limit} nodes; HiGHS MILP solved it")
         elif self.requested == "cvxpy":
             self.used.add("cvxpy")
             return knapsack.solve_cvxpy(*args)
@@ -294,6 +296,10 @@ def solve_pack(
             if not pos.any():
                 break
             idx = idx_all[pos]
+            ub = knapsack.lp_bound(prof[pos], a[idx], cnt[idx], budget)
+            ub = min(ub, knapsack.lp_bound(prof[pos], c[idx], cnt[idx], time_cap - f0))
+            if ub - lam * f0 <= knapsack.REL_TOL * max(ub, lam * f0, 1e-300):
+                break  # not even the LP relaxation beats λ
             x, val = solver(
                 prof[pos].tolist(),
                 a[idx].tolist(),

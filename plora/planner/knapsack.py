@@ -31,6 +31,10 @@ import numpy as np
 #: Relative optimality tolerance of every backend.
 REL_TOL = 1e-12
 
+#: Wall-clock cap of one HiGHS knapsack MILP (zero-gap MILPs of subset-sum-like instances can
+#: run very long); past it the best solution found is returned.
+HIGHS_TIME_LIMIT_S = 10.0
+
 
 class GurobiUnavailable(RuntimeError):
     """gurobipy cannot solve this model (not installed, no license, or over the size limit)."""
@@ -38,6 +42,33 @@ class GurobiUnavailable(RuntimeError):
 
 def _ratio(p: float, w: float) -> float:
     return p / w if w > 0 else math.inf
+
+
+def lp_bound(profit: np.ndarray, weight: np.ndarray, count: np.ndarray, cap: float) -> float:
+    """Dantzig's bound: the LP relaxation of ``max p·x, w·x <= cap, 0 <= x <= n`` (numpy).
+
+    Args:
+        profit: ``p > 0``, shape (m,).
+        weight: ``w >= 0``, shape (m,).
+        count: ``n >= 0``, shape (m,).
+        cap: capacity (``inf`` allowed).
+    """
+    if cap < 0:
+        return 0.0
+    if not math.isfinite(cap):
+        return float(profit @ count)
+    with np.errstate(divide="ignore", over="ignore"):
+        ratio = np.where(weight > 0, profit / np.where(weight > 0, weight, 1.0), np.inf)
+    order = np.argsort(-ratio, kind="stable")
+    w = (weight * count)[order]
+    p = (profit * count)[order]
+    cw = np.cumsum(w)
+    j = int(np.searchsorted(cw, cap, side="right"))
+    ub = float(p[:j].sum())
+    if j < len(w):
+        room = cap - (cw[j - 1] if j else 0.0)
+        ub += float(profit[order[j]] * room / weight[order[j]])
+    return ub
 
 
 def solve_bnb(
@@ -187,7 +218,38 @@ def _finish(x_raw: Sequence[float], profit: np.ndarray) -> tuple[list[int], floa
     return x, float(np.dot(profit, x))
 
 
-def solve_highs(
+def _fitting(
+    profit, mem, time, count, mem_cap: float, time_cap: float
+) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Items that fit alone (others are 0 in every solution) and their data; keeps the
+    scaled rows of the MILPs at most 1."""
+    p, a, b = (np.asarray(v, dtype=float) for v in (profit, mem, time))
+    n = np.asarray(count, dtype=float)
+    keep = (n > 0) & (a <= mem_cap) & (b <= time_cap)
+    return np.flatnonzero(keep), (p[keep], a[keep], b[keep], n[keep])
+
+
+def _milp(backend):
+    """Run a MILP backend on the items that fit alone; map the solution back."""
+
+    def run(profit, mem, time, count, mem_cap, time_cap=math.inf):
+        m = len(profit)
+        if m == 0 or mem_cap < 0 or time_cap < 0:
+            return [0] * m, 0.0
+        idx, data = _fitting(profit, mem, time, count, mem_cap, time_cap)
+        x = [0] * m
+        if len(idx) == 0:
+            return x, 0.0
+        sub, val = backend(*data, mem_cap, time_cap)
+        for i, v in zip(idx, sub, strict=True):
+            x[int(i)] = v
+        return x, val
+
+    run.__name__, run.__doc__ = backend.__name__.lstrip("_"), backend.__doc__
+    return run
+
+
+def _solve_highs(
     profit: Sequence[float],
     mem: Sequence[float],
     time: Sequence[float],
@@ -200,8 +262,6 @@ def solve_highs(
 
     p = np.asarray(profit, dtype=float)
     m = len(p)
-    if m == 0 or mem_cap < 0 or time_cap < 0:
-        return [0] * m, 0.0
     rows, rhs = _scaled_rows(np.asarray(mem, float), np.asarray(time, float), mem_cap, time_cap)
     h = highspy.Highs()
     for key, value in (
@@ -210,6 +270,7 @@ def solve_highs(
         ("mip_abs_gap", 0.0),
         ("mip_feasibility_tolerance", 1e-9),
         ("primal_feasibility_tolerance", 1e-9),
+        ("time_limit", HIGHS_TIME_LIMIT_S),
     ):
         h.setOptionValue(key, value)
     lp = highspy.HighsLp()
@@ -228,12 +289,15 @@ def solve_highs(
     lp.integrality_ = [highspy.HighsVarType.kInteger] * m
     h.passModel(lp)
     h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+    status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kTimeLimit and h.getInfo().primal_solution_status:
+        return _finish(h.getSolution().col_value, p)  # best found; the caller is told
+    if status != highspy.HighsModelStatus.kOptimal:
         raise RuntimeError(f"HiGHS knapsack MILP ended with status {h.getModelStatus()}")
     return _finish(h.getSolution().col_value, p)
 
 
-def solve_cvxpy(
+def _solve_cvxpy(
     profit: Sequence[float],
     mem: Sequence[float],
     time: Sequence[float],
@@ -246,8 +310,6 @@ def solve_cvxpy(
 
     p = np.asarray(profit, dtype=float)
     m = len(p)
-    if m == 0 or mem_cap < 0 or time_cap < 0:
-        return [0] * m, 0.0
     rows, rhs = _scaled_rows(np.asarray(mem, float), np.asarray(time, float), mem_cap, time_cap)
     counts = np.asarray(count, dtype=float)
     x = cp.Variable(m, boolean=True) if np.all(counts == 1) else cp.Variable(m, integer=True)
@@ -259,7 +321,7 @@ def solve_cvxpy(
     return _finish(x.value, p)
 
 
-def solve_gurobi(
+def _solve_gurobi(
     profit: Sequence[float],
     mem: Sequence[float],
     time: Sequence[float],
@@ -274,8 +336,6 @@ def solve_gurobi(
         raise GurobiUnavailable("gurobipy is not installed") from err
     p = np.asarray(profit, dtype=float)
     m = len(p)
-    if m == 0 or mem_cap < 0 or time_cap < 0:
-        return [0] * m, 0.0
     rows, rhs = _scaled_rows(np.asarray(mem, float), np.asarray(time, float), mem_cap, time_cap)
     try:
         env = gp.Env(params={"OutputFlag": 0})
@@ -296,9 +356,14 @@ def solve_gurobi(
     return _finish(values, p)
 
 
+solve_highs = _milp(_solve_highs)
+solve_cvxpy = _milp(_solve_cvxpy)
+solve_gurobi = _milp(_solve_gurobi)
+
 __all__ = [
     "REL_TOL",
     "GurobiUnavailable",
+    "lp_bound",
     "solve_bnb",
     "solve_cvxpy",
     "solve_gurobi",
