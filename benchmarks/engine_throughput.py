@@ -28,7 +28,6 @@ import contextlib
 import copy
 import gc
 import json
-import platform
 import time
 from pathlib import Path
 
@@ -204,7 +203,7 @@ def main() -> None:
         torch.set_num_threads(1)  # toy matmuls: threads only add overhead
     lora.set_kernel_backend(args.kernels)
     peak = measure_peak_flops(device, dtype)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
     print(f"device {gpu}: measured peak {peak / 1e12:.3f} TFLOP/s ({dtype})", flush=True)
     rows = []
@@ -272,11 +271,15 @@ def main() -> None:
                     "predicted_gib": pred / 2**30, "memory_error": err,
                 }  # fmt: skip
                 rows.append(row)
+                mem_txt = (
+                    f"peak {row['peak_gib']:7.2f} GiB  predicted {row['predicted_gib']:7.2f} GiB "
+                    f"(error {err:+.1%})"
+                    if cuda
+                    else "memory n/a on CPU"
+                )
                 print(
                     f"{name:>18} {label:>10} liger={liger!s:5} ckpt={bool(ckpt)!s:5} "
-                    f"{tps:>10.0f} tok/s  {tps / ceiling:6.3f} of ceiling  "
-                    f"peak {row['peak_gib']:7.2f} GiB  predicted {row['predicted_gib']:7.2f} GiB "
-                    f"(error {err:+.1%})",
+                    f"{tps:>10.0f} tok/s  {tps / ceiling:6.3f} of ceiling  {mem_txt}",
                     flush=True,
                 )
         del base
