@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plora.planner.ilp import ClassTable, KnapsackSolver, Pack, solve_pack
+from plora.planner.ilp import ClassTable, KnapsackSolver, Pack, make_pack, solve_pack
+from plora.planner.types import MEM_RTOL
 
 _TOL = 1e-12
 
@@ -47,6 +48,12 @@ class Policy:
 
 
 EMPTY = Policy(packs=(), throughput=0.0)
+
+
+def _moved(take: tuple[int, ...], c: int, delta: int) -> list[int]:
+    out = list(take)
+    out[c] += delta
+    return out
 
 
 def ubs_of(ubs: list[tuple[float, int]], d: int) -> float:
@@ -109,6 +116,58 @@ class DTM:
         self._nodes = 0
         return self._solve(g, tuple(counts), time_cap)
 
+    def _spread(self, policy: Policy, g: int, cap: float) -> Policy:
+        """Local search on GPUs the policy leaves idle (our extension of Alg. 1).
+
+        When the configs run out before the GPUs do, Alg. 1 packs them into few jobs and
+        leaves GPUs idle. Moving one config out of a pack into a new job on idle GPUs (or into
+        a job created by an earlier move) is kept while it raises ``Σ_j v_j / T_j``.
+        """
+        packs = list(policy.packs)
+        fresh: set[int] = set()
+        table = self.table
+        for _ in range(4 * sum(sum(p.take) for p in packs)):
+            idle = g - sum(p.option.d for p in packs)
+            best: tuple[float, int, int | None, Pack, Pack] | None = None
+            for i, p in enumerate(packs):
+                if sum(p.take) <= 1:
+                    continue
+                for c, t in enumerate(p.take):
+                    if not t:
+                        continue
+                    shrunk = make_pack(table, p.option, _moved(p.take, c, -1))
+                    base = shrunk.ratio - p.ratio
+                    targets: list[tuple[int | None, Pack | None]] = [
+                        (j, make_pack(table, packs[j].option, _moved(packs[j].take, c, +1)))
+                        for j in fresh
+                        if j != i
+                    ]
+                    targets += [
+                        (None, make_pack(table, o, _moved((0,) * len(p.take), c, +1)))
+                        for o in table.options
+                        if o.d <= idle and o.fits[c]
+                    ]
+                    for j, new in targets:
+                        if new is None or new.time > cap:
+                            continue
+                        if new.memory > new.option.capacity * (1 + MEM_RTOL):
+                            continue
+                        gain = base + new.ratio - (packs[j].ratio if j is not None else 0.0)
+                        if gain > _TOL * policy.throughput and (best is None or gain > best[0]):
+                            best = (gain, i, j, shrunk, new)
+            if best is None:
+                break
+            _, i, j, shrunk, new = best
+            packs[i] = shrunk
+            if j is None:
+                fresh.add(len(packs))
+                packs.append(new)
+            else:
+                packs[j] = new
+        if len(packs) == len(policy.packs) and not fresh:
+            return policy
+        return Policy(packs=tuple(packs), throughput=sum(p.ratio for p in packs))
+
     def _solve(self, g: int, counts: tuple[int, ...], cap: float) -> Policy:
         if g <= 0 or not any(counts):
             return EMPTY
@@ -161,9 +220,10 @@ class DTM:
                 continue
             rest = tuple(c - t for c, t in zip(counts, pack.take, strict=True))
             sub = self._solve(g - d, rest, cap)
-            value = pack.ratio + sub.throughput
-            if value > best.throughput * (1 + _TOL):
-                best = Policy(packs=(pack, *sub.packs), throughput=value)
+            cand = Policy(packs=(pack, *sub.packs), throughput=pack.ratio + sub.throughput)
+            cand = self._spread(cand, g, cap)
+            if cand.throughput > best.throughput * (1 + _TOL):
+                best = cand
             if greedy_only:
                 break
         if not greedy_only:

@@ -144,7 +144,13 @@ def _with(pack: Pack, c: int, delta: int, table: ClassTable) -> Pack | None:
 
 
 def rebalance(
-    table: ClassTable, started: list[_Start], num_gpus: int, *, max_moves: int = 10_000
+    table: ClassTable,
+    started: list[_Start],
+    num_gpus: int,
+    *,
+    now: float = 0.0,
+    busy: Sequence[tuple[float, tuple[int, ...]]] = (),
+    max_moves: int = 10_000,
 ) -> list[_Start]:
     """Tail repair: move configs out of the job that ends last while that lowers the makespan.
 
@@ -164,7 +170,11 @@ def rebalance(
             for g in s.gpu_ids:
                 if g not in last_on or s.start >= starts[last_on[g]].start:
                     last_on[g] = i
-        free_from = sorted((end[last_on[g]] if g in last_on else 0.0, g) for g in range(num_gpus))
+        held = {g: e for e, ids in busy for g in ids}
+        free_from = sorted(
+            (max(now, held.get(g, now), end[last_on[g]] if g in last_on else now), g)
+            for g in range(num_gpus)
+        )
         tails = {i for i in last_on.values() if all(last_on[g] == i for g in starts[i].gpu_ids)}
         others = max((e for i, e in enumerate(end) if i != a), default=0.0)
         best: tuple[float, int, int | None, Pack | None, _Start | None] | None = None
@@ -249,7 +259,7 @@ def _search(
         started = simulate(
             table, dtm, num_gpus, counts=counts, now=now, busy=busy, deadline=deadline
         )
-        started = rebalance(table, started, num_gpus)
+        started = rebalance(table, started, num_gpus, now=now, busy=busy)
         span = max((s.start + s.pack.time for s in started), default=now)
         if not math.isfinite(factor):
             paper = span

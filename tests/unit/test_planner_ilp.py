@@ -138,7 +138,7 @@ def test_cvxpy_backend_matches_highs():
     for cap_b in (math.inf, 6.0):
         _, val_c = kn.solve_cvxpy(p, a, b, n, 9.0, cap_b)
         _, val_h = kn.solve_highs(p, a, b, n, 9.0, cap_b)
-        x, val_b, _ = kn.solve_bnb(p, a, b, n, 9.0, cap_b)
+        _, val_b, _ = kn.solve_bnb(p, a, b, n, 9.0, cap_b)
         assert val_c == pytest.approx(val_h, rel=1e-6)
         assert val_b == pytest.approx(val_h, rel=1e-6)
 
@@ -230,9 +230,10 @@ def fake_gurobipy(*, licensed: bool, max_vars: int = 2000) -> types.ModuleType:
         def optimize(self):
             best, arg = -1.0, None
             for x in itertools.product(*[range(int(u) + 1) for u in self.x.ub]):
-                if all(np.all(rows @ np.array(x) <= rhs + 1e-12) for rows, rhs in self.cons):
-                    if float(self.obj @ np.array(x)) > best:
-                        best, arg = float(self.obj @ np.array(x)), x
+                value = float(self.obj @ np.array(x))
+                fits = all(np.all(r @ np.array(x) <= rhs + 1e-12) for r, rhs in self.cons)
+                if fits and value > best:
+                    best, arg = value, x
             self.x.X, self.Status = np.array(arg, float), GRB.OPTIMAL
 
         def dispose(self):
