@@ -70,7 +70,7 @@ class DTM:
         node_budget: search nodes per :meth:`solve` call before falling back to greedy chains.
     """
 
-    def __init__(self, table: ClassTable, solver: KnapsackSolver, *, node_budget: int = 400):
+    def __init__(self, table: ClassTable, solver: KnapsackSolver, *, node_budget: int = 100):
         self.table = table
         self.solver = solver
         self.node_budget = node_budget

@@ -284,7 +284,7 @@ def plan_sweep(
     *,
     solver: str = "auto",
     objective: Objective = Objective.WORK,
-    node_budget: int = 400,
+    node_budget: int = 100,
 ) -> Plan:
     """Plan every config of a sweep on ``num_gpus`` GPUs (Alg. 2 over DTM over F(d, K)).
 
@@ -315,7 +315,7 @@ def replan(
     *,
     solver: str = "auto",
     objective: Objective = Objective.WORK,
-    node_budget: int = 400,
+    node_budget: int = 100,
 ) -> Plan:
     """Re-plan the configs left while ``running`` jobs hold their GPUs until their ``end_s``.
 

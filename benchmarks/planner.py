@@ -1,0 +1,138 @@
+"""Planner benchmark: wall time and makespan / lower bound on paper-scale sweeps.
+
+Instances (targets from DESIGN.md: 120 x 8 <= 5 s, 1,000 x 64 <= 60 s, ratio <= 1.05):
+
+* ``table1``: ``sweeps/paper-table1.yaml`` (120 configs, Qwen2.5-7B, 8x A100-40GB, TP) on
+  the real cost model (``plora.cost.model.build_cost_model``, no profile).
+* ``table1-NxG``: N configs sampled from the paper's Table-1 ranges (lr 2e-5..4e-4, batch
+  1..32, rank 8..128, alpha r/4..4r, all projections, 1 epoch) on the same cost model with G
+  GPUs (TP allowed).
+* ``affine-NxG``: the same configs on :class:`plora.planner.synthetic.AffineCostModel`
+  (7B-on-H200-like magnitudes, TP and FSDP).
+
+Usage::
+
+    python benchmarks/planner.py            # all instances, a table on stdout
+    python benchmarks/planner.py --markdown # the same as a Markdown table
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+from plora.config import PROJECTIONS, LoRAConfig, SweepConfig
+from plora.cost.model import build_cost_model
+from plora.planner import Baseline, baseline_plan, plan_sweep
+from plora.planner.synthetic import AffineCostModel
+from plora.space import expand
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def table1_configs(n: int, seed: int = 0) -> list[LoRAConfig]:
+    """n configs drawn from the paper's Table-1 ranges."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        rank = rng.choice([8, 16, 32, 64, 128])
+        out.append(
+            LoRAConfig(
+                config_id=f"t1-{i:04d}",
+                rank=rank,
+                alpha=rank * rng.choice([0.25, 0.5, 1.0, 2.0, 4.0]),
+                lr=10 ** rng.uniform(math.log10(2e-5), math.log10(4e-4)),
+                batch_size=rng.choice([1, 2, 4, 8, 16, 32]),
+                target_modules=PROJECTIONS,
+                epochs=1.0,
+            )
+        )
+    return out
+
+
+def instances():
+    """(name, configs, cost model, GPUs) for every benchmark instance."""
+    sweep = SweepConfig.from_yaml(ROOT / "sweeps" / "paper-table1.yaml")
+    real = build_cost_model(sweep, use_profile=False)
+    yield "table1 (yaml)", expand(sweep), real, sweep.hardware.num_gpus
+    for n, g in ((120, 8), (500, 32), (1000, 64)):
+        hw = dataclasses.replace(sweep.hardware, num_gpus=g)
+        cost = build_cost_model(dataclasses.replace(sweep, hardware=hw), use_profile=False)
+        yield f"table1-{n}x{g}", table1_configs(n), cost, g
+    for n, g in ((120, 8), (500, 32), (1000, 64)):
+        cost = AffineCostModel(dataset_size=sweep.dataset.num_examples)
+        yield f"affine-{n}x{g}", table1_configs(n), cost, g
+
+
+def run() -> list[dict]:
+    rows = []
+    for name, configs, cost, gpus in instances():
+        t0, c0 = time.perf_counter(), time.process_time()
+        plan = plan_sweep(configs, cost, gpus)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        row = {
+            "instance": name,
+            "configs": len(configs),
+            "gpus": gpus,
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "jobs": len(plan.jobs),
+            "makespan_h": plan.makespan_s / 3600,
+            "lb_h": plan.lower_bound_s / 3600,
+            "ratio": plan.lb_ratio,
+            "thm61": plan.ratio_bound,
+        }
+        for kind in Baseline:
+            try:
+                base = baseline_plan(configs, cost, gpus, kind)
+                row[str(kind)] = base.makespan_s / plan.makespan_s
+            except Exception:  # max_gpu/sequential need a multi-GPU strategy
+                row[str(kind)] = float("nan")
+        rows.append(row)
+        print(f"# {name}: {wall:.2f} s, notes: {'; '.join(plan.notes)}", file=sys.stderr)
+    return rows
+
+
+COLUMNS = [
+    ("instance", "{}"),
+    ("configs", "{}"),
+    ("gpus", "{}"),
+    ("wall_s", "{:.2f}"),
+    ("cpu_s", "{:.2f}"),
+    ("jobs", "{}"),
+    ("makespan_h", "{:.3f}"),
+    ("lb_h", "{:.3f}"),
+    ("ratio", "{:.4f}"),
+    ("thm61", "{:.3f}"),
+    ("min_gpu", "{:.2f}x"),
+    ("max_gpu", "{:.2f}x"),
+    ("sequential", "{:.2f}x"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = parser.parse_args()
+    rows = run()
+    cells = [[fmt.format(r[k]) for k, fmt in COLUMNS] for r in rows]
+    head = [k for k, _ in COLUMNS]
+    if args.markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for c in cells:
+            print("| " + " | ".join(c) + " |")
+    else:
+        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
+        print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+        for c in cells:
+            print("  ".join(v.rjust(w) for v, w in zip(c, widths, strict=True)))
+
+
+if __name__ == "__main__":
+    main()
