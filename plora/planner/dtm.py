@@ -128,6 +128,8 @@ class DTM:
         table = self.table
         for _ in range(4 * sum(sum(p.take) for p in packs)):
             idle = g - sum(p.option.d for p in packs)
+            if idle < 1 and not fresh:
+                break
             best: tuple[float, int, int | None, Pack, Pack] | None = None
             for i, p in enumerate(packs):
                 if sum(p.take) <= 1:

@@ -177,7 +177,7 @@ def make_pack(table: ClassTable, option: DegreeCosts, take: Sequence[int]) -> Pa
         return None
     return Pack(
         option=option,
-        take=tuple(int(t) for t in x),
+        take=tuple(x.tolist()),
         value=float(table.value @ x),
         time=option.fixed[int(table.steps[x > 0].max())] + float(option.time @ x),
         memory=option.base + float(option.mem @ x),
