@@ -14,10 +14,16 @@ throughput first). That is the quantity the job planner (Alg. 2) is built to kee
 Search: depth-first, children in order of per-GPU throughput ``F(d, K) / d``; memoized on
 (GPUs left, multiset of configs left — the per-class counts) and pruned with the bound
 ``value(g, K) <= g · max_{d <= g} F(d, K) / d`` (each job ``j`` of any policy has
-``F_j <= F(d_j, K) <= d_j · max_d F(d, K) / d``, and ``Σ d_j <= g``). Sub-problems are solved
-to optimality for their own memo entry (the bound uses the sub-problem's own incumbent), so
-the memo never stores a pruned value. Past ``node_budget`` nodes each node follows only its
-best child (the greedy chain), which keeps the planner's time bounded on 64+ GPUs.
+``F_j <= F(d_j, K) <= d_j · max_d F(d, K) / d``, and ``Σ d_j <= g``); ``F(d, K) / d`` is
+itself bounded by ``max_k v_k / (d c_k(d))`` (a ratio of sums is at most the largest ratio),
+so F is solved only for degrees that can matter. Each sub-problem prunes against its own
+incumbent, so a memo entry is that sub-problem's optimum (within the node budget). Past
+``node_budget`` nodes per call each node follows only its best child (the greedy chain),
+which keeps the planner's time bounded on 64+ GPUs (noted in the plan).
+
+Idle GPUs (our extension): when the configs run out before the GPUs do, every candidate policy
+gets a local search that moves single configs out of its packs into new jobs on the idle GPUs
+while that raises the throughput; Alg. 1 alone would leave those GPUs idle.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ take packs with ``T <= t* - now`` (a second knapsack constraint; the ILP stays e
 config that fits no job before the deadline is packed without it. ``t*`` is searched over
 multiples of the lower bound and the plan of least makespan kept; ``t* = inf`` is the paper's
 Alg. 2, which is always among the candidates, so the result is never worse than it.
+
+Tail repair (:func:`rebalance`, also ours): after each simulation, configs move out of the job
+that ends last -- into a job that is last on its GPUs, or into a new job on the GPUs that go
+idle first -- while that lowers the makespan. Only jobs without successors change, so no start
+time moves and every invariant of the simulation holds.
 """
 
 from __future__ import annotations

@@ -197,6 +197,11 @@ def test_infeasible_config_names_itself_and_the_fix():
     assert plan.jobs[0].gpus == 8
 
 
+def test_empty_sweep_gives_an_empty_plan():
+    plan = plan_sweep([], AffineCostModel(), 4)
+    assert plan.jobs == () and plan.makespan_s == 0.0 and plan.to_json_dict()["jobs"] == []
+
+
 def test_max_gpu_without_strategies_is_refused():
     cfg = LoRAConfig(config_id="a", rank=8, alpha=8, lr=1e-4, batch_size=1, max_steps=10)
     with pytest.raises(ConfigError, match="multi-GPU strategy"):
