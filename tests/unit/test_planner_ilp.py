@@ -268,3 +268,13 @@ def test_gurobi_falls_back_to_highs(monkeypatch, module):
     assert plan.solver == "highs"
     assert any("fell back to HiGHS" in n for n in plan.notes)
     assert plan.makespan_s == pytest.approx(plan_sweep(configs, cost, 2).makespan_s)
+
+
+@pytest.mark.parametrize("solver", ["highs", "cvxpy"])
+def test_milp_backends_plan_like_branch_and_bound(solver):
+    configs, _ = tiny_sweep()
+    cost = AffineCostModel(allowed=(Strategy.TP,))
+    ref = plan_sweep(configs, cost, 4)
+    plan = plan_sweep(configs, cost, 4, solver=solver)
+    assert plan.solver == solver
+    assert plan.makespan_s == pytest.approx(ref.makespan_s, rel=1e-9)
