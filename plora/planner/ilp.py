@@ -247,7 +247,14 @@ class KnapsackSolver:
                 self._gurobi_ok = False
                 self._note(f"{err}; fell back to HiGHS")
         self.used.add("highs")
-        return knapsack.solve_highs(*args)
+        try:
+            return knapsack.solve_highs(*args)
+        except knapsack.NotProven as err:
+            self._note(
+                f"a HiGHS knapsack hit its {knapsack.HIGHS_TIME_LIMIT_S:g} s limit; "
+                "its best solution was used (not proven optimal)"
+            )
+            return err.x, err.value
 
 
 def solve_pack(

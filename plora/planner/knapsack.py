@@ -36,6 +36,14 @@ REL_TOL = 1e-12
 HIGHS_TIME_LIMIT_S = 10.0
 
 
+class NotProven(RuntimeError):
+    """A MILP backend hit its time limit: ``x``/``value`` are its best solution, maybe not optimal."""
+
+    def __init__(self, x: list[int], value: float) -> None:
+        super().__init__(f"knapsack MILP stopped at its time limit with value {value:g}")
+        self.x, self.value = x, value
+
+
 class GurobiUnavailable(RuntimeError):
     """gurobipy cannot solve this model (not installed, no license, or over the size limit)."""
 
@@ -240,7 +248,12 @@ def _milp(backend):
         x = [0] * m
         if len(idx) == 0:
             return x, 0.0
-        sub, val = backend(*data, mem_cap, time_cap)
+        try:
+            sub, val = backend(*data, mem_cap, time_cap)
+        except NotProven as err:
+            for i, v in zip(idx, err.x, strict=True):
+                x[int(i)] = v
+            raise NotProven(x, err.value) from None
         for i, v in zip(idx, sub, strict=True):
             x[int(i)] = v
         return x, val
@@ -290,8 +303,10 @@ def _solve_highs(
     h.passModel(lp)
     h.run()
     status = h.getModelStatus()
-    if status == highspy.HighsModelStatus.kTimeLimit and h.getInfo().primal_solution_status:
-        return _finish(h.getSolution().col_value, p)  # best found; the caller is told
+    if status == highspy.HighsModelStatus.kTimeLimit:
+        if h.getInfo().primal_solution_status:
+            raise NotProven(*_finish(h.getSolution().col_value, p))
+        raise NotProven([0] * m, 0.0)  # nothing found yet: the empty pack is feasible
     if status != highspy.HighsModelStatus.kOptimal:
         raise RuntimeError(f"HiGHS knapsack MILP ended with status {h.getModelStatus()}")
     return _finish(h.getSolution().col_value, p)
@@ -363,6 +378,7 @@ solve_gurobi = _milp(_solve_gurobi)
 __all__ = [
     "REL_TOL",
     "GurobiUnavailable",
+    "NotProven",
     "lp_bound",
     "solve_bnb",
     "solve_cvxpy",

@@ -278,3 +278,14 @@ def test_milp_backends_plan_like_branch_and_bound(solver):
     plan = plan_sweep(configs, cost, 4, solver=solver)
     assert plan.solver == solver
     assert plan.makespan_s == pytest.approx(ref.makespan_s, rel=1e-9)
+
+
+def test_highs_time_limit_is_reported(monkeypatch):
+    # A subset-sum instance HiGHS cannot close in ~0 s: the best solution comes back, noted.
+    monkeypatch.setattr(kn, "HIGHS_TIME_LIMIT_S", 1e-9)
+    rng = np.random.default_rng(2)
+    w = rng.uniform(1.0, 2.0, 30)
+    solver = KnapsackSolver("highs")
+    x, val = solver(w, w, w, np.ones(30, dtype=int), 17.5, math.inf)
+    assert any("not proven optimal" in n for n in solver.notes)
+    assert val == pytest.approx(float(np.dot(x, w))) and val <= 17.5 * (1 + 1e-9)
