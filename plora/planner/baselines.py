@@ -46,7 +46,8 @@ def _fastest_single(table: ClassTable, c: int, options: Sequence[DegreeCosts]) -
     return min((_single(table, o, c) for o in fits), key=lambda p: p.time)
 
 
-def _min_gpu(table: ClassTable, num_gpus: int) -> list[_Start]:
+def min_gpu_starts(table: ClassTable, num_gpus: int) -> list[_Start]:
+    """Min GPU: one config per job on its fewest GPUs, list-scheduled longest first."""
     jobs = []
     for c, members in enumerate(table.members):
         by_d = sorted({o.d for o in table.options if o.d <= num_gpus and o.fits[c]})
@@ -110,7 +111,7 @@ def baseline_plan(
     check_feasible(table, num_gpus)
     knap = KnapsackSolver(solver)
     if kind is Baseline.MIN_GPU:
-        started = _min_gpu(table, num_gpus)
+        started = min_gpu_starts(table, num_gpus)
     elif kind is Baseline.MAX_GPU:
         options = _widest(table, num_gpus, kind)
         packs = []

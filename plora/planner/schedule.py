@@ -346,6 +346,19 @@ def replan(
     started, notes = _search(
         table, knap, num_gpus, table.counts, now=now, busy=busy, lb=lb, node_budget=node_budget
     )
+    if not busy and started:
+        # Safety net: packing is predicted to help, but never plan worse than Min GPU.
+        from plora.planner.baselines import min_gpu_starts
+
+        alone = min_gpu_starts(table, num_gpus)
+        span = max(s.start + s.pack.time for s in started)
+        alone_span = max(s.start + s.pack.time for s in alone)
+        if alone_span < span * (1 - 1e-9):
+            notes.append(
+                f"one config per job (Min GPU) is predicted faster ({alone_span:.6g} s vs "
+                f"{span:.6g} s packed): planned that"
+            )
+            started = [_Start(s.pack, s.start + now, s.gpu_ids) for s in alone]
     jobs = to_jobs(table, started)
     makespan = max([j.end_s for j in jobs] + [end for end, _ in busy] + [now])
     return Plan(
