@@ -47,9 +47,17 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
     assert m.groupby("config_id")["step"].max().to_dict() == {
         c.config_id: c.max_steps for c in configs
     }
-    first = m[m["step"] == 1].set_index("config_id")["loss"]
-    last = m[m["step"] == m["step"].max()].set_index("config_id")["loss"]
-    assert (last < first).mean() >= 0.75  # training reduced the loss for most configs
+    # the quickstart grid holds a deliberately bad lr (3e-2): training at the good lr (1e-3)
+    # must reduce the loss (mean of the last 10 steps vs the first 10) for every such config
+    losses = m.sort_values("step").groupby("config_id")["loss"]
+    first, last = (
+        losses.apply(lambda s: s.iloc[:10].mean()),
+        losses.apply(lambda s: s.iloc[-10:].mean()),
+    )
+    good = res.index[res["lr"] == res["lr"].min()]
+    assert len(good) >= 2 and (last[good] < first[good]).all()
+    # and hyperparameters matter: the best config beats the worst clearly on the eval metric
+    assert res["eval_metric"].max() - res["eval_metric"].min() >= 0.1
 
     base = AutoModelForCausalLM.from_pretrained(out / "base_model")
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])

@@ -1,0 +1,332 @@
+"""Plots of plans and sweep results (matplotlib; no Ray, no torch).
+
+Every function returns a :class:`matplotlib.figure.Figure` built without ``pyplot`` (no global
+state, nothing to close, any backend), so notebooks display it and ``plora report`` saves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+# --- sweep-result plots (from a sweep directory; see plora.analysis.load) -------------------
+
+
+def assign_gpu_lanes(jobs: pd.DataFrame, num_gpus: int | None = None) -> list[list[int]]:
+    """GPU ids for each job row of ``jobs``, for drawing.
+
+    Rows with ``gpu_ids`` keep them. Otherwise jobs are placed in start order on the
+    lowest-numbered GPUs free at their start (per ``node``), as the runtime's placement groups
+    would; when timing noise leaves too few free GPUs, the earliest-freed ones are used.
+
+    Args:
+        jobs: ``SweepResults.jobs`` (``start``, ``end``, ``num_gpus``, optional ``gpu_ids``,
+            ``node``).
+        num_gpus: GPUs per node (default: the largest job, at least the most ever busy).
+
+    Returns:
+        One list of GPU ids per row, in row order.
+    """
+    n = len(jobs)
+    out: list[list[int]] = [[] for _ in range(n)]
+    given = jobs["gpu_ids"] if "gpu_ids" in jobs.columns else pd.Series([None] * n)
+    nodes = jobs["node"] if "node" in jobs.columns else pd.Series([""] * n)
+    width = int(num_gpus or max([int(g) for g in jobs["num_gpus"]] or [1]))
+    free_at: dict[Any, list[float]] = {}
+    for i in sorted(range(n), key=lambda r: (float(jobs["start"].iloc[r]), r)):
+        ids = given.iloc[i]
+        if ids is not None and len(ids) > 0:
+            out[i] = [int(g) for g in ids]
+            continue
+        need = int(jobs["num_gpus"].iloc[i])
+        start, end = float(jobs["start"].iloc[i]), float(jobs["end"].iloc[i])
+        lanes = free_at.setdefault(nodes.iloc[i], [float("-inf")] * max(width, need))
+        while len(lanes) < need:
+            lanes.append(float("-inf"))
+        eps = 1e-6 * max(1.0, abs(start))
+        idle = [g for g, t in enumerate(lanes) if t <= start + eps]
+        if len(idle) < need:
+            idle = sorted(range(len(lanes)), key=lambda g: (lanes[g], g))
+        chosen = sorted(idle[:need])
+        for g in chosen:
+            lanes[g] = end
+        out[i] = chosen
+    return out
+
+
+def plot_jobs_gantt(
+    jobs: pd.DataFrame, *, num_gpus: int | None = None, ax: Axes | None = None
+) -> Figure:
+    """Gantt chart of executed jobs on GPUs: one row per (node, GPU), one bar per job.
+
+    Each job is one colour across all its GPUs, labelled with its number of configs; failed
+    jobs are hatched.
+
+    Args:
+        jobs: ``SweepResults.jobs``.
+        num_gpus: GPUs per node (see :func:`assign_gpu_lanes`).
+        ax: axes to draw on (a new figure when ``None``).
+    """
+    fig, ax = _fig_ax(ax, figsize=(10, 0.5 + 0.45 * max(1, num_gpus or 4)))
+    if jobs.empty:
+        ax.text(0.5, 0.5, "no jobs", ha="center", va="center", transform=ax.transAxes)
+        return fig
+    lanes = assign_gpu_lanes(jobs, num_gpus)
+    nodes = jobs["node"] if "node" in jobs.columns else pd.Series([""] * len(jobs))
+    keys = sorted({(str(nodes.iloc[i]), g) for i, ids in enumerate(lanes) for g in ids})
+    row = {k: r for r, k in enumerate(keys)}
+    cmap = matplotlib.colormaps["tab20"]
+    for i, ids in enumerate(lanes):
+        start, end = float(jobs["start"].iloc[i]), float(jobs["end"].iloc[i])
+        failed = (
+            str(jobs["status"].iloc[i]).lower() in ("failed", "error")
+            if "status" in jobs
+            else False
+        )
+        for g in ids:
+            ax.barh(
+                row[(str(nodes.iloc[i]), g)],
+                end - start,
+                left=start,
+                height=0.8,
+                color=cmap(i % 20),
+                edgecolor="black",
+                linewidth=0.5,
+                hatch="//" if failed else None,
+            )
+        mid = row[(str(nodes.iloc[i]), ids[0])] if ids else 0
+        ax.text(
+            (start + end) / 2,
+            mid,
+            f"{jobs['job_id'].iloc[i]} ({len(jobs['config_ids'].iloc[i])})",
+            ha="center",
+            va="center",
+            fontsize=7,
+        )
+    multi_node = len({k[0] for k in keys}) > 1
+    ax.set_yticks(range(len(keys)))
+    ax.set_yticklabels([f"{n}:GPU{g}" if multi_node else f"GPU {g}" for n, g in keys])
+    ax.invert_yaxis()
+    ax.set_xlabel("time since first job start (s)")
+    ax.set_title("Jobs on GPUs (label: job id (configs))")
+    fig.tight_layout()
+    return fig
+
+
+def plot_loss_curves(
+    metrics: pd.DataFrame,
+    *,
+    config_ids: Sequence[str] | None = None,
+    smooth: int = 1,
+    x: str = "step",
+    ax: Axes | None = None,
+) -> Figure:
+    """Training loss per config against ``x`` (``step``, ``tokens`` or ``time``).
+
+    Args:
+        metrics: ``SweepResults.metrics``.
+        config_ids: configs to draw (default: all; the legend is shown for <= 12).
+        smooth: centred rolling-mean window in steps (1 = raw).
+        x: x-axis column.
+        ax: axes to draw on.
+    """
+    fig, ax = _fig_ax(ax, figsize=(8, 5))
+    if metrics.empty:
+        ax.text(0.5, 0.5, "no metrics", ha="center", va="center", transform=ax.transAxes)
+        return fig
+    ids = list(config_ids) if config_ids is not None else list(dict.fromkeys(metrics["config_id"]))
+    for cid in ids:
+        m = metrics[metrics["config_id"] == cid].sort_values(x)
+        y = m["loss"].rolling(max(1, smooth), center=True, min_periods=1).mean()
+        ax.plot(m[x], y, label=str(cid), linewidth=1.2)
+    ax.set_xlabel(x)
+    ax.set_ylabel("train loss" + (f" (rolling mean, {smooth})" if smooth > 1 else ""))
+    ax.set_title(f"Training loss, {len(ids)} configs")
+    if 0 < len(ids) <= 12:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_hp_effects(
+    results: pd.DataFrame,
+    metric: str,
+    *,
+    params: Sequence[str] = ("lr", "rank", "alpha", "batch_size"),
+    mode: str | None = None,
+) -> Figure:
+    """The metric against each hyperparameter, one panel each, best config starred.
+
+    Numeric hyperparameters are scattered (``lr`` on a log axis) with the per-value mean drawn;
+    categorical ones (e.g. ``target_modules``) as a strip per category.
+
+    Args:
+        results: ``SweepResults.results``.
+        metric: results column, e.g. ``"eval_loss"``.
+        params: hyperparameters to show (absent or constant ones are skipped).
+        mode: ``"min"``/``"max"``; marks the best config when given.
+    """
+    df = results[results[metric].notna()] if metric in results.columns else results.iloc[:0]
+    shown = [p for p in params if p in df.columns and df[p].nunique(dropna=True) > 1]
+    fig = Figure(figsize=(3.6 * max(1, len(shown)), 3.4))
+    axes = np.atleast_1d(fig.subplots(1, max(1, len(shown))))
+    if not shown:
+        axes[0].text(0.5, 0.5, "no varying hyperparameters", ha="center", va="center")
+        return fig
+    best_idx = None
+    if mode in ("min", "max") and not df.empty:
+        best_idx = df[metric].idxmin() if mode == "min" else df[metric].idxmax()
+    for ax, p in zip(axes, shown, strict=True):
+        col = df[p]
+        if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
+            xs = col.astype(float)
+            ax.scatter(xs, df[metric], s=18, alpha=0.7)
+            means = df.groupby(p)[metric].mean().sort_index()
+            ax.plot(means.index.astype(float), means.to_numpy(), color="black", linewidth=1)
+            if p == "lr" or ((xs > 0).all() and xs.max() / xs.min() >= 100):
+                ax.set_xscale("log")
+            bx = None if best_idx is None else float(df.loc[best_idx, p])
+        else:
+            cats = sorted(col.astype(str).unique())
+            pos = {c: k for k, c in enumerate(cats)}
+            ax.scatter([pos[str(v)] for v in col], df[metric], s=18, alpha=0.7)
+            ax.set_xticks(range(len(cats)))
+            ax.set_xticklabels(cats, rotation=30, ha="right", fontsize=7)
+            bx = None if best_idx is None else pos[str(df.loc[best_idx, p])]
+        if bx is not None:
+            ax.scatter([bx], [df.loc[best_idx, metric]], marker="*", s=160, color="red")
+        ax.set_xlabel(p)
+        ax.set_ylabel(metric)
+    fig.tight_layout()
+    return fig
+
+
+def best_config_table(
+    results: pd.DataFrame, metric: str, mode: str = "min", k: int = 10
+) -> pd.DataFrame:
+    """The ``k`` best configs: id, varying hyperparameters, metrics and GPU-seconds."""
+    from plora.analysis.load import HPARAM_COLUMNS, best
+
+    top = best(results, metric, mode, k=k)
+    hps = [c for c in HPARAM_COLUMNS if c in results.columns and results[c].nunique() > 1]
+    cols = ["config_id", *hps, metric]
+    cols += [
+        c
+        for c in ("eval_loss", "eval_metric", "final_train_loss", "steps", "gpu_seconds")
+        if c in top.columns and c not in cols
+    ]
+    return top[[c for c in cols if c in top.columns]]
+
+
+def _fig_ax(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots()
+
+
+# --- plan plots (from a plora.planner.Plan, before anything runs) -----------------------------
+
+
+def _plan_lanes(plan: Any) -> list[tuple[int, ...]]:
+    """GPU ids of each job of ``plan``: the planner's ``gpu_ids``, else the lowest GPUs free at
+    the job's start (jobs in start order)."""
+    free_at = [float("-inf")] * max(1, plan.num_gpus)
+    lanes: list[tuple[int, ...]] = [()] * len(plan.jobs)
+    for i in sorted(range(len(plan.jobs)), key=lambda j: (plan.jobs[j].start_s, j)):
+        job = plan.jobs[i]
+        ids = tuple(job.gpu_ids)
+        if not ids:
+            eps = 1e-6 * max(1.0, abs(job.start_s))
+            idle = [g for g, t in enumerate(free_at) if t <= job.start_s + eps]
+            if len(idle) < job.gpus:
+                idle = sorted(range(len(free_at)), key=lambda g: (free_at[g], g))
+            ids = tuple(sorted(idle[: job.gpus]))
+        for g in ids:
+            if g < len(free_at):
+                free_at[g] = job.end_s
+        lanes[i] = ids
+    return lanes
+
+
+def plot_plan_gantt(plan: Any, path: str | None = None, *, ax: Axes | None = None) -> Figure:
+    """Gantt chart of a plan: one row per GPU, one bar per job over its predicted
+    ``[start_s, end_s)``, spanning the job's GPUs and labelled ``job_id ×configs``.
+
+    Dashed lines mark the makespan and the lower bound.
+
+    Args:
+        plan: a :class:`plora.planner.Plan` (jobs with ``gpu_ids``, ``gpus``, ``start_s``,
+            ``end_s``, ``config_ids``).
+        path: also save the figure there (format from the suffix) when given.
+        ax: axes to draw on (a new figure when ``None``).
+    """
+    from matplotlib.patches import Rectangle
+
+    g = max(1, plan.num_gpus)
+    fig, ax = _fig_ax(ax, figsize=(11, 1.2 + 0.42 * g))
+    span = max([plan.makespan_s, plan.lower_bound_s, 1e-9])
+    unit, scale = ("h", 3600.0) if span >= 7200 else ("min", 60.0) if span >= 120 else ("s", 1.0)
+    colors = matplotlib.colormaps["tab20"].colors
+    for i, (job, ids) in enumerate(zip(plan.jobs, _plan_lanes(plan), strict=True)):
+        x0, w = job.start_s / scale, (job.end_s - job.start_s) / scale
+        runs: list[list[int]] = []
+        for gid in sorted(ids):  # contiguous GPU ids -> one rectangle
+            if runs and gid == runs[-1][-1] + 1:
+                runs[-1].append(gid)
+            else:
+                runs.append([gid])
+        for run in runs:
+            y0, h = run[0] - 0.4, len(run) - 0.2
+            ax.add_patch(
+                Rectangle(
+                    (x0, y0),
+                    w,
+                    h,
+                    facecolor=colors[i % len(colors)],
+                    edgecolor="black",
+                    linewidth=0.6,
+                )
+            )
+            label = f"{job.job_id} ×{len(job.config_ids)}"
+            if w >= 0.06 * span / scale:
+                ax.text(
+                    x0 + w / 2,
+                    y0 + h / 2,
+                    label,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    clip_on=True,
+                )
+    ax.axvline(
+        plan.makespan_s / scale, color="black", linestyle="--", linewidth=1, label="makespan"
+    )
+    if plan.lower_bound_s > 0:
+        ax.axvline(
+            plan.lower_bound_s / scale,
+            color="tab:red",
+            linestyle=":",
+            linewidth=1,
+            label="lower bound",
+        )
+    ax.set_xlim(0, span / scale * 1.02)
+    ax.set_ylim(g - 0.5, -0.5)
+    ax.set_yticks(range(g), [f"GPU {k}" for k in range(g)])
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_title(
+        f"{plan.num_configs} configs in {len(plan.jobs)} jobs on {plan.num_gpus} GPUs: "
+        f"makespan {plan.makespan_s / scale:.2f} {unit}, lower bound {plan.lower_bound_s / scale:.2f} {unit}",
+        fontsize=9,
+    )
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=150, bbox_inches="tight")
+    return fig
