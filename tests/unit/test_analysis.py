@@ -250,7 +250,7 @@ def test_report_html_and_markdown(sweep_dir: Path, tmp_path: Path) -> None:
         png = tmp_path / "r_files" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"(r_files/{name}.png)" in body
-    with pytest.raises(ConfigError, match="use a .html or .md"):
+    with pytest.raises(ConfigError, match=r"use a \.html or \.md"):
         analysis.write_report(sweep_dir, tmp_path / "r.pdf")
 
 
