@@ -10,8 +10,9 @@ through explicit ``load``/``save`` calls made by the CLI or the coordinator).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from plora.config import LoRAConfig
 

@@ -82,7 +82,9 @@ def write_synthetic_sweep(path: Path, *, datetimes: bool = False) -> list[LoRACo
             "config_ids": [[configs[i].config_id for i in j[1]] for j in JOBS],
             "gpus": [j[2] for j in JOBS],
             "node": ["node-a"] * len(JOBS),
-            "start": [t0 + pd.Timedelta(seconds=j[3]) if datetimes else 1000.0 + j[3] for j in JOBS],
+            "start": [
+                t0 + pd.Timedelta(seconds=j[3]) if datetimes else 1000.0 + j[3] for j in JOBS
+            ],
             "end": [t0 + pd.Timedelta(seconds=j[4]) if datetimes else 1000.0 + j[4] for j in JOBS],
             "status": [j[5] for j in JOBS],
         }
@@ -203,7 +205,9 @@ def test_gantt_draws_one_bar_per_job_gpu(sweep_dir: Path) -> None:
     fig = plots.plot_jobs_gantt(jobs)
     bars = [p for p in fig.axes[0].patches if p.get_width() > 0]
     assert len(bars) == sum(len(j[2]) for j in JOBS)
-    got = sorted((round(b.get_x(), 6), round(b.get_width(), 6), round(b.get_y() + 0.4)) for b in bars)
+    got = sorted(
+        (round(b.get_x(), 6), round(b.get_width(), 6), round(b.get_y() + 0.4)) for b in bars
+    )
     want = sorted((j[3], j[4] - j[3], g) for j in JOBS for g in j[2])  # lane row == GPU id here
     assert got == want
 
