@@ -73,7 +73,7 @@ def plot_jobs_gantt(
         num_gpus: GPUs per node (see :func:`assign_gpu_lanes`).
         ax: axes to draw on (a new figure when ``None``).
     """
-    fig, ax = _fig_ax(ax, figsize=(10, 0.5 + 0.45 * max(1, num_gpus or 4)))
+    fig, ax = _fig_ax(ax, figsize=(10, max(2.0, 0.5 + 0.45 * max(1, num_gpus or 4))))
     if jobs.empty:
         ax.text(0.5, 0.5, "no jobs", ha="center", va="center", transform=ax.transAxes)
         return fig
@@ -263,12 +263,16 @@ def plot_plan_gantt(plan: Any, path: str | None = None, *, ax: Axes | None = Non
 
     Args:
         plan: a :class:`plora.planner.Plan` (jobs with ``gpu_ids``, ``gpus``, ``start_s``,
-            ``end_s``, ``config_ids``).
+            ``end_s``, ``config_ids``) or its ``plan.json`` dict.
         path: also save the figure there (format from the suffix) when given.
         ax: axes to draw on (a new figure when ``None``).
     """
     from matplotlib.patches import Rectangle
 
+    if isinstance(plan, dict):
+        from plora.planner.types import Plan
+
+        plan = Plan.from_json_dict(plan)
     g = max(1, plan.num_gpus)
     fig, ax = _fig_ax(ax, figsize=(11, 1.2 + 0.42 * g))
     span = max([plan.makespan_s, plan.lower_bound_s, 1e-9])

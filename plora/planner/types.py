@@ -95,6 +95,21 @@ class Job:
             "gpu_ids": list(self.gpu_ids),
         }
 
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> Job:
+        """Inverse of :meth:`to_json_dict` (``plan.json`` -> ``Job``)."""
+        strategy = data.get("strategy")
+        return cls(
+            job_id=str(data["job_id"]),
+            config_ids=tuple(data["config_ids"]),
+            gpus=int(data["gpus"]),
+            strategy=None if strategy is None else Strategy(strategy),
+            start_s=float(data["start_s"]),
+            end_s=float(data["end_s"]),
+            memory_gib_per_gpu=float(data["memory_gib_per_gpu"]),
+            gpu_ids=tuple(int(g) for g in data.get("gpu_ids") or ()),
+        )
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
@@ -137,6 +152,20 @@ class Plan:
             "notes": list(self.notes),
             "jobs": [job.to_json_dict() for job in self.jobs],
         }
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> Plan:
+        """Inverse of :meth:`to_json_dict`: a ``Plan`` from a ``plan.json`` document."""
+        return cls(
+            jobs=tuple(Job.from_json_dict(j) for j in data["jobs"]),
+            num_configs=int(data["num_configs"]),
+            num_gpus=int(data["num_gpus"]),
+            makespan_s=float(data["makespan_s"]),
+            lower_bound_s=float(data["lower_bound_s"]),
+            ratio_bound=float(data["ratio_bound"]),
+            solver=str(data.get("solver", "bnb")),
+            notes=tuple(data.get("notes") or ()),
+        )
 
 
 __all__ = [

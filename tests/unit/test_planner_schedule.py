@@ -274,3 +274,21 @@ def test_paper_table1_sweep_with_the_real_cost_model():
     for kind in Baseline:
         assert baseline_plan(configs, cost, 8, kind).makespan_s >= plan.makespan_s * 0.999
     assert math.isfinite(plan.ratio_bound)
+
+
+def test_plan_json_round_trip() -> None:
+    """``plan.json`` -> ``Plan`` -> ``plan.json`` is the identity (what notebooks and plots read)."""
+    from plora.cost import Strategy
+    from plora.planner.types import Job, Plan
+
+    plan = Plan(
+        jobs=(
+            Job(job_id="j0000", config_ids=("a", "b"), gpus=2, strategy=Strategy.TP, start_s=0.0,
+                end_s=5.5, memory_gib_per_gpu=30.0, gpu_ids=(0, 1)),
+            Job(job_id="j0001", config_ids=("c",), gpus=1, strategy=None, start_s=1.0, end_s=2.0,
+                memory_gib_per_gpu=12.5, gpu_ids=(2,)),
+        ),
+        num_configs=3, num_gpus=4, makespan_s=5.5, lower_bound_s=4.0, ratio_bound=1.2,
+        solver="highs", notes=("n",),
+    )  # fmt: skip
+    assert Plan.from_json_dict(plan.to_json_dict()) == plan
