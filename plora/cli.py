@@ -349,6 +349,12 @@ def sweep(
     checkpoint_every: Annotated[
         int, typer.Option("--checkpoint-every", min=1, help="Train-state checkpoint every N steps.")
     ] = 50,
+    checkpoint_minutes: Annotated[
+        float | None,
+        typer.Option(
+            "--checkpoint-minutes", min=0.0, help="Also checkpoint every M minutes of a job."
+        ),
+    ] = None,
 ) -> None:
     """Run a sweep on Ray: plan, train every config in packed jobs, re-plan as jobs finish."""
     from plora.runtime.progress import Progress
@@ -363,7 +369,12 @@ def sweep(
                 out,
                 address=address,
                 resume=resume,
-                options=RunOptions(checkpoint_every=checkpoint_every),
+                options=RunOptions(
+                    checkpoint_every=checkpoint_every,
+                    checkpoint_every_s=None
+                    if checkpoint_minutes is None
+                    else 60 * checkpoint_minutes,
+                ),
                 on_update=progress,
             )
     c = summary.counts

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -93,6 +94,7 @@ def run_pack(
     device: str | torch.device | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     checkpoint_every: int | None = None,
+    checkpoint_every_s: float | None = None,
     resume: bool = True,
     hooks: PackHooks | None = None,
     max_rows: int | None = None,
@@ -109,6 +111,8 @@ def run_pack(
         device: ``"cuda"``/``"cpu"``; default CUDA when available (bf16 base + autocast).
         checkpoint_dir: train-state checkpoints and the results so far.
         checkpoint_every: checkpoint every this many steps (None: only at the end).
+        checkpoint_every_s: also checkpoint when this many seconds passed since the last one
+            (None: no time-based checkpoints).
         resume: continue from ``checkpoint_dir`` when it holds a train-state.
         hooks: metrics sink and control source (see :class:`PackHooks`).
         max_rows: most sequences per forward (gradient accumulation beyond).
@@ -120,6 +124,10 @@ def run_pack(
 
     if checkpoint_every is not None and checkpoint_every < 1:
         raise ConfigError("must be >= 1 or null", key="checkpoint_every", value=checkpoint_every)
+    if checkpoint_every_s is not None and not checkpoint_every_s >= 0:
+        raise ConfigError(
+            "must be >= 0 seconds or null", key="checkpoint_every_s", value=checkpoint_every_s
+        )
     ids = [c.config_id for c in configs]
     if len(set(ids)) != len(ids):
         raise ConfigError("duplicate config ids in one pack", key="configs", value=ids)
@@ -141,6 +149,7 @@ def run_pack(
     )
     run = _PackRun(trainer, data, tokenizer, Path(out_dir), checkpoint_dir, evaluate)
     run.start(configs, resume=resume)
+    last_checkpoint = time.monotonic()
     while True:
         control = hooks.poll() if hooks is not None else None
         if control is not None:
@@ -155,8 +164,12 @@ def run_pack(
         if hooks is not None and metrics:
             hooks.on_metrics(metrics)
         run.finalize_finished()
-        if checkpoint_every and trainer.global_step % checkpoint_every == 0:
+        due = bool(checkpoint_every) and trainer.global_step % checkpoint_every == 0
+        if checkpoint_every_s is not None:
+            due = due or time.monotonic() - last_checkpoint >= checkpoint_every_s
+        if due:
             run.checkpoint()
+            last_checkpoint = time.monotonic()
     run.checkpoint()
     return PackResult(results=dict(run.results), profile=trainer.profile())
 

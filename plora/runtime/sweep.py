@@ -54,6 +54,8 @@ class RunOptions:
 
     checkpoint_every: int | None = 50
     """Train-state checkpoint every N optimizer steps (None: only at the end)."""
+    checkpoint_every_s: float | None = None
+    """Also checkpoint when this many seconds passed since a job's last checkpoint."""
     max_retries: int = 2
     """Restarts of a job whose worker died before its configs fail."""
     refill: bool = True
@@ -232,6 +234,7 @@ class _Driver:
             "out_dir": str(store.root),  # run_pack writes out_dir/adapters/<config_id>/
             "checkpoint_dir": str(store.checkpoints_dir),
             "checkpoint_every": options.checkpoint_every,
+            "checkpoint_every_s": options.checkpoint_every_s,
             "poll_every_s": options.poll_every_s,
             "entry": options.entry,
             "gradient_checkpointing": bool(

@@ -146,7 +146,7 @@ class PackWorker:
 
         Args:
             job: ``{"configs": [LoRAConfig dicts], "model", "dataset", "out_dir",
-                "checkpoint_dir", "checkpoint_every", "resume"}``.
+                "checkpoint_dir", "checkpoint_every", "checkpoint_every_s", "resume"}``.
 
         Returns:
             ``{"status": "ok", "results": {config_id: ConfigResult as dict}, "profile": {...}}``,
@@ -171,6 +171,11 @@ class PackWorker:
                 resume=bool(job.get("resume", True)),
                 hooks=hooks,
                 **({"gradient_checkpointing": True} if job.get("gradient_checkpointing") else {}),
+                **(
+                    {"checkpoint_every_s": job["checkpoint_every_s"]}
+                    if job.get("checkpoint_every_s") is not None
+                    else {}
+                ),
             )
         except torch.OutOfMemoryError as e:
             hooks.flush(wait=True)

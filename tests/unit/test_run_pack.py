@@ -107,3 +107,32 @@ def test_bad_inputs_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="checkpoint_every"):
         run_pack(model="tiny-qwen2", configs=[_cfg("x")], dataset=DATA, out_dir=tmp_path,
                  checkpoint_every=0)  # fmt: skip
+
+
+class _WatchCheckpoint(Script):
+    """Records, before each step, whether a train-state checkpoint is on disk."""
+
+    def __init__(self, ckpt) -> None:
+        super().__init__()
+        self.ckpt = ckpt
+        self.seen: list[bool] = []
+
+    def poll(self) -> Control:
+        from plora.engine.checkpoint import has_train_state
+
+        self.seen.append(has_train_state(self.ckpt / "train_state"))
+        return super().poll()
+
+
+@pytest.mark.parametrize(("every_s", "expect_mid_run"), [(0.0, True), (3600.0, False)])
+def test_time_based_checkpoints(tmp_path, every_s, expect_mid_run):
+    ckpt = tmp_path / "ckpt"
+    hooks = _WatchCheckpoint(ckpt)
+    run_pack(model="tiny-qwen2", configs=[_cfg("t", max_steps=3)], dataset=DATA,
+             out_dir=tmp_path / "o", checkpoint_dir=ckpt, checkpoint_every_s=every_s,
+             hooks=hooks, evaluate=False)  # fmt: skip
+    assert hooks.seen[0] is False  # nothing before the first step
+    assert any(hooks.seen[1:]) is expect_mid_run  # 0 s: after every step; 1 h: only at the end
+    with pytest.raises(ConfigError, match="checkpoint_every_s"):
+        run_pack(model="tiny-qwen2", configs=[_cfg("x")], dataset=DATA, out_dir=tmp_path,
+                 checkpoint_every_s=-1.0)  # fmt: skip
