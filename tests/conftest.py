@@ -25,3 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _private_profile_store(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+):
+    """Each test gets an empty cost-profile store: sweeps record their measured steps there
+    (``plora.cost.profile``), and a profile left by one test must not change another's plan."""
+    monkeypatch.setenv("PLORA_PROFILE_DIR", str(tmp_path_factory.mktemp("profiles")))

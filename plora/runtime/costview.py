@@ -117,4 +117,33 @@ def _jsonable(x: Any) -> Any:
     return repr(x)
 
 
-__all__ = ["cost_strategy", "describe_cost", "job_memory", "refit_cost", "step_samples"]
+__all__ = [
+    "cost_strategy",
+    "describe_cost",
+    "job_memory",
+    "record_profile",
+    "refit_cost",
+    "step_samples",
+]
+
+
+def record_profile(
+    sweep: Any,
+    cost: Any,
+    measurements: Sequence[Mapping[str, Any]],
+    configs: Mapping[str, LoRAConfig],
+    *,
+    profile_dir: Any = None,
+) -> int:
+    """Append a sweep's measured steps to the (model, GPU type) profile store, so the next
+    sweep on the same model and GPU plans from measurements (``build_cost_model`` reads it).
+
+    Returns:
+        How many step samples were recorded (0: nothing measured, nothing written).
+    """
+    from plora.cost.profile import ProfileStore
+
+    samples = step_samples(cost, measurements, configs)
+    if samples:
+        ProfileStore(profile_dir).record(sweep.model.name_or_path, sweep.hardware.gpu_type, samples)
+    return len(samples)

@@ -36,6 +36,7 @@ import ray
 
 from plora.config import ConfigError, SweepConfig
 from plora.runtime.coordinator import Coordinator
+from plora.runtime.costview import record_profile
 from plora.runtime.job import JobHandle, check_strategies, launch_job, stop_job
 from plora.runtime.monitor import check_address, check_gpus, connect, cpus_per_worker, start_relay
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec, StaticSource
@@ -56,6 +57,8 @@ class RunOptions:
     """Train-state checkpoint every N optimizer steps (None: only at the end)."""
     checkpoint_every_s: float | None = None
     """Also checkpoint when this many seconds passed since a job's last checkpoint."""
+    record_profile: bool = True
+    """Save the measured steps to the (model, GPU type) profile store for later sweeps."""
     max_retries: int = 2
     """Restarts of a job whose worker died before its configs fail."""
     refill: bool = True
@@ -199,6 +202,8 @@ def run_sweep(
             sweep=sweep, coord=coord, store=store, options=options, on_update=on_update
         )
         driver.run(launches)
+        if options.record_profile:
+            record_profile(sweep, coord.cost, coord.measurements, coord.configs)
     finally:
         if started_ray:
             ray.shutdown()
