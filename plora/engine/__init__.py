@@ -29,7 +29,7 @@ _EXPORTS = {
     "save_train_state": "plora.engine.checkpoint",
     "load_train_state": "plora.engine.checkpoint",
     "run_pack": "plora.engine.pack",
-    "Control": "plora.engine.pack",
+    "Control": "plora.engine.records",
     "PackHooks": "plora.engine.pack",
     "PackResult": "plora.engine.pack",
     "ConfigResult": "plora.engine.pack",

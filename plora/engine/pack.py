@@ -23,6 +23,7 @@ import torch
 
 from plora.config import ConfigError, DatasetSpec, LoRAConfig, ModelRef
 from plora.engine import checkpoint as ckpt
+from plora.engine.records import Control
 from plora.engine.trainer import AdapterStatus, PackedTrainer, PackProfile, StepMetrics
 from plora.utils import atomic_write_json
 
@@ -36,15 +37,6 @@ class ConfigStatus(StrEnum):
     COMPLETED = "completed"
     STOPPED = "stopped"
     ABORTED = "aborted"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Control:
-    """What the pack should do before its next step."""
-
-    stop: frozenset[str] = frozenset()
-    add: tuple[LoRAConfig, ...] = ()
-    abort: bool = False
 
 
 @runtime_checkable

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from plora.config import LoRAConfig
+
 
 class AdapterStatus(StrEnum):
     """Where an adapter is in its life inside a pack."""
@@ -13,6 +15,18 @@ class AdapterStatus(StrEnum):
     ACTIVE = "active"
     COMPLETED = "completed"
     STOPPED = "stopped"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Control:
+    """What a running pack should do before its next step (``PackHooks.poll()``'s answer)."""
+
+    stop: frozenset[str] = frozenset()
+    """Config ids to stop now (their adapters are exported as they are)."""
+    add: tuple[LoRAConfig, ...] = ()
+    """Configs to add to the pack (refill)."""
+    abort: bool = False
+    """Stop the whole pack (checkpointed, resumable)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

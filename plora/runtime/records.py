@@ -124,15 +124,6 @@ class JobSpec:
         return tuple(c.config_id for c in self.configs)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Control:
-    """What a running job should do before its next step (the engine's hooks ``poll()``)."""
-
-    stop: frozenset[str] = frozenset()
-    add: tuple[LoRAConfig, ...] = ()
-    abort: bool = False
-
-
 @runtime_checkable
 class ConfigSource(Protocol):
     """Where configs come from: the searcher bridge (``plora.tune.search``) or a fixed list."""
@@ -202,7 +193,6 @@ def decode_state(obj: Any) -> Any:
 __all__ = [
     "ConfigSource",
     "ConfigStatus",
-    "Control",
     "Decision",
     "DecisionRecord",
     "FailureKind",

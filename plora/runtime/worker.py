@@ -61,7 +61,8 @@ class RelayHooks:
 
     def poll(self) -> Any:
         """The engine's ``Control`` for this step (metrics are flushed first, in order)."""
-        Control = _control_cls()
+        from plora.engine.records import Control
+
         now = time.monotonic()
         if now - self._last_poll < self.poll_every_s:
             return Control(stop=frozenset(), add=(), abort=False)
@@ -194,14 +195,6 @@ def _resolve(entry: str) -> Any:
     """``"pkg.module:function"`` -> the function."""
     module, _, name = entry.partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-def _control_cls() -> Any:
-    try:
-        from plora.engine import Control
-    except ImportError:  # the engine's own record when it has one, else the runtime's
-        from plora.runtime.records import Control
-    return Control
 
 
 def profile_dict(
