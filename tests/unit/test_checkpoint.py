@@ -23,13 +23,7 @@ from plora.engine.checkpoint import (
 from plora.engine.lora import adapter_state_dict, use_slot
 from plora.engine.trainer import AdapterStatus, PackedTrainer
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 CFGS = [

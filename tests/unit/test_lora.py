@@ -25,13 +25,7 @@ from plora.engine.lora import (
     use_slot,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _layer(in_f=24, out_f=20, bias=True, key=3) -> PackedLoRALinear:

@@ -13,13 +13,7 @@ from plora.config import ConfigError, DatasetSpec, LoRAConfig
 from plora.engine import ConfigStatus, Control, run_pack
 from plora.models import load_model, resolve_model_path
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 DATA = DatasetSpec(builtin="arithmetic", num_examples=48, max_seq_len=48, eval_fraction=0.1)

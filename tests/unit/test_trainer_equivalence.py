@@ -40,12 +40,7 @@ CONFIGS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: threads only add contention on a 2-core runner
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _trainer(base, dataset, **kw) -> PackedTrainer:
