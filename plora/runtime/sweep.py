@@ -39,7 +39,7 @@ from plora.runtime.coordinator import Coordinator
 from plora.runtime.costview import record_profile
 from plora.runtime.job import JobHandle, check_strategies, launch_job, stop_job
 from plora.runtime.monitor import check_address, check_gpus, connect, cpus_per_worker, start_relay
-from plora.runtime.records import ConfigSource, FailureKind, JobSpec, StaticSource
+from plora.runtime.records import ConfigSource, FailureKind, JobSpec
 from plora.runtime.store import (
     SweepStore,
     check_out_dir,
@@ -116,19 +116,10 @@ def prepare(
 
 
 def config_source(sweep: SweepConfig) -> ConfigSource:
-    """The sweep's searcher as a :class:`ConfigSource` (``plora.tune.search``); grid and random
-    spaces fall back to their fixed expansion when the searcher bridge is not installed."""
-    try:
-        from plora.tune.search import make_config_source
-    except ImportError:
-        if str(sweep.search) not in ("grid", "random"):
-            raise ConfigError(
-                f"search: {sweep.search} needs plora.tune.search, which is not available; "
-                "use search: grid or random"
-            ) from None
-        from plora.space import expand
+    """The sweep's config source: grid/random expansion or a Ray Tune searcher in ask/tell
+    mode (:func:`plora.tune.search.make_config_source`)."""
+    from plora.tune.search import make_config_source
 
-        return StaticSource(expand(sweep))
     return make_config_source(sweep)
 
 
