@@ -188,11 +188,108 @@ CANDIDATES = {
     "shrink": [
         dict(BM=64, BK=64, num_warps=4, num_stages=3),
         dict(BM=64, BK=128, num_warps=4, num_stages=3),
-        dict(BM=64, BK=128, num_warps=8, num_stages=3),
         dict(BM=32, BK=128, num_warps=4, num_stages=4),
         dict(BM=64, BK=64, num_warps=4, num_stages=4),
-        dict(BM=32, BK=256, num_warps=4, num_stages=3),
         dict(BM=128, BK=64, num_warps=8, num_stages=3),
+    ],
+    # The persistent TMA fused GEMM (Hopper); timed as forward + backward-orientation calls.
+    "tma": [
+        dict(
+            BM=128,
+            BN=256,
+            BK=64,
+            BR=32,
+            GROUP_M=8,
+            SUBTILE=1,
+            FLATTEN=1,
+            WS=1,
+            num_warps=8,
+            num_stages=3,
+        ),
+        dict(
+            BM=128,
+            BN=256,
+            BK=64,
+            BR=64,
+            GROUP_M=8,
+            SUBTILE=1,
+            FLATTEN=1,
+            WS=1,
+            num_warps=8,
+            num_stages=3,
+        ),
+        dict(
+            BM=128,
+            BN=256,
+            BK=64,
+            BR=32,
+            GROUP_M=8,
+            SUBTILE=1,
+            FLATTEN=1,
+            WS=0,
+            num_warps=8,
+            num_stages=4,
+        ),
+        dict(
+            BM=128,
+            BN=256,
+            BK=64,
+            BR=64,
+            GROUP_M=8,
+            SUBTILE=1,
+            FLATTEN=1,
+            WS=0,
+            num_warps=8,
+            num_stages=3,
+        ),
+        dict(
+            BM=128,
+            BN=256,
+            BK=64,
+            BR=32,
+            GROUP_M=8,
+            SUBTILE=1,
+            FLATTEN=0,
+            WS=1,
+            num_warps=8,
+            num_stages=3,
+        ),
+        dict(
+            BM=128,
+            BN=256,
+            BK=64,
+            BR=128,
+            GROUP_M=8,
+            SUBTILE=1,
+            FLATTEN=1,
+            WS=1,
+            num_warps=8,
+            num_stages=3,
+        ),
+        dict(
+            BM=256,
+            BN=128,
+            BK=64,
+            BR=32,
+            GROUP_M=8,
+            SUBTILE=1,
+            FLATTEN=0,
+            WS=0,
+            num_warps=8,
+            num_stages=3,
+        ),
+        dict(
+            BM=128,
+            BN=256,
+            BK=64,
+            BR=64,
+            GROUP_M=16,
+            SUBTILE=1,
+            FLATTEN=1,
+            WS=1,
+            num_warps=8,
+            num_stages=3,
+        ),
     ],
     "gemm": [
         dict(BM=128, BN=128, BK=64, BR=32, GROUP_M=8, num_warps=8, num_stages=3),
@@ -235,12 +332,25 @@ def kernel_calls(pk: Pack) -> dict:
     s_buf = ops.shrink(x, a, a_str, table, meta, 1, dropout=True)
     y = torch.empty(x.shape[0], pk.out_f, device=x.device, dtype=x.dtype)
     da, db = torch.empty_like(pk.a), torch.empty_like(pk.b)
+    dx = torch.empty_like(x)
+    w_t = (pk.w.stride(1), pk.w.stride(0))  # dX = dY·W: Q[n, k] = W[k, n]
+
+    def gemm(tma: bool):
+        ops.USE_TMA = tma
+        try:
+            ops.lora_gemm(y, s_buf, b_t, bt_str, table, meta, 1, base=(x, pk.w, pk.w.stride()))
+            if tma:
+                ops.lora_gemm(
+                    dx, s_buf, a, (a.stride(1), a.stride(0)), table, meta, 1, base=(dy, pk.w, w_t)
+                )
+        finally:
+            ops.USE_TMA = True
+
     return {
         "shrink": lambda: ops.shrink(x, a, a_str, table, meta, 1, dropout=True),
         "lora": lambda: ops.lora_gemm(y, s_buf, b_t, bt_str, table, meta, 1),
-        "gemm": lambda: ops.lora_gemm(
-            y, s_buf, b_t, bt_str, table, meta, 1, base=(x, pk.w, pk.w.stride())
-        ),
+        "gemm": lambda: gemm(False),  # the pointer-based fused GEMM (forward)
+        "tma": lambda: gemm(True),  # the TMA fused GEMM, forward + backward orientation
         "wgrad": lambda: (
             ops.wgrad(x, s_buf, da, (a.stride(1), a.stride(0)), table, meta, 1, dropout=True),
             ops.wgrad(dy, s_buf, db, (db.stride(0), db.stride(1)), table, meta, 1, dropout=False),
@@ -331,6 +441,8 @@ def section_a(dtype, device, log) -> list[dict]:
     if DRY:
         dims, ks, tokens, rank = (32, 48), (2, 3), 16, 16
     rows = []
+    bw = copy_bandwidth(device, dtype)
+    log(f"  copy bandwidth (read + write of a 1 GiB buffer): {bw / 1e12:.2f} TB/s")
     for d in dims:
         for k in ks:
             pk = Pack(
@@ -344,13 +456,28 @@ def section_a(dtype, device, log) -> list[dict]:
             )
             seq = time_fwd_bwd(pk, pk.seq_delta)
             packed = time_fwd_bwd(pk, pk.delta)
+            # Bytes any kernel must move: fwd reads x and writes y, bwd reads dY and x and
+            # writes dX (A, B and S are small). seq_ms / (bytes / bandwidth) bounds the speedup.
+            act = k * tokens * d * torch.finfo(dtype).bits // 8
+            floor_f, floor_b = 2 * act / bw * 1e3, 3 * act / bw * 1e3
             row = dict(d=d, adapters=k, seq_fwd_ms=seq[0], seq_bwd_ms=seq[1], packed_fwd_ms=packed[0],
-                       packed_bwd_ms=packed[1], speedup_fwd=seq[0] / packed[0], speedup_bwd=seq[1] / packed[1])  # fmt: skip
+                       packed_bwd_ms=packed[1], speedup_fwd=seq[0] / packed[0], speedup_bwd=seq[1] / packed[1],
+                       bound_fwd=seq[0] / floor_f, bound_bwd=seq[1] / floor_b)  # fmt: skip
             rows.append(row)
-            log(f"  d={d} K={k}: fwd {row['speedup_fwd']:.2f}x bwd {row['speedup_bwd']:.2f}x "
+            log(f"  d={d} K={k}: fwd {row['speedup_fwd']:.2f}x (bound {row['bound_fwd']:.1f}x) "
+                f"bwd {row['speedup_bwd']:.2f}x (bound {row['bound_bwd']:.1f}x) "
                 f"(packed {packed[0]:.3f}/{packed[1]:.3f} ms, seq {seq[0]:.3f}/{seq[1]:.3f} ms)")  # fmt: skip
             del pk
     return rows
+
+
+def copy_bandwidth(device, dtype) -> float:
+    """Bytes per second of ``dst.copy_(src)`` (read + write) on a 1 GiB buffer."""
+    n = (2**30 if not DRY else 2**12) // (torch.finfo(dtype).bits // 8)
+    src = torch.randn(n, device=device).to(dtype)
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
 
 
 def section_bc(dtype, device, log) -> dict:

@@ -45,12 +45,24 @@ DEFAULT_CONFIGS: dict[str, dict[str, int]] = {  # what --tune picked on both H10
         "num_stages": 2,
     },
     "wgrad": {"BN": 128, "BT": 64, "BR": 64, "num_warps": 4, "num_stages": 3},
+    "tma": {
+        "BM": 128,
+        "BN": 256,
+        "BK": 64,
+        "BR": 32,
+        "GROUP_M": 8,
+        "SUBTILE": 1,
+        "FLATTEN": 0,
+        "num_warps": 8,
+        "num_stages": 3,
+    },
 }
 _INTERPRETER_CONFIGS: dict[str, dict[str, int]] = {
     "shrink": {"BM": 32, "BK": 64},
     "gemm": {"BM": 32, "BN": 64, "BK": 64, "BR": 32, "GROUP_M": 4},
     "lora": {"BM": 32, "BN": 64, "BK": 64, "BR": 32, "GROUP_M": 4},
     "wgrad": {"BN": 64, "BT": 32, "BR": 16},
+    "tma": {"BM": 32, "BN": 64, "BK": 32, "BR": 32, "GROUP_M": 4, "SUBTILE": 1, "FLATTEN": 0},
 }
 
 
@@ -154,7 +166,7 @@ def _launch(kernel, grid, args: tuple, consts: dict, launch: dict) -> None:
         kernel.fn.__name__,
         tuple(sorted(consts.items())),
         tuple(sorted(launch.items())),
-        args[0].device.index,
+        next(a for a in args if isinstance(a, torch.Tensor)).device.index,
     )
     stages = _STAGES_THAT_FIT.get(key, launch.get("num_stages", 3))
     while True:
@@ -188,7 +200,7 @@ def shrink(
     out = torch.empty(inp.shape[0], width, device=inp.device, dtype=inp.dtype)
     cfg = kernel_config("shrink", inp.device, inp.element_size())
     launch = _pop_launch(cfg)
-    bm = cfg["BM"]
+    bm, bk, k = cfg["BM"], cfg["BK"], inp.shape[1]
     n_tiles = sum(
         -(-(meta.seg_starts[i + 1] - meta.seg_starts[i]) // bm) for i in range(meta.n_slots)
     )
@@ -196,12 +208,12 @@ def shrink(
         return out
     args = (
         inp, mat, out, table, seed,
-        inp.shape[1], meta.n_slots, table.stride(0),
+        k, meta.n_slots, table.stride(0),
         inp.stride(0), inp.stride(1), mat_strides[0], mat_strides[1], out.stride(0),
     )  # fmt: skip
     consts = dict(
         HAS_DROPOUT=dropout and meta.has_dropout,
-        BM=bm, BR=tk.next_pow2(width), BK=cfg["BK"], SLOTS_P2=_slots_p2(meta),
+        BM=bm, BR=tk.next_pow2(width), BK=bk, SLOTS_P2=_slots_p2(meta),
     )  # fmt: skip
     _launch(tk._shrink_kernel, (n_tiles,), args, consts, launch)
     return out
@@ -233,18 +245,13 @@ def lora_gemm(
         dropout: mask the LoRA part with each slot's keep mask over ``(t, n)`` (the dX pass).
     """
     m, n = out.shape
+    if base is not None and _tma_ready(out, base):
+        return _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout)
     kind = "gemm" if base is not None else "lora"
     cfg = kernel_config(kind, out.device, out.element_size())
     launch = _pop_launch(cfg)
     use_dropout = dropout and meta.has_dropout
-    # The dropout mask of a tile lives in registers: keep it <= 64 elements per thread (a
-    # 64x256 tile on 4 warps ran 2x slower in the backward than 64x128 on the H200).
-    while (
-        use_dropout
-        and cfg["BM"] * cfg["BN"] > 64 * 32 * launch.get("num_warps", 4)
-        and cfg["BN"] > 32
-    ):
-        cfg["BN"] //= 2
+    _fit_dropout_tile(cfg, launch, use_dropout)
     if base is not None:
         p, q_mat, (sqn, sqk) = base
         k, spm, spk = p.shape[1], p.stride(0), p.stride(1)
@@ -264,6 +271,83 @@ def lora_gemm(
         SLOTS_P2=_slots_p2(meta), GROUP_M=cfg["GROUP_M"],
     )  # fmt: skip
     _launch(tk._lora_gemm_kernel, grid, args, consts, launch)
+    return out
+
+
+def _fit_dropout_tile(cfg: dict, launch: dict, use_dropout: bool) -> None:
+    """Halve BN until a tile's dropout mask fits in registers (<= 64 elements per thread).
+
+    A 64x256 tile on 4 warps ran 2x slower in the backward than 64x128 on the H200.
+    """
+    while (
+        use_dropout
+        and cfg["BM"] * cfg["BN"] > 64 * 32 * launch.get("num_warps", 4)
+        and cfg["BN"] > 32
+    ):
+        cfg["BN"] //= 2
+
+
+#: Set to False to keep the fused mode on the pointer-based GEMM kernel everywhere.
+USE_TMA = os.environ.get("PLORA_KERNELS_TMA", "1") != "0"
+
+
+def _tma_ready(out: torch.Tensor, base) -> bool:
+    """Can the persistent TMA kernel run this fused GEMM (Hopper or newer, 16-byte strides)?"""
+    if not USE_TMA:
+        return False
+    if out.device.type == "cuda":
+        if _interpreting() or torch.cuda.get_device_capability(out.device)[0] < 9:
+            return False
+    elif not _interpreting():
+        return False
+    p, q_mat, (sqn, sqk) = base
+    esz = out.element_size()
+    for t, inner, outer in ((out, out.stride(1), out.stride(0)), (p, p.stride(1), p.stride(0)),
+                            (q_mat, min(sqn, sqk), max(sqn, sqk))):  # fmt: skip
+        if inner != 1 or (outer * esz) % 16 or t.data_ptr() % 16:
+            return False
+    return p.dtype == out.dtype == q_mat.dtype
+
+
+@lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout):
+    """``out = P·Qᵀ + bias + route(L·Rᵀ)`` by the persistent TMA kernel (see lora_gemm)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, n = out.shape
+    p, q_mat, (sqn, sqk) = base
+    k = p.shape[1]
+    cfg = kernel_config("tma", out.device, out.element_size())
+    launch = _pop_launch(cfg)
+    use_dropout = dropout and meta.has_dropout
+    _fit_dropout_tile(cfg, launch, use_dropout)
+    bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
+    subtile = bool(cfg["SUBTILE"]) and bn >= 32
+    p_desc = TensorDescriptor(p, [m, k], [p.stride(0), 1], [bm, bk])
+    q_nk = sqk == 1
+    if q_nk:  # Q[n, k] at n·sqn + k: stored (N, K)
+        q_desc = TensorDescriptor(q_mat, [n, k], [sqn, 1], [bn, bk])
+    else:  # stored (K, N)
+        q_desc = TensorDescriptor(q_mat, [k, n], [sqk, 1], [bk, bn])
+    o_desc = TensorDescriptor(out, [m, n], [out.stride(0), 1], [bm, bn // 2 if subtile else bn])
+    n_sms = _num_sms(out.device.index or 0) if out.device.type == "cuda" else 4
+    grid = (min(n_sms, triton_cdiv(m, bm) * triton_cdiv(n, bn)),)
+    args = (
+        p_desc, q_desc, o_desc, bias if bias is not None else out, lora_in, r_mat, table, seed,
+        m, n, k, meta.n_slots, table.stride(0),
+        lora_in.stride(0), r_strides[0], r_strides[1],
+    )  # fmt: skip
+    consts = dict(
+        Q_NK=q_nk, HAS_BIAS=bias is not None, HAS_DROPOUT=use_dropout,
+        BM=bm, BN=bn, BK=bk, BR=min(cfg["BR"], tk.next_pow2(meta.max_rank_pad)),
+        SLOTS_P2=_slots_p2(meta), GROUP_M=cfg["GROUP_M"], NUM_SMS=n_sms,
+        SUBTILE=subtile, FLATTEN=bool(cfg["FLATTEN"]), WARP_SPECIALIZE=bool(cfg.get("WS", 0)),
+    )  # fmt: skip
+    _launch(tk._fused_tma_kernel, grid, args, consts, launch)
     return out
 
 

@@ -61,6 +61,65 @@ def _slot_float(table_ptr, ts, row: tl.constexpr, slot):
 
 
 @triton.jit
+def _lora_tile(
+    acc, m0, n0, M, N, l_ptr, r_ptr, table_ptr, seed, n_slots, ts,
+    stride_lm, stride_rn, stride_rr,
+    HAS_DROPOUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
+    SLOTS_P2: tl.constexpr,
+):  # fmt: skip
+    """``acc + Σ_i mask?(L_i·R_iᵀ)`` over the slots whose segments meet rows ``[m0, m0 + BM)``.
+
+    The routing step of every output tile (LoRAFusion's tile-level routing): usually one or two
+    slots; each product is masked to the slot's rows and, with dropout, to its keep mask.
+    """
+    rows = m0 + tl.arange(0, BM)
+    cols = n0 + tl.arange(0, BN)
+    row_ok = rows < M
+    col_ok = cols < N
+    rows64 = rows.to(tl.int64)
+    cols64 = cols.to(tl.int64)
+    idx = tl.arange(0, SLOTS_P2)
+    valid = idx < n_slots
+    seg_lo = tl.load(table_ptr + idx, mask=valid, other=_BIG)
+    seg_hi = tl.load(table_ptr + idx + 1, mask=valid, other=_BIG)
+    j_first = tl.sum((seg_hi <= m0).to(tl.int32), 0)
+    j_stop = tl.sum((seg_lo < m0 + BM).to(tl.int32), 0)
+    for j in range(j_first, j_stop):
+        start = _slot_entry(table_ptr, ts, 0, j)
+        end = _slot_entry(table_ptr, ts, 0, j + 1)
+        off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, j), 16)
+        rank = _slot_entry(table_ptr, ts, 2, j)
+        in_seg = row_ok & (rows >= start) & (rows < end)
+        if HAS_DROPOUT:
+            part = tl.zeros((BM, BN), dtype=tl.float32)
+        else:
+            part = acc
+        for r0 in range(0, rank, BR):
+            rr = r0 + tl.arange(0, BR)
+            r_ok = rr < rank
+            lt = tl.load(
+                l_ptr + rows64[:, None] * stride_lm + rr[None, :],
+                mask=in_seg[:, None] & r_ok[None, :],
+                other=0.0,
+            )
+            rt = tl.load(
+                r_ptr + cols64[None, :] * stride_rn + (off + rr).to(tl.int64)[:, None] * stride_rr,
+                mask=col_ok[None, :] & r_ok[:, None],
+                other=0.0,
+            )
+            part = tl.dot(lt, rt, part)
+        if HAS_DROPOUT:
+            p = _slot_float(table_ptr, ts, 4, j)
+            if p > 0.0:
+                keep = _keep(seed, j, rows - start, n0, N, p, BN)
+                part = tl.where(keep, part / (1.0 - p), 0.0)
+            acc += part
+        else:
+            acc = part
+    return acc
+
+
+@triton.jit
 def _shrink_kernel(
     p_ptr, m_ptr, o_ptr, table_ptr, seed,
     K, n_slots, ts,
@@ -167,47 +226,73 @@ def _lora_gemm_kernel(
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
 
-    # --- LoRA: the slots whose segments intersect rows [m0, m0 + BM)
-    m0 = pid_m * BM
-    idx = tl.arange(0, SLOTS_P2)
-    valid = idx < n_slots
-    seg_lo = tl.load(table_ptr + idx, mask=valid, other=_BIG)
-    seg_hi = tl.load(table_ptr + idx + 1, mask=valid, other=_BIG)
-    j_first = tl.sum((seg_hi <= m0).to(tl.int32), 0)
-    j_stop = tl.sum((seg_lo < m0 + BM).to(tl.int32), 0)
-    for j in range(j_first, j_stop):
-        start = _slot_entry(table_ptr, ts, 0, j)
-        end = _slot_entry(table_ptr, ts, 0, j + 1)
-        off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, j), 16)
-        rank = _slot_entry(table_ptr, ts, 2, j)
-        in_seg = row_ok & (rows >= start) & (rows < end)
-        part = tl.zeros((BM, BN), dtype=tl.float32)
-        for r0 in range(0, rank, BR):
-            rr = r0 + tl.arange(0, BR)
-            r_ok = rr < rank
-            lt = tl.load(
-                l_ptr + rows64[:, None] * stride_lm + rr[None, :],
-                mask=in_seg[:, None] & r_ok[None, :],
-                other=0.0,
-            )
-            rt = tl.load(
-                r_ptr + cols64[None, :] * stride_rn + (off + rr).to(tl.int64)[:, None] * stride_rr,
-                mask=col_ok[None, :] & r_ok[:, None],
-                other=0.0,
-            )
-            part = tl.dot(lt, rt, part)
-        if HAS_DROPOUT:
-            p = _slot_float(table_ptr, ts, 4, j)
-            if p > 0.0:
-                keep = _keep(seed, j, rows - start, pid_n * BN, N, p, BN)
-                part = tl.where(keep, part / (1.0 - p), 0.0)
-        acc += part
+    acc = _lora_tile(
+        acc, pid_m * BM, pid_n * BN, M, N, l_ptr, r_ptr, table_ptr, seed, n_slots, ts,
+        stride_lm, stride_rn, stride_rr, HAS_DROPOUT, BM, BN, BR, SLOTS_P2,
+    )  # fmt: skip
 
     o_ptrs = o_ptr + rows64[:, None] * stride_om + cols64[None, :] * stride_on
     o_mask = row_ok[:, None] & col_ok[None, :]
     if ACCUMULATE:
         acc += tl.load(o_ptrs, mask=o_mask, other=0.0).to(tl.float32)
     tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=o_mask)
+
+
+@triton.jit
+def _fused_tma_kernel(
+    p_desc, q_desc, o_desc, bias_ptr, l_ptr, r_ptr, table_ptr, seed,
+    M, N, K, n_slots, ts,
+    stride_lm, stride_rn, stride_rr,
+    Q_NK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
+    SLOTS_P2: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+    SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """The fused GEMM for Hopper-class GPUs: ``O = P·Qᵀ (+bias) + route(L·Rᵀ)``, persistent, TMA.
+
+    One program per SM walks the output tiles in grouped order; operand tiles arrive by TMA
+    (``Q_NK``: Q is stored (N, K), else (K, N)), the LoRA products are added by
+    :func:`_lora_tile` into the same accumulator, and the tile leaves by TMA store (in two
+    column halves with ``SUBTILE``). Out-of-range rows and columns are zero-filled on load and
+    clipped on store by the descriptors.
+    """
+    start = tl.program_id(0)
+    grid_m = tl.cdiv(M, BM)
+    grid_n = tl.cdiv(N, BN)
+    n_tiles = grid_m * grid_n
+    k_tiles = tl.cdiv(K, BK)
+    width = GROUP_M * grid_n
+    for tile in tl.range(start, n_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        group = tile // width
+        first_m = group * GROUP_M
+        size_m = min(grid_m - first_m, GROUP_M)
+        m0 = (first_m + (tile % width) % size_m) * BM
+        n0 = ((tile % width) // size_m) * BN
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for kk in range(k_tiles):
+            k0 = kk * BK
+            a = p_desc.load([m0, k0])
+            if Q_NK:
+                b = q_desc.load([n0, k0])
+                acc = tl.dot(a, b.T, acc)
+            else:
+                b = q_desc.load([k0, n0])
+                acc = tl.dot(a, b, acc)
+        if HAS_BIAS:
+            cols = n0 + tl.arange(0, BN)
+            acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        acc = _lora_tile(
+            acc, m0, n0, M, N, l_ptr, r_ptr, table_ptr, seed, n_slots, ts,
+            stride_lm, stride_rn, stride_rr, HAS_DROPOUT, BM, BN, BR, SLOTS_P2,
+        )  # fmt: skip
+        out = acc.to(o_desc.dtype)
+        if SUBTILE:
+            halves = tl.permute(tl.reshape(out, (BM, 2, BN // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            o_desc.store([m0, n0], left)
+            o_desc.store([m0, n0 + BN // 2], right)
+        else:
+            o_desc.store([m0, n0], out)
 
 
 @triton.jit

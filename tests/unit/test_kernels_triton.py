@@ -62,12 +62,15 @@ CASES = [
 
 
 @child
-@pytest.mark.parametrize("mode", ["accumulate", "epilogue", "fused"])
+@pytest.mark.parametrize("mode", ["accumulate", "epilogue", "fused", "fused-pointer"])
 @pytest.mark.parametrize("spec", CASES, ids=lambda s: f"slots{s[0]}-in{s[1]}-out{s[2]}")
 def test_fp32_matches_fp64_oracle(spec, mode, monkeypatch):
+    """Every mode; "fused" takes the persistent TMA kernel where strides allow (in, out % 4 == 0
+    in fp32), "fused-pointer" the pointer-based GEMM kernel."""
     from plora.kernels import ops
 
-    monkeypatch.setattr(ops, "choose_mode", lambda *a, **k: ops.Mode(mode))
+    monkeypatch.setattr(ops, "choose_mode", lambda *a, **k: ops.Mode(mode.split("-")[0]))
+    monkeypatch.setattr(ops, "USE_TMA", mode == "fused")
     n_slots, in_f, out_f, max_seg, drop = spec
     gen = torch.Generator().manual_seed(n_slots * 100 + in_f)
     case = random_case(gen, n_slots=n_slots, in_f=in_f, out_f=out_f, max_seg=max_seg, dropout=drop)
@@ -78,6 +81,24 @@ def test_fp32_matches_fp64_oracle(spec, mode, monkeypatch):
     ref = oracle(case, tensors, dy, seed)
     for name, g, r in zip(("y", "dx", "dA", "dB"), got, ref, strict=True):
         assert rel_err(g, r) < 2e-6, (name, rel_err(g, r), case)
+
+
+@child
+def test_tma_gemm_with_bias_dropout_and_tiny_segments():
+    """The persistent TMA fused GEMM (fwd: Q stored (N, K); bwd: (K, N)) with bias, dropout,
+    empty and one-token segments, in fp32 and fp16."""
+    from plora.kernels import ops
+
+    case = Case(n_tokens=41, in_f=256, out_f=288, seg_lens=(9, 0, 1, 30), ranks=(8, 24, 16, 64),
+                dropout=(0.0, 0.5, 0.25, 0.1), lead=1)  # fmt: skip
+    for dtype, tol in ((torch.float32, 2e-6), (torch.float16, 3e-3)):
+        tensors = make_tensors(case, dtype=dtype, device="cpu", seed=4)
+        assert ops._tma_ready(tensors[0], (tensors[0], tensors[1], tensors[1].stride()))
+        dy = torch.randn(case.n_tokens, case.out_f).to(dtype)
+        got = run_triton(case, tensors, dy, 21, fused=True)
+        ref = oracle(case, tensors, dy, 21)
+        for name, g, r in zip(("y", "dx", "dA", "dB"), got, ref, strict=True):
+            assert rel_err(g, r) < tol, (dtype, name, rel_err(g, r))
 
 
 @child
