@@ -90,7 +90,7 @@ def _lora_tile(
         off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, j), 16)
         rank = _slot_entry(table_ptr, ts, 2, j)
         in_seg = row_ok & (rows >= start) & (rows < end)
-        if HAS_DROPOUT:
+        if HAS_DROPOUT:  # noqa: SIM108 (a constexpr branch, not a value)
             part = tl.zeros((BM, BN), dtype=tl.float32)
         else:
             part = acc
