@@ -198,74 +198,27 @@ CANDIDATES = {
             BM=128,
             BN=256,
             BK=64,
-            BR=32,
+            BR=br,
             GROUP_M=8,
             SUBTILE=1,
-            FLATTEN=1,
-            WS=1,
+            FLATTEN=fl,
+            WS=ws,
+            LORA_TMA=lt,
             num_warps=8,
-            num_stages=3,
-        ),
-        dict(
-            BM=128,
-            BN=256,
-            BK=64,
-            BR=64,
-            GROUP_M=8,
-            SUBTILE=1,
-            FLATTEN=1,
-            WS=1,
-            num_warps=8,
-            num_stages=3,
-        ),
-        dict(
-            BM=128,
-            BN=256,
-            BK=64,
-            BR=32,
-            GROUP_M=8,
-            SUBTILE=1,
-            FLATTEN=1,
-            WS=0,
-            num_warps=8,
-            num_stages=4,
-        ),
-        dict(
-            BM=128,
-            BN=256,
-            BK=64,
-            BR=64,
-            GROUP_M=8,
-            SUBTILE=1,
-            FLATTEN=1,
-            WS=0,
-            num_warps=8,
-            num_stages=3,
-        ),
-        dict(
-            BM=128,
-            BN=256,
-            BK=64,
-            BR=32,
-            GROUP_M=8,
-            SUBTILE=1,
-            FLATTEN=0,
-            WS=1,
-            num_warps=8,
-            num_stages=3,
-        ),
-        dict(
-            BM=128,
-            BN=256,
-            BK=64,
-            BR=128,
-            GROUP_M=8,
-            SUBTILE=1,
-            FLATTEN=1,
-            WS=1,
-            num_warps=8,
-            num_stages=3,
-        ),
+            num_stages=st,
+        )
+        for br, fl, ws, lt, st in [
+            (32, 1, 1, 0, 3),
+            (32, 1, 1, 1, 3),
+            (64, 1, 1, 1, 3),
+            (32, 0, 1, 1, 3),
+            (32, 1, 0, 1, 4),
+            (64, 1, 0, 1, 3),
+            (32, 0, 0, 1, 4),
+            (16, 1, 1, 1, 3),
+        ]
+    ]
+    + [
         dict(
             BM=256,
             BN=128,
@@ -275,21 +228,10 @@ CANDIDATES = {
             SUBTILE=1,
             FLATTEN=0,
             WS=0,
+            LORA_TMA=1,
             num_warps=8,
             num_stages=3,
-        ),
-        dict(
-            BM=128,
-            BN=256,
-            BK=64,
-            BR=64,
-            GROUP_M=16,
-            SUBTILE=1,
-            FLATTEN=1,
-            WS=1,
-            num_warps=8,
-            num_stages=3,
-        ),
+        )
     ],
     "gemm": [
         dict(BM=128, BN=128, BK=64, BR=32, GROUP_M=8, num_warps=8, num_stages=3),
@@ -612,8 +554,7 @@ def main() -> None:
         if not DRY:
             ops.TUNED_PATH.write_text(json.dumps(tuned, indent=1, sort_keys=True) + "\n")
         ops.CONFIG_OVERRIDES.clear()
-        ops._tuned_file.cache_clear()
-        ops._gpu_entry.cache_clear()
+        ops.reload_tuned()
         results["tuned"] = entry
     sections = set(args.sections.split(","))
     if "a" in sections:

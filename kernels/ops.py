@@ -83,6 +83,13 @@ def _gpu_entry(device_index: int) -> dict[str, Any]:
     return _tuned_file().get(name, {})
 
 
+def reload_tuned() -> None:
+    """Forget the cached tuned.json, its per-GPU entries and the mode choices made from them."""
+    _tuned_file.cache_clear()
+    _gpu_entry.cache_clear()
+    _measured_mode.cache_clear()
+
+
 #: Per-kind configs that win over everything else (set by the tuner in benchmarks/kernels.py).
 CONFIG_OVERRIDES: dict[str, dict[str, int]] = {}
 
@@ -129,8 +136,16 @@ def choose_mode(
         return Mode.FUSED
     if device.type != "cuda" or _interpreting():
         return Mode.ACCUMULATE
+    # Cached per shape: every layer of every step asks the same few questions.
+    return _measured_mode(phase, n_tokens, in_features, out_features, device.index or 0, fused)
+
+
+@lru_cache(maxsize=1024)
+def _measured_mode(
+    phase: str, n_tokens: int, in_features: int, out_features: int, device_index: int, fused
+) -> Mode:
     best, best_dist = None, math.inf
-    for row in _gpu_entry(device.index or 0).get("dispatch", []):
+    for row in _gpu_entry(device_index).get("dispatch", []):
         if row.get("phase") != phase or "ms" not in row:
             continue
         dist = (
@@ -334,16 +349,29 @@ def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dr
     else:  # stored (K, N)
         q_desc = TensorDescriptor(q_mat, [k, n], [sqk, 1], [bk, bn])
     o_desc = TensorDescriptor(out, [m, n], [out.stride(0), 1], [bm, bn // 2 if subtile else bn])
+    br = min(cfg["BR"], tk.next_pow2(meta.max_rank_pad))
+    # LoRA operands by TMA too when R is stored (R_tot, N) (Bᵀ forward, A backward).
+    lora_tma = (
+        bool(cfg.get("LORA_TMA", 1))
+        and r_strides[0] == 1
+        and lora_in.stride(1) == 1
+        and (r_mat.data_ptr() | lora_in.data_ptr()) % 16 == 0
+    )
+    if lora_tma:
+        l_desc = TensorDescriptor(lora_in, list(lora_in.shape), [lora_in.stride(0), 1], [bm, br])
+        r_desc = TensorDescriptor(r_mat, [r_mat.shape[0], n], [r_strides[1], 1], [br, bn])
+    else:
+        l_desc = r_desc = out
     n_sms = _num_sms(out.device.index or 0) if out.device.type == "cuda" else 4
     grid = (min(n_sms, triton_cdiv(m, bm) * triton_cdiv(n, bn)),)
     args = (
-        p_desc, q_desc, o_desc, bias if bias is not None else out, lora_in, r_mat, table, seed,
-        m, n, k, meta.n_slots, table.stride(0),
+        p_desc, q_desc, o_desc, bias if bias is not None else out, lora_in, r_mat, l_desc, r_desc,
+        table, seed, m, n, k, meta.n_slots, table.stride(0),
         lora_in.stride(0), r_strides[0], r_strides[1],
     )  # fmt: skip
     consts = dict(
-        Q_NK=q_nk, HAS_BIAS=bias is not None, HAS_DROPOUT=use_dropout,
-        BM=bm, BN=bn, BK=bk, BR=min(cfg["BR"], tk.next_pow2(meta.max_rank_pad)),
+        Q_NK=q_nk, HAS_BIAS=bias is not None, HAS_DROPOUT=use_dropout, LORA_TMA=lora_tma,
+        BM=bm, BN=bn, BK=bk, BR=br,
         SLOTS_P2=_slots_p2(meta), GROUP_M=cfg["GROUP_M"], NUM_SMS=n_sms,
         SUBTILE=subtile, FLATTEN=bool(cfg["FLATTEN"]), WARP_SPECIALIZE=bool(cfg.get("WS", 0)),
     )  # fmt: skip

@@ -120,6 +120,48 @@ def _lora_tile(
 
 
 @triton.jit
+def _lora_tile_tma(
+    acc, m0, n0, M, N, l_desc, r_desc, table_ptr, seed, n_slots, ts,
+    HAS_DROPOUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
+    SLOTS_P2: tl.constexpr,
+):  # fmt: skip
+    """:func:`_lora_tile` with its operands fetched by TMA: ``L (M, rp_max)`` row tiles (masked
+    to the slot's rows and rank in registers) and ``R`` stored ``(R_tot, N)``."""
+    rows = m0 + tl.arange(0, BM)
+    idx = tl.arange(0, SLOTS_P2)
+    valid = idx < n_slots
+    seg_lo = tl.load(table_ptr + idx, mask=valid, other=_BIG)
+    seg_hi = tl.load(table_ptr + idx + 1, mask=valid, other=_BIG)
+    j_first = tl.sum((seg_hi <= m0).to(tl.int32), 0)
+    j_stop = tl.sum((seg_lo < m0 + BM).to(tl.int32), 0)
+    for j in range(j_first, j_stop):
+        start = _slot_entry(table_ptr, ts, 0, j)
+        end = _slot_entry(table_ptr, ts, 0, j + 1)
+        off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, j), 16)
+        rank = _slot_entry(table_ptr, ts, 2, j)
+        in_seg = (rows >= start) & (rows < end) & (rows < M)
+        if HAS_DROPOUT:  # noqa: SIM108 (a constexpr branch, not a value)
+            part = tl.zeros((BM, BN), dtype=tl.float32)
+        else:
+            part = acc
+        for r0 in range(0, rank, BR):
+            r_ok = (r0 + tl.arange(0, BR)) < rank
+            lt = l_desc.load([m0, r0])
+            lt = tl.where(in_seg[:, None] & r_ok[None, :], lt, 0.0)
+            rt = r_desc.load([off + r0, n0])
+            part = tl.dot(lt, rt, part)
+        if HAS_DROPOUT:
+            p = _slot_float(table_ptr, ts, 4, j)
+            if p > 0.0:
+                keep = _keep(seed, j, rows - start, n0, N, p, BN)
+                part = tl.where(keep, part / (1.0 - p), 0.0)
+            acc += part
+        else:
+            acc = part
+    return acc
+
+
+@triton.jit
 def _shrink_kernel(
     p_ptr, m_ptr, o_ptr, table_ptr, seed,
     K, n_slots, ts,
@@ -240,10 +282,10 @@ def _lora_gemm_kernel(
 
 @triton.jit
 def _fused_tma_kernel(
-    p_desc, q_desc, o_desc, bias_ptr, l_ptr, r_ptr, table_ptr, seed,
+    p_desc, q_desc, o_desc, bias_ptr, l_ptr, r_ptr, l_desc, r_desc, table_ptr, seed,
     M, N, K, n_slots, ts,
     stride_lm, stride_rn, stride_rr,
-    Q_NK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    Q_NK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, LORA_TMA: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr,
     SLOTS_P2: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
     SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
@@ -281,10 +323,16 @@ def _fused_tma_kernel(
         if HAS_BIAS:
             cols = n0 + tl.arange(0, BN)
             acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        acc = _lora_tile(
-            acc, m0, n0, M, N, l_ptr, r_ptr, table_ptr, seed, n_slots, ts,
-            stride_lm, stride_rn, stride_rr, HAS_DROPOUT, BM, BN, BR, SLOTS_P2,
-        )  # fmt: skip
+        if LORA_TMA:
+            acc = _lora_tile_tma(
+                acc, m0, n0, M, N, l_desc, r_desc, table_ptr, seed, n_slots, ts,
+                HAS_DROPOUT, BM, BN, BR, SLOTS_P2,
+            )  # fmt: skip
+        else:
+            acc = _lora_tile(
+                acc, m0, n0, M, N, l_ptr, r_ptr, table_ptr, seed, n_slots, ts,
+                stride_lm, stride_rn, stride_rr, HAS_DROPOUT, BM, BN, BR, SLOTS_P2,
+            )  # fmt: skip
         out = acc.to(o_desc.dtype)
         if SUBTILE:
             halves = tl.permute(tl.reshape(out, (BM, 2, BN // 2)), (0, 2, 1))

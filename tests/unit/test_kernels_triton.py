@@ -84,10 +84,14 @@ def test_fp32_matches_fp64_oracle(spec, mode, monkeypatch):
 
 
 @child
-def test_tma_gemm_with_bias_dropout_and_tiny_segments():
+@pytest.mark.parametrize("lora_tma", [1, 0], ids=["lora-by-tma", "lora-by-pointers"])
+def test_tma_gemm_with_bias_dropout_and_tiny_segments(lora_tma, monkeypatch):
     """The persistent TMA fused GEMM (fwd: Q stored (N, K); bwd: (K, N)) with bias, dropout,
-    empty and one-token segments, in fp32 and fp16."""
+    empty and one-token segments, in fp32 and fp16; LoRA operands by TMA or by pointers."""
     from plora.kernels import ops
+
+    cfg = {**ops._INTERPRETER_CONFIGS["tma"], "LORA_TMA": lora_tma}
+    monkeypatch.setitem(ops.CONFIG_OVERRIDES, "tma", cfg)
 
     case = Case(n_tokens=41, in_f=256, out_f=288, seg_lens=(9, 0, 1, 30), ranks=(8, 24, 16, 64),
                 dropout=(0.0, 0.5, 0.25, 0.1), lead=1)  # fmt: skip
