@@ -366,8 +366,14 @@ def tune_dispatch(dtype, device, log) -> list[dict]:
             seg_lens=lens, ranks=ranks, in_f=in_f, out_f=out_f, dtype=dtype, device=device, n_rot=2
         )
         times = time_modes(pk, [m.value for m in ops.Mode])
-        for phase, k in (("fwd", 0), ("bwd", 1)):
-            ms = {m: round(t[k], 4) for m, t in times.items()}
+        pk.dropout = [0.1] * n_slots  # the backward again, with the dropout mask on dX
+        dropped = time_modes(pk, [m.value for m in ops.Mode])
+        for phase, k, measured in (
+            ("fwd", 0, times),
+            ("bwd", 1, times),
+            ("bwd-dropout", 1, dropped),
+        ):
+            ms = {m: round(t[k], 4) for m, t in measured.items()}
             best = min(ms, key=ms.__getitem__)
             rows.append(
                 dict(phase=phase, tokens=tokens, **{"in": in_f, "out": out_f}, mode=best, ms=ms)

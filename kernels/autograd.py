@@ -167,7 +167,7 @@ def _run(x, weight, bias, lora_a, lora_b, table_args, seed, fused) -> torch.Tens
         return y.reshape(*x.shape[:-1], out_f)
     shape = (x2d.shape[0], x2d.shape[1], out_f, x2d.device)
     mode_fwd = ops.choose_mode("fwd", *shape, fused=fused)
-    mode_bwd = ops.choose_mode("bwd", *shape, fused=fused)
+    mode_bwd = ops.choose_mode("bwd-dropout" if meta.has_dropout else "bwd", *shape, fused=fused)
     y = _PackedLoRA.apply(x2d, weight, bias, lora_a, lora_b, meta, _seed(seed), mode_fwd, mode_bwd)
     return y.reshape(*x.shape[:-1], out_f)
 

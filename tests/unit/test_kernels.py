@@ -151,3 +151,38 @@ def test_bad_tensor_shapes_raise_config_errors():
         packed_lora_linear(
             x, w, None, a, torch.randn(5, 48), **GOOD, dropout_seed=0, backend="cuda"
         )
+
+
+def test_mode_choice_from_the_measured_table(monkeypatch):
+    from plora.kernels import ops
+
+    def row(phase, tokens, fused, epilogue, accumulate):
+        ms = {"fused": fused, "epilogue": epilogue, "accumulate": accumulate}
+        return {"phase": phase, "tokens": tokens, "in": 4096, "out": 4096, "ms": ms}
+
+    table = {
+        "dispatch": [
+            row("fwd", 2048, 0.30, 0.20, 0.25),
+            row("fwd", 8192, 0.40, 0.50, 0.45),
+            row("bwd", 8192, 0.40, 0.50, 0.45),
+        ]
+    }
+    monkeypatch.setattr(ops, "_gpu_entry", lambda index: table)
+    monkeypatch.setattr(ops, "_interpreting", lambda: False)
+    ops._measured_mode.cache_clear()
+    cuda = torch.device("cuda", 0)  # never touched: the table lookup is mocked
+    try:
+        pick = ops.choose_mode
+        assert pick("fwd", 2500, 4096, 4096, cuda, fused=None) == ops.Mode.EPILOGUE  # nearest 2048
+        assert pick("fwd", 7000, 4096, 4096, cuda, fused=None) == ops.Mode.FUSED  # nearest 8192
+        assert pick("fwd", 7000, 4096, 4096, cuda, fused=False) == ops.Mode.ACCUMULATE
+        assert pick("fwd", 7000, 4096, 4096, cuda, fused=True) == ops.Mode.FUSED
+        assert pick("bwd", 8192, 4096, 4096, cuda, fused=None) == ops.Mode.FUSED
+        # No dropout rows: the backward with dropout never takes the fused kernel.
+        assert pick("bwd-dropout", 8192, 4096, 4096, cuda, fused=None) == ops.Mode.ACCUMULATE
+        table["dispatch"].append(row("bwd-dropout", 8192, 0.40, 0.60, 0.70))
+        ops._measured_mode.cache_clear()
+        assert pick("bwd-dropout", 8192, 4096, 4096, cuda, fused=None) == ops.Mode.FUSED
+        assert pick("fwd", 8192, 4096, 4096, torch.device("cpu"), fused=None) == ops.Mode.ACCUMULATE
+    finally:
+        ops._measured_mode.cache_clear()
