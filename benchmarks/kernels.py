@@ -30,6 +30,7 @@ import contextlib
 import datetime
 import itertools
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -442,24 +443,35 @@ def section_bc(dtype, device, log) -> dict:
         "seg_lens": lens,
         "rows": [],
     }
+    # The GPU's clock drifts over a run (a few % as it warms): frozen and packed are timed in
+    # alternating rounds; each ratio is packed over the frozen time of its own round; medians.
+    rounds = 1 if DRY else 3
     pk0 = Pack(seg_lens=lens, ranks=ranks, in_f=d, out_f=d, dtype=dtype, device=device)
-    f_f, f_b = frozen_times(pk0)
-    out["frozen_fwd_ms"], out["frozen_bwd_ms"] = f_f, f_b
-    log(f"  frozen linear: fwd {f_f:.4f} ms, bwd (dY·W) {f_b:.4f} ms, total {f_f + f_b:.4f} ms")
     for p in (0.0, 0.1):
         pk = Pack(
             seg_lens=lens, ranks=ranks, in_f=d, out_f=d, dtype=dtype, device=device, dropout=p
         )
         modes = [m.value for m in ops.Mode] + [None]
-        for mode, (t_f, t_b) in time_modes(pk, modes).items():
-            ratio = (t_f + t_b) / (f_f + f_b)
+        samples: dict = {mode: [] for mode in modes}
+        frozen = []
+        for _ in range(rounds):
+            frozen.append(frozen_times(pk0))
+            for mode, times in time_modes(pk, modes).items():
+                samples[mode].append((*times, sum(times) / sum(frozen[-1])))
+        f_f, f_b = (statistics.median(t[i] for t in frozen) for i in (0, 1))
+        out.setdefault("frozen", {})[str(p)] = dict(fwd_ms=f_f, bwd_ms=f_b, rounds=frozen)
+        out["frozen_fwd_ms"], out["frozen_bwd_ms"] = f_f, f_b
+        log(f"  frozen linear: fwd {f_f:.4f} ms, bwd (dY·W) {f_b:.4f} ms, total {f_f + f_b:.4f} ms")
+        for mode, rows in samples.items():
+            t_f, t_b, ratio = (statistics.median(r[i] for r in rows) for i in (0, 1, 2))
             row = dict(
-                dropout=p, mode=mode or "auto", fwd_ms=t_f, bwd_ms=t_b, ratio_vs_frozen=ratio
-            )
+                dropout=p, mode=mode or "auto", fwd_ms=t_f, bwd_ms=t_b, ratio_vs_frozen=ratio,
+                ratios=[r[2] for r in rows],
+            )  # fmt: skip
             out["rows"].append(row)
-            log(
-                f"  packed p={p} mode={row['mode']}: fwd {t_f:.4f} bwd {t_b:.4f} ms -> {ratio:.3f}x frozen"
-            )
+            spread = f"{min(row['ratios']):.3f}-{max(row['ratios']):.3f}"
+            log(f"  packed p={p} mode={row['mode']}: fwd {t_f:.4f} bwd {t_b:.4f} ms -> "
+                f"{ratio:.3f}x frozen (rounds {spread})")  # fmt: skip
         if p == 0.0:
             calls = kernel_calls(pk)
             out["kernels_ms"] = {k: bench(c) for k, c in calls.items()}
