@@ -5,13 +5,15 @@ Forward (``S = s·drop(x)·Aᵀ`` is saved, the dropout mask is not)::
     S  = shrink(x, A)                              (N, rp_max)
     y  = x·Wᵀ + bias + route(S·B_iᵀ)               by one of three measured modes (ops.Mode):
          FUSED      one Triton GEMM, LoRA products routed into the base tile's accumulator
+                    (the persistent TMA kernel on Hopper, the pointer-based one elsewhere)
          EPILOGUE   LoRA kernel writes route(S·B_iᵀ) + bias, cuBLAS adds x·Wᵀ (addmm, beta = 1)
          ACCUMULATE cuBLAS writes x·Wᵀ + bias, the LoRA kernel adds its term in place
 
 Backward::
 
     dS = shrink(dY, Bᵀ)                            s·dY_i·B_i
-    dX = dY·W + mask ⊙ route(dS·A_i)               the same three modes
+    dX = dY·W + mask ⊙ route(dS·A_i)               the same three modes (measured separately
+                                                   for packs with dropout: 'bwd-dropout')
     dA = wgrad(drop(x), dS)      dB = wgrad(dY, S)  per-slot reductions, no atomics
 
 See the package docstring for the argument layouts.

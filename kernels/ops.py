@@ -2,7 +2,9 @@
 
 Configs and the fused-vs-unfused choice come from ``kernels/tuned.json``, measured per GPU name
 by ``benchmarks/kernels.py --tune``; a GPU missing from it gets the defaults below (and the
-unfused path, which leans on cuBLAS for the base GEMM). Each launcher writes every element of its
+unfused path, which leans on cuBLAS for the base GEMM). The fused mode takes the persistent TMA
+kernel on Hopper-class GPUs when every stride is 16-byte aligned (``PLORA_KERNELS_TMA=0`` turns it
+off), the pointer-based GEMM kernel otherwise. Each launcher writes every element of its
 output (no pre-zeroing), uses no atomics, and reduces in a fixed order.
 """
 

@@ -7,6 +7,10 @@ Three kernels cover the forward and the backward (``T`` = tokens, ``i`` = slot):
                               + Σ_i mask?(Σ_r L[t, r]·R[n, o_i + r])         y, dX (fused or LoRA only)
     _wgrad_kernel    G[n, o_i + r] = c_i · Σ_{t∈i} drop?(P)[t, n] · Q[t, r]    dA = dSᵀ·drop(x), dB = dYᵀ·S
 
+``_fused_tma_kernel`` is the fused ``_lora_gemm_kernel`` for Hopper-class GPUs (persistent, TMA
+descriptors, optional warp specialization); both route the LoRA products through
+``_lora_tile`` (pointer loads) or ``_lora_tile_tma``.
+
 Routing. The shrink kernel runs over segment-aligned row tiles: tile ``pid`` finds its slot by a
 prefix sum over the per-slot tile counts (no host table, no sync). The GEMM kernel runs over the
 regular ``(BM, BN)`` output tiles of the base GEMM (LoRAFusion's tile-level routing): each tile
