@@ -258,6 +258,10 @@ CANDIDATES = {
         dict(BN=128, BT=32, BR=64, num_warps=4, num_stages=4),
         dict(BN=256, BT=32, BR=32, num_warps=8, num_stages=3),
         dict(BN=128, BT=128, BR=32, num_warps=4, num_stages=3),
+        dict(BN=128, BT=64, BR=64, SPLIT_R=1, num_warps=4, num_stages=3),
+        dict(BN=128, BT=64, BR=32, SPLIT_R=1, num_warps=4, num_stages=3),
+        dict(BN=64, BT=64, BR=64, SPLIT_R=1, num_warps=4, num_stages=3),
+        dict(BN=128, BT=128, BR=32, SPLIT_R=1, num_warps=4, num_stages=3),
     ],
 }
 if DRY:

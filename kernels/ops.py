@@ -407,16 +407,21 @@ def wgrad(
     n = p.shape[1]
     cfg = kernel_config("wgrad", p.device, p.element_size())
     launch = _pop_launch(cfg)
-    grid = (meta.n_slots, triton_cdiv(n, cfg["BN"]))
     # Rank chunk: the tuned BR without dropout; with dropout, one chunk (no Philox recompute).
     full = tk.next_pow2(meta.max_rank_pad)
     br = full if (dropout and meta.has_dropout) else min(cfg.pop("BR", full), full)
+    # SPLIT_R: one program per rank chunk (high-rank slots spread over more programs) instead
+    # of one program walking all of its slot's chunks.
+    span = br if cfg.pop("SPLIT_R", 0) else full
+    grid = (meta.n_slots, triton_cdiv(n, cfg["BN"]), triton_cdiv(meta.max_rank_pad, span))
     args = (
         p, q, grad, table, seed,
         n, table.stride(0),
         p.stride(0), p.stride(1), q.stride(0), grad_strides[0], grad_strides[1],
     )  # fmt: skip
-    consts = dict(HAS_DROPOUT=dropout and meta.has_dropout, BN=cfg["BN"], BR=br, BT=cfg["BT"])
+    consts = dict(
+        HAS_DROPOUT=dropout and meta.has_dropout, BN=cfg["BN"], BR=br, BT=cfg["BT"], R_SPAN=span
+    )
     _launch(tk._wgrad_kernel, grid, args, consts, launch)
     return grad
 

@@ -353,10 +353,11 @@ def _wgrad_kernel(
     N, ts,
     stride_pt, stride_pn, stride_qt, stride_gn, stride_gr,
     HAS_DROPOUT: tl.constexpr,
-    BN: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr,
+    BN: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr, R_SPAN: tl.constexpr,
 ):  # fmt: skip
     slot = tl.program_id(0)
     pid_n = tl.program_id(1)
+    r_lo = tl.program_id(2) * R_SPAN  # this program's share of the rank block
     start = _slot_entry(table_ptr, ts, 0, slot)
     end = _slot_entry(table_ptr, ts, 0, slot + 1)
     off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, slot), 16)
@@ -368,7 +369,7 @@ def _wgrad_kernel(
         p = _slot_float(table_ptr, ts, 4, slot)
     # Rank chunks of BR (outer) x token tiles of BT (inner): a rank-8 slot does one 16..BR chunk
     # instead of a max-rank-wide tile; the slot's P columns are re-read per chunk from L2.
-    for r0 in range(0, block, BR):
+    for r0 in range(r_lo, min(block, r_lo + R_SPAN), BR):
         rr = r0 + tl.arange(0, BR)
         r_ok = rr < rank
         acc = tl.zeros((BN, BR), dtype=tl.float32)

@@ -106,6 +106,27 @@ def test_tma_gemm_with_bias_dropout_and_tiny_segments(lora_tma, monkeypatch):
 
 
 @child
+def test_weight_gradients_split_over_rank_chunks(monkeypatch):
+    """SPLIT_R: one program per (slot, columns, rank chunk); pad rows still get zero gradient."""
+    from plora.kernels import ops
+
+    cfg = {**ops._INTERPRETER_CONFIGS["wgrad"], "BR": 16, "SPLIT_R": 1}
+    monkeypatch.setitem(ops.CONFIG_OVERRIDES, "wgrad", cfg)
+    case = Case(n_tokens=30, in_f=40, out_f=36, seg_lens=(9, 0, 1, 17), ranks=(8, 24, 40, 64),
+                dropout=(0.0, 0.0, 0.0, 0.0), lead=2)  # fmt: skip
+    tensors = make_tensors(case, dtype=torch.float32, device="cpu", seed=8)
+    dy = torch.randn(case.n_tokens, case.out_f)
+    got = run_triton(case, tensors, dy, 3, fused=False)
+    ref = oracle(case, tensors, dy, 3)
+    for name, g, r in zip(("y", "dx", "dA", "dB"), got, ref, strict=True):
+        assert rel_err(g, r) < 2e-6, (name, rel_err(g, r))
+    for i, r in enumerate(case.ranks):
+        lo, hi = case.rank_offsets[i] + r, case.rank_offsets[i + 1]
+        assert torch.count_nonzero(got[2][lo:hi]) == 0
+        assert torch.count_nonzero(got[3][:, lo:hi]) == 0
+
+
+@child
 def test_fp16_odd_dim_2049():
     case = Case(n_tokens=7, in_f=2049, out_f=24, seg_lens=(1, 0, 5), ranks=(24, 8, 16),
                 dropout=(0.0, 0.5, 0.25), lead=1)  # fmt: skip
