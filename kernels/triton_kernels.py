@@ -9,7 +9,7 @@ Three kernels cover the forward and the backward (``T`` = tokens, ``i`` = slot):
 
 ``_fused_tma_kernel`` is the fused ``_lora_gemm_kernel`` for Hopper-class GPUs (persistent, TMA
 descriptors, optional warp specialization); both route the LoRA products through
-``_lora_tile`` (pointer loads) or ``_lora_tile_tma``.
+``_lora_tile`` (operands by pointer loads or by TMA).
 
 Routing. The shrink kernel runs over segment-aligned row tiles: tile ``pid`` finds its slot by a
 prefix sum over the per-slot tile counts (no host table, no sync). The GEMM kernel runs over the
@@ -66,15 +66,18 @@ def _slot_float(table_ptr, ts, row: tl.constexpr, slot):
 
 @triton.jit
 def _lora_tile(
-    acc, m0, n0, M, N, l_ptr, r_ptr, table_ptr, seed, n_slots, ts,
+    acc, m0, n0, M, N, l_ptr, r_ptr, l_desc, r_desc, table_ptr, seed, n_slots, ts,
     stride_lm, stride_rn, stride_rr,
-    HAS_DROPOUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
-    SLOTS_P2: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, BY_TMA: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, SLOTS_P2: tl.constexpr,
 ):  # fmt: skip
     """``acc + Σ_i mask?(L_i·R_iᵀ)`` over the slots whose segments meet rows ``[m0, m0 + BM)``.
 
     The routing step of every output tile (LoRAFusion's tile-level routing): usually one or two
     slots; each product is masked to the slot's rows and, with dropout, to its keep mask.
+    Operands by pointer loads (``L[t, r]`` at ``l_ptr``, ``R[n, o_i + r]`` at ``r_ptr``), or with
+    ``BY_TMA`` by the descriptors ``l_desc`` (``L`` row tiles, masked in registers) and
+    ``r_desc`` (``R`` stored ``(R_tot, N)``); the unused pair is never read.
     """
     rows = m0 + tl.arange(0, BM)
     cols = n0 + tl.arange(0, BN)
@@ -101,58 +104,22 @@ def _lora_tile(
         for r0 in range(0, rank, BR):
             rr = r0 + tl.arange(0, BR)
             r_ok = rr < rank
-            lt = tl.load(
-                l_ptr + rows64[:, None] * stride_lm + rr[None, :],
-                mask=in_seg[:, None] & r_ok[None, :],
-                other=0.0,
-            )
-            rt = tl.load(
-                r_ptr + cols64[None, :] * stride_rn + (off + rr).to(tl.int64)[:, None] * stride_rr,
-                mask=col_ok[None, :] & r_ok[:, None],
-                other=0.0,
-            )
-            part = tl.dot(lt, rt, part)
-        if HAS_DROPOUT:
-            p = _slot_float(table_ptr, ts, 4, j)
-            if p > 0.0:
-                keep = _keep(seed, j, rows - start, n0, N, p, BN)
-                part = tl.where(keep, part / (1.0 - p), 0.0)
-            acc += part
-        else:
-            acc = part
-    return acc
-
-
-@triton.jit
-def _lora_tile_tma(
-    acc, m0, n0, M, N, l_desc, r_desc, table_ptr, seed, n_slots, ts,
-    HAS_DROPOUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
-    SLOTS_P2: tl.constexpr,
-):  # fmt: skip
-    """:func:`_lora_tile` with its operands fetched by TMA: ``L (M, rp_max)`` row tiles (masked
-    to the slot's rows and rank in registers) and ``R`` stored ``(R_tot, N)``."""
-    rows = m0 + tl.arange(0, BM)
-    idx = tl.arange(0, SLOTS_P2)
-    valid = idx < n_slots
-    seg_lo = tl.load(table_ptr + idx, mask=valid, other=_BIG)
-    seg_hi = tl.load(table_ptr + idx + 1, mask=valid, other=_BIG)
-    j_first = tl.sum((seg_hi <= m0).to(tl.int32), 0)
-    j_stop = tl.sum((seg_lo < m0 + BM).to(tl.int32), 0)
-    for j in range(j_first, j_stop):
-        start = _slot_entry(table_ptr, ts, 0, j)
-        end = _slot_entry(table_ptr, ts, 0, j + 1)
-        off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, j), 16)
-        rank = _slot_entry(table_ptr, ts, 2, j)
-        in_seg = (rows >= start) & (rows < end) & (rows < M)
-        if HAS_DROPOUT:  # noqa: SIM108 (a constexpr branch, not a value)
-            part = tl.zeros((BM, BN), dtype=tl.float32)
-        else:
-            part = acc
-        for r0 in range(0, rank, BR):
-            r_ok = (r0 + tl.arange(0, BR)) < rank
-            lt = l_desc.load([m0, r0])
-            lt = tl.where(in_seg[:, None] & r_ok[None, :], lt, 0.0)
-            rt = r_desc.load([off + r0, n0])
+            if BY_TMA:
+                lt = tl.where(in_seg[:, None] & r_ok[None, :], l_desc.load([m0, r0]), 0.0)
+                rt = r_desc.load([off + r0, n0])
+            else:
+                lt = tl.load(
+                    l_ptr + rows64[:, None] * stride_lm + rr[None, :],
+                    mask=in_seg[:, None] & r_ok[None, :],
+                    other=0.0,
+                )
+                rt = tl.load(
+                    r_ptr
+                    + cols64[None, :] * stride_rn
+                    + (off + rr).to(tl.int64)[:, None] * stride_rr,
+                    mask=col_ok[None, :] & r_ok[:, None],
+                    other=0.0,
+                )
             part = tl.dot(lt, rt, part)
         if HAS_DROPOUT:
             p = _slot_float(table_ptr, ts, 4, j)
@@ -273,8 +240,8 @@ def _lora_gemm_kernel(
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
 
     acc = _lora_tile(
-        acc, pid_m * BM, pid_n * BN, M, N, l_ptr, r_ptr, table_ptr, seed, n_slots, ts,
-        stride_lm, stride_rn, stride_rr, HAS_DROPOUT, BM, BN, BR, SLOTS_P2,
+        acc, pid_m * BM, pid_n * BN, M, N, l_ptr, r_ptr, l_ptr, r_ptr, table_ptr, seed, n_slots,
+        ts, stride_lm, stride_rn, stride_rr, HAS_DROPOUT, False, BM, BN, BR, SLOTS_P2,
     )  # fmt: skip
 
     o_ptrs = o_ptr + rows64[:, None] * stride_om + cols64[None, :] * stride_on
@@ -327,16 +294,10 @@ def _fused_tma_kernel(
         if HAS_BIAS:
             cols = n0 + tl.arange(0, BN)
             acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        if LORA_TMA:
-            acc = _lora_tile_tma(
-                acc, m0, n0, M, N, l_desc, r_desc, table_ptr, seed, n_slots, ts,
-                HAS_DROPOUT, BM, BN, BR, SLOTS_P2,
-            )  # fmt: skip
-        else:
-            acc = _lora_tile(
-                acc, m0, n0, M, N, l_ptr, r_ptr, table_ptr, seed, n_slots, ts,
-                stride_lm, stride_rn, stride_rr, HAS_DROPOUT, BM, BN, BR, SLOTS_P2,
-            )  # fmt: skip
+        acc = _lora_tile(
+            acc, m0, n0, M, N, l_ptr, r_ptr, l_desc, r_desc, table_ptr, seed, n_slots, ts,
+            stride_lm, stride_rn, stride_rr, HAS_DROPOUT, LORA_TMA, BM, BN, BR, SLOTS_P2,
+        )  # fmt: skip
         out = acc.to(o_desc.dtype)
         if SUBTILE:
             halves = tl.permute(tl.reshape(out, (BM, 2, BN // 2)), (0, 2, 1))
