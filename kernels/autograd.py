@@ -69,6 +69,7 @@ class _PackedLoRA(torch.autograd.Function):
             ops.lora_gemm(y, *lora, base=base, bias=bias)
         ctx.save_for_backward(x2d, weight, lora_a, b_t, s_buf)
         ctx.meta, ctx.seed, ctx.mode_bwd = meta, seed, mode_bwd
+        ctx.b_transposed = lora_b.stride(0) == 1 and lora_b.shape[1] > 1  # Bᵀ-contiguous storage
         ctx.has_bias = bias is not None
         return y
 
@@ -110,7 +111,12 @@ class _PackedLoRA(torch.autograd.Function):
                 x2d, ds, da, (lora_a.stride(1), lora_a.stride(0)), table, meta, seed, dropout=True
             )
         if need_lb:
-            dlb = b_t.new_empty(b_t.shape[1], b_t.shape[0])  # (out, R_tot), like lora_b
+            # (out, R_tot) in lora_b's own layout: the engine stores every B transposed, and a
+            # gradient in the parameter's layout needs no strided copy per adapter downstream.
+            if ctx.b_transposed:
+                dlb = b_t.new_empty(b_t.shape).t()
+            else:
+                dlb = b_t.new_empty(b_t.shape[1], b_t.shape[0])
             grad_strides = (dlb.stride(0), dlb.stride(1))
             ops.wgrad(dy, s_buf, dlb, grad_strides, table, meta, seed, dropout=False)
         return dx, dw, dbias, da, dlb, None, None, None, None

@@ -127,6 +127,23 @@ def test_weight_gradients_split_over_rank_chunks(monkeypatch):
 
 
 @child
+def test_b_gradient_keeps_the_transposed_storage_of_b():
+    """B stored as a contiguous Bᵀ (the engine's layout) gets its gradient in that layout."""
+    gen = torch.Generator().manual_seed(12)
+    case = random_case(gen, n_slots=4, in_f=32, out_f=48, max_seg=10)
+    x, w, b, a, bb = make_tensors(case, dtype=torch.float32, device="cpu", seed=12)
+    bb_t = bb.t().contiguous().t()  # same values, strides (1, out)
+    dy = torch.randn(case.n_tokens, case.out_f, generator=gen)
+    for lora_b in (bb, bb_t):
+        leaf = lora_b.detach().requires_grad_(True)
+        y = packed_lora_linear(x, w, b, a, leaf, **table(case), dropout_seed=1, backend="triton")
+        (grad,) = torch.autograd.grad(y, leaf, dy)
+        assert grad.stride() == lora_b.stride()
+        ref = oracle(case, (x, w, b, a, bb), dy, 1)[3]
+        assert rel_err(grad, ref) < 2e-6
+
+
+@child
 def test_fp16_odd_dim_2049():
     case = Case(n_tokens=7, in_f=2049, out_f=24, seg_lens=(1, 0, 5), ranks=(24, 8, 16),
                 dropout=(0.0, 0.5, 0.25), lead=1)  # fmt: skip
