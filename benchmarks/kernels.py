@@ -185,6 +185,13 @@ def frozen_times(pk: Pack) -> tuple[float, float]:
 
 
 # ----------------------------------------------------------------------------------- tuning
+#: The TMA kernel's candidates: TMA_KEYS per row (BK 64, GROUP_M 8, SUBTILE, 8 warps for all).
+TMA_KEYS = ("BM", "BN", "BR", "FLATTEN", "WS", "LORA_TMA", "num_stages")
+TMA_GRID = [
+    (128, 256, 32, 1, 1, 0, 3), (128, 256, 32, 1, 1, 1, 3), (128, 256, 64, 1, 1, 1, 3),
+    (128, 256, 32, 0, 1, 1, 3), (128, 256, 32, 1, 0, 1, 4), (128, 256, 64, 1, 0, 1, 3),
+    (128, 256, 32, 0, 0, 1, 4), (128, 256, 16, 1, 1, 1, 3), (256, 128, 32, 0, 0, 1, 3),
+]  # fmt: skip
 CANDIDATES = {
     "shrink": [
         dict(BM=64, BK=64, num_warps=4, num_stages=3),
@@ -195,44 +202,8 @@ CANDIDATES = {
     ],
     # The persistent TMA fused GEMM (Hopper); timed as forward + backward-orientation calls.
     "tma": [
-        dict(
-            BM=128,
-            BN=256,
-            BK=64,
-            BR=br,
-            GROUP_M=8,
-            SUBTILE=1,
-            FLATTEN=fl,
-            WS=ws,
-            LORA_TMA=lt,
-            num_warps=8,
-            num_stages=st,
-        )
-        for br, fl, ws, lt, st in [
-            (32, 1, 1, 0, 3),
-            (32, 1, 1, 1, 3),
-            (64, 1, 1, 1, 3),
-            (32, 0, 1, 1, 3),
-            (32, 1, 0, 1, 4),
-            (64, 1, 0, 1, 3),
-            (32, 0, 0, 1, 4),
-            (16, 1, 1, 1, 3),
-        ]
-    ]
-    + [
-        dict(
-            BM=256,
-            BN=128,
-            BK=64,
-            BR=32,
-            GROUP_M=8,
-            SUBTILE=1,
-            FLATTEN=0,
-            WS=0,
-            LORA_TMA=1,
-            num_warps=8,
-            num_stages=3,
-        )
+        dict(zip(TMA_KEYS, row, strict=True), BK=64, GROUP_M=8, SUBTILE=1, num_warps=8)
+        for row in TMA_GRID
     ],
     "gemm": [
         dict(BM=128, BN=128, BK=64, BR=32, GROUP_M=8, num_warps=8, num_stages=3),
