@@ -61,9 +61,11 @@ dropout_seed: int, the Philox key for this call (taken mod 2⁶³). Give every l
               step its own seed (e.g. ``hash((step, layer_index))``): equal seeds, equal masks.
 fused:        how the base GEMM and the LoRA term meet (``ops.Mode``, measured per GPU and shape
               in ``kernels/tuned.json``): ``None`` takes the fastest mode of the nearest tuned
-              shape; ``True`` forces FUSED (the LoRA products accumulate inside a Triton base
-              GEMM tile, and dX inside the ``dY·W`` GEMM); ``False`` takes the faster unfused
-              mode: EPILOGUE (LoRA kernel writes its term, cuBLAS ``addmm`` adds the base) or
+              shape (packs with dropout use the backward rows measured with dropout);
+              ``True`` forces FUSED (the LoRA products accumulate inside a Triton base GEMM tile,
+              and dX inside the ``dY·W`` GEMM; on Hopper-class GPUs a persistent TMA kernel when
+              every stride is 16-byte aligned, ``PLORA_KERNELS_TMA=0`` to opt out); ``False``
+              takes the faster unfused mode: EPILOGUE (LoRA kernel writes its term, cuBLAS ``addmm`` adds the base) or
               ACCUMULATE (cuBLAS first, the LoRA kernel adds in place).
 backend:      ``"auto"`` (Triton on CUDA tensors, torch reference elsewhere), ``"triton"``
               (also on CPU under ``TRITON_INTERPRET=1``, for tests) or ``"torch"``.
@@ -77,7 +79,8 @@ Dtype rules: the Triton path takes float16 / bfloat16 / float32 ``x`` and comput
 ``x.dtype`` (weights and factors are cast to it; autograd casts their gradients back), with
 float32 accumulation (float32 dots use TF32 on the GPU); ``y``/``dX`` in ``x.dtype``; the intermediate
 ``S = s·drop(x)·Aᵀ`` (saved for the backward, ``N × max rp`` elements) in ``x.dtype``;
-``dA``/``dB`` in the parameters' dtype. Weight gradients use no atomics: one program owns one
+``dA``/``dB`` in the parameters' dtype and layout (a ``lora_b`` stored as a contiguous ``Bᵀ``
+gets its gradient stored that way). Weight gradients use no atomics: one program owns one
 slot's tile and reduces over that slot's tokens in a fixed order, so results are bitwise
 repeatable.
 """
