@@ -365,6 +365,8 @@ def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dr
         and r_strides[0] == 1
         and lora_in.stride(1) == 1
         and (r_mat.data_ptr() | lora_in.data_ptr()) % 16 == 0
+        and (r_strides[1] * r_mat.element_size()) % 16 == 0
+        and r_mat.dtype == lora_in.dtype
     )
     if lora_tma:
         l_desc = TensorDescriptor(lora_in, list(lora_in.shape), [lora_in.stride(0), 1], [bm, br])
