@@ -320,17 +320,29 @@ def _tma_ready(out: torch.Tensor, base) -> bool:
     if not USE_TMA:
         return False
     if out.device.type == "cuda":
-        if _interpreting() or torch.cuda.get_device_capability(out.device)[0] < 9:
+        if _interpreting() or _capability(out.device.index or 0)[0] < 9:
             return False
     elif not _interpreting():
         return False
     p, q_mat, (sqn, sqk) = base
-    esz = out.element_size()
-    for t, inner, outer in ((out, out.stride(1), out.stride(0)), (p, p.stride(1), p.stride(0)),
-                            (q_mat, min(sqn, sqk), max(sqn, sqk))):  # fmt: skip
-        if inner != 1 or (outer * esz) % 16 or t.data_ptr() % 16:
-            return False
-    return p.dtype == out.dtype == q_mat.dtype
+    return (
+        _tma_operand(out, out.stride(1), out.stride(0))
+        and _tma_operand(p, p.stride(1), p.stride(0))
+        and _tma_operand(q_mat, min(sqn, sqk), max(sqn, sqk))
+        and p.dtype == out.dtype == q_mat.dtype
+    )
+
+
+def _tma_operand(t: torch.Tensor, inner_stride: int, row_stride: int) -> bool:
+    """A 2-d TMA descriptor's needs: unit inner stride, 16-byte row stride and base address."""
+    return (
+        inner_stride == 1 and (row_stride * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+    )
+
+
+@lru_cache(maxsize=8)
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
 
 
 @lru_cache(maxsize=8)
@@ -362,10 +374,8 @@ def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dr
     # LoRA operands by TMA too when R is stored (R_tot, N) (Bᵀ forward, A backward).
     lora_tma = (
         bool(cfg.get("LORA_TMA", 1))
-        and r_strides[0] == 1
-        and lora_in.stride(1) == 1
-        and (r_mat.data_ptr() | lora_in.data_ptr()) % 16 == 0
-        and (r_strides[1] * r_mat.element_size()) % 16 == 0
+        and _tma_operand(r_mat, r_strides[0], r_strides[1])
+        and _tma_operand(lora_in, lora_in.stride(1), lora_in.stride(0))
         and r_mat.dtype == lora_in.dtype
     )
     if lora_tma:

@@ -65,6 +65,15 @@ def _slot_float(table_ptr, ts, row: tl.constexpr, slot):
 
 
 @triton.jit
+def _grouped_tile(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
+    """(row, column) tile of linear index ``tile`` in grouped order (L2 reuse of the Q panel)."""
+    width = GROUP_M * grid_n
+    first_m = (tile // width) * GROUP_M
+    size_m = min(grid_m - first_m, GROUP_M)
+    return first_m + (tile % width) % size_m, (tile % width) // size_m
+
+
+@triton.jit
 def _lora_tile(
     acc, m0, n0, M, N, l_ptr, r_ptr, l_desc, r_desc, table_ptr, seed, n_slots, ts,
     stride_lm, stride_rn, stride_rr,
@@ -206,12 +215,7 @@ def _lora_gemm_kernel(
     pid = tl.program_id(0)
     grid_m = tl.cdiv(M, BM)
     grid_n = tl.cdiv(N, BN)
-    width = GROUP_M * grid_n
-    group = pid // width
-    first_m = group * GROUP_M
-    size_m = min(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = _grouped_tile(pid, grid_m, grid_n, GROUP_M)
 
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
@@ -274,13 +278,10 @@ def _fused_tma_kernel(
     grid_n = tl.cdiv(N, BN)
     n_tiles = grid_m * grid_n
     k_tiles = tl.cdiv(K, BK)
-    width = GROUP_M * grid_n
     for tile in tl.range(start, n_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        group = tile // width
-        first_m = group * GROUP_M
-        size_m = min(grid_m - first_m, GROUP_M)
-        m0 = (first_m + (tile % width) % size_m) * BM
-        n0 = ((tile % width) // size_m) * BN
+        pid_m, pid_n = _grouped_tile(tile, grid_m, grid_n, GROUP_M)
+        m0 = pid_m * BM
+        n0 = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for kk in range(k_tiles):
             k0 = kk * BK
