@@ -1,0 +1,222 @@
+"""Shared pieces of the kernel benchmarks: timing, random packed problems, kernel launches.
+
+Imported by ``kernels.py`` (which sets ``TRITON_INTERPRET`` for ``--dry-run`` before this module
+imports triton) and ``kernels_tune.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from plora.kernels import ops, packed_lora_delta, packed_lora_linear
+from plora.kernels.meta import make_meta, padded_rank
+
+DRY = "--dry-run" in sys.argv
+
+
+def bench(fn, grad_to_none=None) -> float:
+    """Median milliseconds of ``fn``."""
+    if DRY:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return triton.testing.do_bench(
+        fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"
+    )
+
+
+def cycler(items):
+    """Zero-argument function returning the next item, round-robin."""
+    it = itertools.cycle(items)
+    return lambda: next(it)
+
+
+def rotate_calls(fns):
+    """Zero-argument function calling the next of ``fns``, round-robin (rotating inputs)."""
+    nxt = cycler(fns)
+    return lambda: nxt()()
+
+
+class Pack:
+    """Random packed-LoRA problem: tokens, frozen weight, K adapters, segment table."""
+
+    def __init__(
+        self, *, seg_lens, ranks, in_f, out_f, dtype, device, dropout=0.0, n_rot=3, seed=0
+    ):
+        g = torch.Generator().manual_seed(seed)
+        self.n = sum(seg_lens)
+        self.in_f, self.out_f = in_f, out_f
+        self.seg = [0, *itertools.accumulate(seg_lens)]
+        self.ranks = list(ranks)
+        self.offs = [0, *itertools.accumulate(padded_rank(r) for r in ranks)]
+        self.scales = [16.0 / r for r in ranks]
+        self.dropout = [dropout] * len(ranks)
+
+        def rnd(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=g) * scale).to(device, dtype)
+
+        self.xs = [rnd(self.n, in_f).requires_grad_() for _ in range(n_rot)]
+        self.dys = [rnd(self.n, out_f) for _ in range(n_rot)]
+        self.w = rnd(out_f, in_f, scale=in_f**-0.5)
+        self.a = rnd(self.offs[-1], in_f, scale=in_f**-0.5).requires_grad_()
+        self.b = rnd(out_f, self.offs[-1], scale=0.1).requires_grad_()
+        # The same adapters as separate leaf tensors, for the per-adapter torch baselines.
+        self.a_list = [
+            self.a[o : o + r].detach().clone().requires_grad_()
+            for o, r in zip(self.offs, ranks, strict=False)
+        ]
+        self.b_list = [
+            self.b[:, o : o + r].detach().clone().requires_grad_()
+            for o, r in zip(self.offs, ranks, strict=False)
+        ]
+
+    @property
+    def table(self):
+        return dict(
+            seg_starts=self.seg,
+            rank_offsets=self.offs,
+            ranks=self.ranks,
+            scales=self.scales,
+            dropout_p=self.dropout,
+        )
+
+    def meta(self):
+        return make_meta(
+            n_tokens=self.n, r_total=self.offs[-1], in_features=self.in_f, **self.table
+        )
+
+    def packed(self, x, fused):
+        return packed_lora_linear(
+            x,
+            self.w,
+            None,
+            self.a,
+            self.b,
+            **self.table,
+            dropout_seed=1,
+            fused=fused,
+            backend="triton",
+        )
+
+    def delta(self, x):
+        return packed_lora_delta(x, self.a, self.b, **self.table, dropout_seed=1, backend="triton")
+
+    def seq_delta(self, x):
+        """Sequential per-adapter torch LoRA (PEFT-style), one output per adapter."""
+        return [
+            ((x[s:e] @ a.t()) @ b.t()) * sc
+            for s, e, a, b, sc in zip(
+                self.seg, self.seg[1:], self.a_list, self.b_list, self.scales, strict=False
+            )
+        ]
+
+    def naive(self, x):
+        """mLoRA BatchLoRA style: the base GEMM once, then a torch loop over adapters."""
+        return F.linear(x, self.w) + torch.cat(self.seq_delta(x))
+
+    def leaves(self):
+        return [*self.xs, self.a, self.b, *self.a_list, *self.b_list]
+
+
+def ragged_lens(n: int, n_slots: int, seed: int = 1) -> list[int]:
+    """``n_slots`` segment lengths summing to ``n``, each within 0.5-1.5x of the mean."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(n_slots, generator=g) + 0.5
+    lens = (w / w.sum() * n).floor().long().tolist()
+    lens[-1] += n - sum(lens)
+    return lens
+
+
+def time_fwd_bwd(pk: Pack, fwd) -> tuple[float, float]:
+    """(forward ms, backward ms) of ``fwd(x) -> tensor | list`` with rotating inputs."""
+    t_f = bench(rotate_calls([lambda x=x: fwd(x) for x in pk.xs]), grad_to_none=pk.leaves())
+    graphs = []
+    for x, dy in zip(pk.xs, pk.dys, strict=True):
+        y = fwd(x)
+        if isinstance(y, list):
+            graphs.append((y, list(dy.split([t.shape[0] for t in y]))))
+        else:
+            graphs.append(([y], [dy]))
+    step = rotate_calls(
+        [
+            lambda ys=ys, gs=gs: torch.autograd.backward(ys, gs, retain_graph=True)
+            for ys, gs in graphs
+        ]
+    )
+    t_b = bench(step, grad_to_none=pk.leaves())
+    return t_f, t_b
+
+
+def frozen_times(pk: Pack) -> tuple[float, float]:
+    x_it = cycler(pk.xs)
+    dy_it = cycler(pk.dys)
+    t_f = bench(lambda: F.linear(x_it(), pk.w))
+    t_b = bench(lambda: dy_it() @ pk.w)
+    return t_f, t_b
+
+
+def kernel_calls(pk: Pack) -> dict:
+    """One zero-argument launch per kernel kind, on ``pk``'s first input (as autograd.py calls them)."""
+    meta = pk.meta()
+    x, dy = pk.xs[0].detach(), pk.dys[0]
+    a = pk.a.detach()
+    b_t = pk.b.detach().t().contiguous()
+    table = meta.device_table(x.device)
+    a_str, bt_str = (a.stride(0), a.stride(1)), (b_t.stride(1), b_t.stride(0))
+    s_buf = ops.shrink(x, a, a_str, table, meta, 1, dropout=True)
+    y = torch.empty(x.shape[0], pk.out_f, device=x.device, dtype=x.dtype)
+    da, db = torch.empty_like(pk.a), torch.empty_like(pk.b)
+    dx = torch.empty_like(x)
+    w_t = (pk.w.stride(1), pk.w.stride(0))  # dX = dY·W: Q[n, k] = W[k, n]
+
+    def gemm(tma: bool):
+        ops.USE_TMA = tma
+        try:
+            ops.lora_gemm(y, s_buf, b_t, bt_str, table, meta, 1, base=(x, pk.w, pk.w.stride()))
+            if tma:
+                ops.lora_gemm(
+                    dx, s_buf, a, (a.stride(1), a.stride(0)), table, meta, 1, base=(dy, pk.w, w_t)
+                )
+        finally:
+            ops.USE_TMA = True
+
+    return {
+        "shrink": lambda: ops.shrink(x, a, a_str, table, meta, 1, dropout=True),
+        "lora": lambda: ops.lora_gemm(y, s_buf, b_t, bt_str, table, meta, 1),
+        "gemm": lambda: gemm(False),  # the pointer-based fused GEMM (forward)
+        "tma": lambda: gemm(True),  # the TMA fused GEMM, forward + backward orientation
+        "wgrad": lambda: (
+            ops.wgrad(x, s_buf, da, (a.stride(1), a.stride(0)), table, meta, 1, dropout=True),
+            ops.wgrad(dy, s_buf, db, (db.stride(0), db.stride(1)), table, meta, 1, dropout=False),
+        ),
+        "addmm": lambda: y.addmm_(x, pk.w.t()),
+    }
+
+
+@contextlib.contextmanager
+def forced_mode(mode: str | None):
+    """Run packed_lora_linear in ``mode`` (an ops.Mode value), or as dispatched if None."""
+    if mode is None:
+        yield
+        return
+    original = ops.choose_mode
+    ops.choose_mode = lambda *a, **k: ops.Mode(mode)
+    try:
+        yield
+    finally:
+        ops.choose_mode = original
+
+
+def time_modes(pk: Pack, modes) -> dict:
+    """(fwd ms, bwd ms) of the whole packed linear per mode (None = the dispatched choice)."""
+    out = {}
+    for mode in modes:
+        with forced_mode(mode):
+            out[mode] = time_fwd_bwd(pk, lambda x, pk=pk: pk.packed(x, None))
+    return out
