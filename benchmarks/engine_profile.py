@@ -59,19 +59,14 @@ def main() -> None:
     base = et.build_base(cfg, device, dtype)
     if args.liger == "auto":
         try:
-            import liger_kernel.transformers as lk
+            et.apply_liger(base, cfg.model_type)
         except ImportError:
             print("liger_kernel not installed: stock HF base", flush=True)
-        else:
-            getattr(lk, f"apply_liger_kernel_to_{cfg.model_type}")(
-                rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                fused_linear_cross_entropy=False, model=base,
-            )  # fmt: skip
     lora.set_kernel_backend("auto")
     data = et.synthetic_data(cfg.vocab_size, args.seq, n=2 * args.adapters)
     tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
     trainer = PackedTrainer(base, tok, data, device=device, dtype=dtype)
-    for c in et._configs(args.adapters, args.rank):
+    for c in et.adapter_configs(args.adapters, args.rank):
         trainer.add(c)
     for _ in range(3):
         trainer.step()

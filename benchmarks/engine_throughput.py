@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import copy
 import gc
-import json
 import time
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from plora.engine import lora
 from plora.engine.data import Example, TokenizedDataset
 from plora.engine.trainer import PackedTrainer
 from plora.model_spec import ModelSpec, shipped_config_path
+from plora.utils import atomic_write_json
 
 DEFAULT_MODELS = ("Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B")
 SMOKE_CONFIG = dict(
@@ -94,12 +94,23 @@ def synthetic_data(vocab: int, seq: int, n: int) -> TokenizedDataset:
     return TokenizedDataset(train=train, eval=[], metric="none", labels=None)
 
 
-def _configs(k: int, rank: int) -> list[LoRAConfig]:
+def adapter_configs(k: int, rank: int) -> list[LoRAConfig]:
+    """``k`` batch-1 adapters of rank ``rank`` on every projection (the benchmark's packs)."""
     return [
         LoRAConfig(config_id=f"a{i}", rank=rank, alpha=2 * rank, lr=1e-4, batch_size=1,
                    target_modules="all", max_steps=10_000, seed=i)
         for i in range(k)
     ]  # fmt: skip
+
+
+def apply_liger(model: torch.nn.Module, model_type: str) -> None:
+    """Liger-Kernel's fused RoPE / RMSNorm / SwiGLU on the frozen base (the loss stays ours)."""
+    import liger_kernel.transformers as lk
+
+    getattr(lk, f"apply_liger_kernel_to_{model_type}")(
+        rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+        fused_linear_cross_entropy=False, model=model,
+    )  # fmt: skip
 
 
 def predicted_bytes(spec: ModelSpec, configs, seq: int, *, liger: bool, ckpt: bool) -> float:
@@ -165,7 +176,7 @@ def run_peft(base, data, seq, rank, device, dtype, warmup, steps) -> dict:
 def run_packed(base, tok, data, k, rank, seq, device, dtype, warmup, steps, ckpt) -> dict:
     trainer = PackedTrainer(base, tok, data, device=device, dtype=dtype if device.type ==
                             "cuda" else None, gradient_checkpointing=ckpt)  # fmt: skip
-    cfgs = _configs(k, rank)
+    cfgs = adapter_configs(k, rank)
     for c in cfgs:
         trainer.add(c)
     dt = time_steps(trainer.step, device, warmup, steps)
@@ -229,16 +240,10 @@ def main() -> None:
                 print("liger_kernel not installed: skipping the Liger pass", flush=True)
         for liger in passes:
             if liger:
-                import liger_kernel.transformers as lk
-
-                apply = getattr(lk, f"apply_liger_kernel_to_{cfg.model_type}")
-                apply(
-                    rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                    fused_linear_cross_entropy=False, model=base,
-                )  # fmt: skip
+                apply_liger(base, cfg.model_type)
             cases = [("peft", 1)] + [(f"packed-{k}", k) for k in args.packs]
             for label, k in cases:
-                cfgs = _configs(k, args.rank)
+                cfgs = adapter_configs(k, args.rank)
                 pred = predicted_bytes(spec, cfgs, args.seq, liger=liger, ckpt=False)
                 ckpt = args.checkpointing == "on" or (
                     args.checkpointing == "auto" and capacity and pred > 0.9 * capacity
@@ -287,7 +292,7 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         out = {"device": gpu, "peak_flops": peak, "seq": args.seq, "rank": args.rank, "rows": rows}
-        (args.out / "engine_throughput.json").write_text(json.dumps(out, indent=2) + "\n")
+        atomic_write_json(args.out / "engine_throughput.json", out)
 
 
 if __name__ == "__main__":
