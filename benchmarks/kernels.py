@@ -45,6 +45,7 @@ from kernels_common import (
 )
 from kernels_tune import run_tune
 from plora.kernels import ops
+from plora.utils import atomic_write_text
 
 
 # --------------------------------------------------------------------------------- sections
@@ -230,8 +231,8 @@ def main() -> None:
     if "p" in sections:
         log("== p) probes: bandwidth floors vs the LoRA kernels at the (b) shape")
         results["probes"] = section_probes(dtype, device, log)
-    (out_dir / "kernels_results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out_dir / "kernels_log.txt").write_text("\n".join(lines) + "\n")
+    atomic_write_text(out_dir / "kernels_results.json", json.dumps(results, indent=1) + "\n")
+    atomic_write_text(out_dir / "kernels_log.txt", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
