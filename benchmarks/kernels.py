@@ -45,6 +45,7 @@ from kernels_common import (
 )
 from kernels_tune import run_tune
 from plora.kernels import ops
+
 from plora.utils import atomic_write_text
 
 
