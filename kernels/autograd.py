@@ -21,6 +21,7 @@ See the package docstring for the argument layouts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Literal
 
@@ -85,6 +86,20 @@ class _PackedLoRA(torch.autograd.Function):
         ds = ops.shrink(dy, b_t, (b_t.stride(0), b_t.stride(1)), table, meta, seed, dropout=False)
         a_strides = (lora_a.stride(1), lora_a.stride(0))  # R[n, o + r] = A[o + r, n]
         dx = dw = dbias = da = dlb = None
+        jobs = []  # weight gradients, one launch: dA = dSᵀ·drop(x), dB = dYᵀ·S
+        if need_a:
+            da = torch.empty_like(lora_a)
+            jobs.append(ops.WgradJob(x2d, ds, da, a_strides))
+        if need_lb:
+            # (out, R_tot) in lora_b's own layout: the engine stores every B transposed, and a
+            # gradient in the parameter's layout needs no strided copy per adapter downstream.
+            if ctx.b_transposed:
+                dlb = b_t.new_empty(b_t.shape).t()
+            else:
+                dlb = b_t.new_empty(b_t.shape[1], b_t.shape[0])
+            jobs.append(ops.WgradJob(dy, s_buf, dlb, (dlb.stride(0), dlb.stride(1))))
+
+        weight_grads = functools.partial(ops.wgrad, jobs, table, meta, seed, dropout=need_a)
         if need_x:
             lora = (ds, lora_a, a_strides, table, meta, seed)
             if weight is None:
@@ -100,25 +115,23 @@ class _PackedLoRA(torch.autograd.Function):
             else:
                 dx = torch.empty_like(x2d)
                 base = (dy, weight, (weight.stride(1), weight.stride(0)))
-                ops.lora_gemm(dx, *lora, base=base, dropout=True)
+                # The compute-bound GEMM leaves a few SMs to the memory-bound weight gradients,
+                # which then run beside it on a side stream (where measured faster).
+                carve = ops.overlap_sms(dx, base) if jobs else 0
+                gemm = functools.partial(
+                    ops.lora_gemm, dx, *lora, base=base, dropout=True, sm_carveout=carve
+                )
+                if carve:
+                    ops.beside(gemm, weight_grads)
+                    jobs = []  # done, beside the GEMM
+                else:
+                    gemm()
+        if jobs:
+            weight_grads()
         if need_w and weight is not None:
             dw = dy.t() @ x2d
         if need_b and ctx.has_bias:
             dbias = dy.sum(0)
-        if need_a:
-            da = torch.empty_like(lora_a)
-            ops.wgrad(
-                x2d, ds, da, (lora_a.stride(1), lora_a.stride(0)), table, meta, seed, dropout=True
-            )
-        if need_lb:
-            # (out, R_tot) in lora_b's own layout: the engine stores every B transposed, and a
-            # gradient in the parameter's layout needs no strided copy per adapter downstream.
-            if ctx.b_transposed:
-                dlb = b_t.new_empty(b_t.shape).t()
-            else:
-                dlb = b_t.new_empty(b_t.shape[1], b_t.shape[0])
-            grad_strides = (dlb.stride(0), dlb.stride(1))
-            ops.wgrad(dy, s_buf, dlb, grad_strides, table, meta, seed, dropout=False)
         return dx, dw, dbias, da, dlb, None, None, None, None
 
 
@@ -139,6 +152,13 @@ def _check_tensors(x, weight, bias, lora_a, lora_b) -> None:
         )
     if bias is not None and tuple(bias.shape) != (out_f,):
         raise ConfigError(f"packed_lora: bias has shape {tuple(bias.shape)}; expected ({out_f},)")
+    named = {"weight": weight, "bias": bias, "lora_a": lora_a, "lora_b": lora_b}
+    for name, t in named.items():
+        if t is not None and t.dtype != x.dtype:
+            raise ConfigError(
+                f"packed_lora: {name} is {t.dtype} but x is {x.dtype}; cast all operands to one "
+                "dtype (the engine casts to the autocast dtype)"
+            )
 
 
 def _use_triton(x: torch.Tensor, backend: Backend) -> bool:

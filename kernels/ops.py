@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -256,6 +257,7 @@ def lora_gemm(
     bias: torch.Tensor | None = None,
     accumulate: bool = False,
     dropout: bool = False,
+    sm_carveout: int = 0,
 ) -> torch.Tensor:
     """``out (+)= [P·Qᵀ] + bias + Σ_i mask?(L_i·R_iᵀ)`` over regular output tiles (all written).
 
@@ -267,10 +269,14 @@ def lora_gemm(
             LoRA term alone (rows outside every segment get ``bias`` or 0).
         bias: ``(N,)``.
         dropout: mask the LoRA part with each slot's keep mask over ``(t, n)`` (the dX pass).
+        sm_carveout: SMs the persistent TMA kernel leaves free (for work beside it, see
+            :func:`beside`); other kernels ignore it.
     """
     m, n = out.shape
     if base is not None and _tma_ready(out, base):
-        return _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout)
+        return _fused_tma(
+            out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout, sm_carveout
+        )
     kind = "gemm" if base is not None else "lora"
     cfg = kernel_config(kind, out.device, out.element_size())
     launch = _pop_launch(cfg)
@@ -350,7 +356,7 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout):
+def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout, carve=0):
     """``out = P·Qᵀ + bias + route(L·Rᵀ)`` by the persistent TMA kernel (see lora_gemm)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -384,6 +390,7 @@ def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dr
     else:
         l_desc = r_desc = out
     n_sms = _num_sms(out.device.index or 0) if out.device.type == "cuda" else 4
+    n_sms = max(1, n_sms - carve)
     grid = (min(n_sms, triton_cdiv(m, bm) * triton_cdiv(n, bn)),)
     args = (
         p_desc, q_desc, o_desc, bias if bias is not None else out, lora_in, r_mat, l_desc, r_desc,
@@ -400,42 +407,81 @@ def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dr
     return out
 
 
-def wgrad(
-    p: torch.Tensor,
-    q: torch.Tensor,
-    grad: torch.Tensor,
-    grad_strides: tuple[int, int],
-    table: torch.Tensor,
-    meta: PackedMeta,
-    seed: int,
-    *,
-    dropout: bool,
-) -> torch.Tensor:
-    """``G[n, o_i + r] = Σ_{t∈i} drop?(P)[t, n]·Q[t, r]`` for every slot, pad rows zero.
+def overlap_sms(out: torch.Tensor, base) -> int:
+    """SMs the backward's fused dX GEMM leaves to the weight gradients running beside it.
 
-    ``grad`` is written at ``n·grad_strides[0] + (o_i + r)·grad_strides[1]``: every element of
-    every slot's block, one program per (slot, BN columns), no atomics.
+    The tuned ``OVERLAP`` of the GPU's "tma" config (0 = none: the weight gradients run after
+    the GEMM); only for the persistent TMA kernel, whose grid is ours to size.
     """
-    n = p.shape[1]
-    cfg = kernel_config("wgrad", p.device, p.element_size())
+    if out.device.type != "cuda" or _interpreting() or not _tma_ready(out, base):
+        return 0
+    return int(kernel_config("tma", out.device).get("OVERLAP", 0))
+
+
+@lru_cache(maxsize=8)
+def _side_stream(device_index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device=device_index)
+
+
+def beside(main, side) -> None:
+    """Run ``main()`` on the current stream and ``side()`` on a side stream, concurrently.
+
+    Both start after the work already queued; the current stream then waits for the side
+    stream, so everything queued later sees both results. ``main`` is queued first so the
+    hardware dispatches its blocks first. Tensors touched by ``side`` live until the join
+    (the caller holds them), so the caching allocator cannot hand them out early.
+    """
+    current = torch.cuda.current_stream()
+    stream = _side_stream(current.device.index or 0)
+    fork = current.record_event()
+    main()
+    stream.wait_event(fork)
+    with torch.cuda.stream(stream):
+        side()
+    current.wait_stream(stream)
+
+
+class WgradJob(NamedTuple):
+    """One weight gradient ``G[n, o_i + r] = Σ_{t∈i} P[t, n]·Q[t, r]`` (see :func:`wgrad`)."""
+
+    p: torch.Tensor  #: (T, N): x for dA, dY for dB
+    q: torch.Tensor  #: (T, max_rank_pad): dS for dA, S for dB
+    grad: torch.Tensor  #: written at n·strides[0] + (o_i + r)·strides[1]
+    strides: tuple[int, int]
+
+
+def wgrad(
+    jobs: Sequence[WgradJob], table: torch.Tensor, meta: PackedMeta, seed: int, *, dropout: bool
+) -> None:
+    """Every slot's block of each job's ``grad`` (pad rows zero), in one launch.
+
+    One program per (slot, BN columns of one job[, rank chunk]) reduces over the slot's tokens
+    in order: no atomics. ``dropout`` masks the first job's P with the slots' keep masks
+    (``dA = dSᵀ·drop(x)``); the second job is never masked (``dB = dYᵀ·S``, S already dropped).
+    """
+    first, second = jobs[0], jobs[-1]
+    p0 = first.p
+    cfg = kernel_config("wgrad", p0.device, p0.element_size())
     launch = _pop_launch(cfg)
+    use_dropout = dropout and meta.has_dropout
     # Rank chunk: the tuned BR without dropout; with dropout, one chunk (no Philox recompute).
     full = tk.next_pow2(meta.max_rank_pad)
-    br = full if (dropout and meta.has_dropout) else min(cfg.pop("BR", full), full)
+    br = full if use_dropout else min(cfg.pop("BR", full), full)
     # SPLIT_R: one program per rank chunk (high-rank slots spread over more programs) instead
     # of one program walking all of its slot's chunks.
     span = br if cfg.pop("SPLIT_R", 0) else full
-    grid = (meta.n_slots, triton_cdiv(n, cfg["BN"]), triton_cdiv(meta.max_rank_pad, span))
+    n0 = p0.shape[1]
+    n1 = second.p.shape[1] if len(jobs) == 2 else 0
+    nb0 = triton_cdiv(n0, cfg["BN"])
+    grid = (meta.n_slots, nb0 + triton_cdiv(n1, cfg["BN"]), triton_cdiv(meta.max_rank_pad, span))
     args = (
-        p, q, grad, table, seed,
-        n, table.stride(0),
-        p.stride(0), p.stride(1), q.stride(0), grad_strides[0], grad_strides[1],
+        first.p, first.q, first.grad, second.p, second.q, second.grad, table, seed,
+        n0, n1, nb0, table.stride(0),
+        *(s for job in (first, second) for s in (
+            job.p.stride(0), job.p.stride(1), job.q.stride(0), *job.strides)),
     )  # fmt: skip
-    consts = dict(
-        HAS_DROPOUT=dropout and meta.has_dropout, BN=cfg["BN"], BR=br, BT=cfg["BT"], R_SPAN=span
-    )
+    consts = dict(HAS_DROPOUT=use_dropout, BN=cfg["BN"], BR=br, BT=cfg["BT"], R_SPAN=span)
     _launch(tk._wgrad_kernel, grid, args, consts, launch)
-    return grad
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -5,7 +5,7 @@ Three kernels cover the forward and the backward (``T`` = tokens, ``i`` = slot):
     _shrink_kernel   O[t, r]  = c_i · Σ_k drop?(P)[t, k] · M[o_i + r, k]     S = s·drop(x)·Aᵀ, dS = s·dY·B
     _lora_gemm_kernel O[t, n] (+)= [Σ_k P[t, k]·Q[n, k]] + bias?[n]
                               + Σ_i mask?(Σ_r L[t, r]·R[n, o_i + r])         y, dX (fused or LoRA only)
-    _wgrad_kernel    G[n, o_i + r] = c_i · Σ_{t∈i} drop?(P)[t, n] · Q[t, r]    dA = dSᵀ·drop(x), dB = dYᵀ·S
+    _wgrad_kernel    G[n, o_i + r] = c_i · Σ_{t∈i} drop?(P)[t, n] · Q[t, r]    dA = dSᵀ·drop(x), dB = dYᵀ·S (one launch)
 
 ``_fused_tma_kernel`` is the fused ``_lora_gemm_kernel`` for Hopper-class GPUs (persistent, TMA
 descriptors, optional warp specialization); both route the LoRA products through
@@ -311,15 +311,31 @@ def _fused_tma_kernel(
 
 @triton.jit
 def _wgrad_kernel(
-    p_ptr, q_ptr, g_ptr, table_ptr, seed,
-    N, ts,
-    stride_pt, stride_pn, stride_qt, stride_gn, stride_gr,
+    p0_ptr, q0_ptr, g0_ptr, p1_ptr, q1_ptr, g1_ptr, table_ptr, seed,
+    N0, N1, NB0, ts,
+    stride0_pt, stride0_pn, stride0_qt, stride0_gn, stride0_gr,
+    stride1_pt, stride1_pn, stride1_qt, stride1_gn, stride1_gr,
     HAS_DROPOUT: tl.constexpr,
     BN: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr, R_SPAN: tl.constexpr,
 ):  # fmt: skip
+    """Two weight gradients in one launch: column blocks ``[0, NB0)`` are job 0's, the rest job 1's.
+
+    Job ``j``: ``G_j[n, o_i + r] = c_i · Σ_{t∈i} drop?(P_j)[t, n] · Q_j[t, r]``; only job 0 is
+    masked (``dA = dSᵀ·drop(x)``; ``dB = dYᵀ·S`` takes S already dropped).
+    """
     slot = tl.program_id(0)
     pid_n = tl.program_id(1)
     r_lo = tl.program_id(2) * R_SPAN  # this program's share of the rank block
+    first = pid_n < NB0
+    if first:
+        p_ptr, q_ptr, g_ptr, N = p0_ptr, q0_ptr, g0_ptr, N0
+        stride_pt, stride_pn, stride_qt = stride0_pt, stride0_pn, stride0_qt
+        stride_gn, stride_gr = stride0_gn, stride0_gr
+    else:
+        p_ptr, q_ptr, g_ptr, N = p1_ptr, q1_ptr, g1_ptr, N1
+        stride_pt, stride_pn, stride_qt = stride1_pt, stride1_pn, stride1_qt
+        stride_gn, stride_gr = stride1_gn, stride1_gr
+        pid_n -= NB0
     start = _slot_entry(table_ptr, ts, 0, slot)
     end = _slot_entry(table_ptr, ts, 0, slot + 1)
     off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, slot), 16)
@@ -327,8 +343,10 @@ def _wgrad_kernel(
     rank = _slot_entry(table_ptr, ts, 2, slot)
     cols = pid_n * BN + tl.arange(0, BN)
     col_ok = cols < N
-    if HAS_DROPOUT:
-        p = _slot_float(table_ptr, ts, 4, slot)
+    p = 0.0
+    if HAS_DROPOUT:  # noqa: SIM102 (a constexpr branch around a runtime one)
+        if first:
+            p = _slot_float(table_ptr, ts, 4, slot)
     # Rank chunks of BR (outer) x token tiles of BT (inner): a rank-8 slot does one 16..BR chunk
     # instead of a max-rank-wide tile; the slot's P columns are re-read per chunk from L2.
     for r0 in range(r_lo, min(block, r_lo + R_SPAN), BR):
@@ -344,9 +362,10 @@ def _wgrad_kernel(
                 mask=t_ok[:, None] & col_ok[None, :],
                 other=0.0,
             )
-            if HAS_DROPOUT:
-                keep = _keep(seed, slot, tt - start, pid_n * BN, N, p, BN)
-                pt = tl.where(keep, pt, 0.0)
+            if HAS_DROPOUT:  # noqa: SIM102 (a constexpr branch around a runtime one)
+                if p > 0.0:
+                    keep = _keep(seed, slot, tt - start, pid_n * BN, N, p, BN)
+                    pt = tl.where(keep, pt, 0.0)
             qt = tl.load(
                 q_ptr + tt64[:, None] * stride_qt + rr[None, :],
                 mask=t_ok[:, None] & r_ok[None, :],

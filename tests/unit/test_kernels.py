@@ -151,6 +151,8 @@ def test_bad_tensor_shapes_raise_config_errors():
         packed_lora_linear(
             x, w, None, a, torch.randn(5, 48), **GOOD, dropout_seed=0, backend="cuda"
         )
+    with pytest.raises(ConfigError, match=r"lora_b is torch.float64 but x is torch.float32"):
+        packed_lora_linear(x, w, None, a, torch.randn(5, 48).double(), **GOOD, dropout_seed=0)
 
 
 def test_mode_choice_from_the_measured_table(monkeypatch):

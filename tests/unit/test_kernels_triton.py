@@ -127,6 +127,23 @@ def test_weight_gradients_split_over_rank_chunks(monkeypatch):
 
 
 @child
+@pytest.mark.parametrize("trainable", ["a", "b"])
+def test_weight_gradients_of_one_trainable(trainable):
+    """dA and dB share one launch; with only one of them trainable the launch has one job and
+    still matches the oracle (dropout applied to dA only)."""
+    gen = torch.Generator().manual_seed(14)
+    case = random_case(gen, n_slots=5, in_f=24, out_f=40, max_seg=9, dropout=True)
+    tensors = make_tensors(case, dtype=torch.float32, device="cpu", seed=14)
+    ref = oracle(case, tensors, dy := torch.randn(case.n_tokens, case.out_f), 9)
+    x, w, b, a, bb = (t.detach().clone() for t in tensors)
+    leaf, want = (a, ref[2]) if trainable == "a" else (bb, ref[3])
+    leaf.requires_grad_(True)
+    y = packed_lora_linear(x, w, b, a, bb, **table(case), dropout_seed=9, backend="triton")
+    (got,) = torch.autograd.grad(y, [leaf], dy)
+    assert rel_err(got, want) < 2e-6, (trainable, rel_err(got, want))
+
+
+@child
 def test_b_gradient_keeps_the_transposed_storage_of_b():
     """B stored as a contiguous Bᵀ (the engine's layout) gets its gradient in that layout."""
     gen = torch.Generator().manual_seed(12)
