@@ -36,6 +36,7 @@ import triton
 from kernels_common import (
     DRY,
     Pack,
+    Timing,
     bench,
     frozen_times,
     kernel_calls,
@@ -68,19 +69,27 @@ def section_a(dtype, device, log) -> list[dict]:
                 device=device,
                 n_rot=2,
             )
-            seq = time_fwd_bwd(pk, pk.seq_delta)
-            packed = time_fwd_bwd(pk, pk.delta)
+            seq = time_fwd_bwd(pk, pk.seq_delta, pk.adapters(), graph=True)
+            packed = time_fwd_bwd(pk, pk.delta, [pk.a, pk.b], graph=True)
             # Bytes any kernel must move: fwd reads x and writes y, bwd reads dY and x and
             # writes dX (A, B and S are small). seq_ms / (bytes / bandwidth) bounds the speedup.
             act = k * tokens * d * torch.finfo(dtype).bits // 8
             floor_f, floor_b = 2 * act / bw * 1e3, 3 * act / bw * 1e3
-            row = dict(d=d, adapters=k, seq_fwd_ms=seq[0], seq_bwd_ms=seq[1], packed_fwd_ms=packed[0],
-                       packed_bwd_ms=packed[1], speedup_fwd=seq[0] / packed[0], speedup_bwd=seq[1] / packed[1],
-                       bound_fwd=seq[0] / floor_f, bound_bwd=seq[1] / floor_b)  # fmt: skip
+            row = dict(d=d, adapters=k, seq=seq._asdict(), packed=packed._asdict(),
+                       speedup_fwd=seq.fwd / packed.fwd, speedup_bwd=seq.bwd / packed.bwd,
+                       graph_speedup_fwd=seq.fwd_graph / packed.fwd_graph,
+                       graph_speedup_bwd=seq.bwd_graph / packed.bwd_graph,
+                       bound_fwd=seq.fwd / floor_f, bound_bwd=seq.bwd / floor_b,
+                       graph_bound_fwd=seq.fwd_graph / floor_f,
+                       graph_bound_bwd=seq.bwd_graph / floor_b)  # fmt: skip
             rows.append(row)
-            log(f"  d={d} K={k}: fwd {row['speedup_fwd']:.2f}x (bound {row['bound_fwd']:.1f}x) "
-                f"bwd {row['speedup_bwd']:.2f}x (bound {row['bound_bwd']:.1f}x) "
-                f"(packed {packed[0]:.3f}/{packed[1]:.3f} ms, seq {seq[0]:.3f}/{seq[1]:.3f} ms)")  # fmt: skip
+            log(f"  d={d} K={k}: eager fwd {row['speedup_fwd']:.2f}x (bound {row['bound_fwd']:.1f}x) "
+                f"bwd {row['speedup_bwd']:.2f}x (bound {row['bound_bwd']:.1f}x) | graph fwd "
+                f"{row['graph_speedup_fwd']:.2f}x (bound {row['graph_bound_fwd']:.1f}x) bwd "
+                f"{row['graph_speedup_bwd']:.2f}x (bound {row['graph_bound_bwd']:.1f}x) "
+                f"(ms eager packed {packed.fwd:.3f}/{packed.bwd:.3f} seq {seq.fwd:.3f}/{seq.bwd:.3f}; "
+                f"graph packed {packed.fwd_graph:.3f}/{packed.bwd_graph:.3f} "
+                f"seq {seq.fwd_graph:.3f}/{seq.bwd_graph:.3f})")  # fmt: skip
             del pk
     return rows
 
@@ -120,39 +129,49 @@ def section_bc(dtype, device, log) -> dict:
         samples: dict = {mode: [] for mode in modes}
         frozen = []
         for _ in range(rounds):
-            frozen.append(frozen_times(pk0))
-            for mode, times in time_modes(pk, modes).items():
-                samples[mode].append((*times, sum(times) / sum(frozen[-1])))
-        f_f, f_b = (statistics.median(t[i] for t in frozen) for i in (0, 1))
-        out.setdefault("frozen", {})[str(p)] = dict(fwd_ms=f_f, bwd_ms=f_b, rounds=frozen)
-        out["frozen_fwd_ms"], out["frozen_bwd_ms"] = f_f, f_b
-        log(f"  frozen linear: fwd {f_f:.4f} ms, bwd (dY·W) {f_b:.4f} ms, total {f_f + f_b:.4f} ms")
+            frozen.append(frozen_times(pk0, graph=True))
+            for mode, t in time_modes(pk, modes, graph=True).items():
+                samples[mode].append((t, ratios(t, frozen[-1])))
+        f = Timing(*(statistics.median(t[i] for t in frozen) for i in range(4)))
+        out.setdefault("frozen", {})[str(p)] = dict(**f._asdict(), rounds=frozen)
+        log(f"  frozen linear: fwd {f.fwd:.4f} ms, bwd (dY·W) {f.bwd:.4f} ms, total "
+            f"{f.fwd + f.bwd:.4f} ms; graph {f.fwd_graph:.4f} + {f.bwd_graph:.4f} ms")  # fmt: skip
         for mode, rows in samples.items():
-            t_f, t_b, ratio = (statistics.median(r[i] for r in rows) for i in (0, 1, 2))
+            t = Timing(*(statistics.median(r[0][i] for r in rows) for i in range(4)))
+            eager, graph = (statistics.median(r[1][i] for r in rows) for i in (0, 1))
             row = dict(
-                dropout=p, mode=mode or "auto", fwd_ms=t_f, bwd_ms=t_b, ratio_vs_frozen=ratio,
-                ratios=[r[2] for r in rows],
+                dropout=p, mode=mode or "auto", **t._asdict(), ratio_vs_frozen=eager,
+                graph_ratio_vs_frozen=graph, ratios=[r[1] for r in rows],
             )  # fmt: skip
             out["rows"].append(row)
-            spread = f"{min(row['ratios']):.3f}-{max(row['ratios']):.3f}"
-            log(f"  packed p={p} mode={row['mode']}: fwd {t_f:.4f} bwd {t_b:.4f} ms -> "
-                f"{ratio:.3f}x frozen (rounds {spread})")  # fmt: skip
+            spread = "-".join(f"{fn(r[1][0] for r in rows):.3f}" for fn in (min, max))
+            log(f"  packed p={p} mode={row['mode']}: fwd {t.fwd:.4f} bwd {t.bwd:.4f} ms -> "
+                f"{eager:.3f}x frozen (rounds {spread}); graph {t.fwd_graph:.4f} + "
+                f"{t.bwd_graph:.4f} ms -> {graph:.3f}x")  # fmt: skip
         if p == 0.0:
             calls = kernel_calls(pk)
             out["kernels_ms"] = {k: bench(c) for k, c in calls.items()}
             log(f"  per-kernel ms (p=0): {out['kernels_ms']}")
-            n_f, n_b = time_fwd_bwd(pk, pk.naive)
+            n_f, n_b = time_fwd_bwd(pk, pk.naive, pk.adapters())[:2]
             out["naive_fwd_ms"], out["naive_bwd_ms"] = n_f, n_b
             best = min(
                 (r for r in out["rows"] if r["dropout"] == 0.0),
-                key=lambda r: r["fwd_ms"] + r["bwd_ms"],
+                key=lambda r: r["fwd"] + r["bwd"],
             )
-            out["speedup_vs_naive"] = (n_f + n_b) / (best["fwd_ms"] + best["bwd_ms"])
+            out["speedup_vs_naive"] = (n_f + n_b) / (best["fwd"] + best["bwd"])
             log(
                 f"  naive loop: fwd {n_f:.4f} bwd {n_b:.4f} ms; packed best is {out['speedup_vs_naive']:.2f}x faster"
             )
         del pk
     return out
+
+
+def ratios(packed: Timing, frozen: Timing) -> tuple[float, float]:
+    """Packed fwd + bwd over frozen fwd + bwd: eager, and as CUDA graphs."""
+    return (
+        (packed.fwd + packed.bwd) / (frozen.fwd + frozen.bwd),
+        (packed.fwd_graph + packed.bwd_graph) / (frozen.fwd_graph + frozen.bwd_graph),
+    )
 
 
 def section_probes(dtype, device, log) -> dict:

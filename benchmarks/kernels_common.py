@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import sys
 import time
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -65,14 +66,15 @@ class Pack:
         self.dys = [rnd(self.n, out_f) for _ in range(n_rot)]
         self.w = rnd(out_f, in_f, scale=in_f**-0.5)
         self.a = rnd(self.offs[-1], in_f, scale=in_f**-0.5).requires_grad_()
-        self.b = rnd(out_f, self.offs[-1], scale=0.1).requires_grad_()
-        # The same adapters as separate leaf tensors, for the per-adapter torch baselines.
+        # B as the engine stores it (plora.engine.lora): Bᵀ contiguous, (out, R_tot) strides (1, out).
+        self.b = rnd(self.offs[-1], out_f, scale=0.1).t().requires_grad_()
+        # The same adapters as separate leaf tensors in PEFT's layout, for the torch baselines.
         self.a_list = [
             self.a[o : o + r].detach().clone().requires_grad_()
             for o, r in zip(self.offs, ranks, strict=False)
         ]
         self.b_list = [
-            self.b[:, o : o + r].detach().clone().requires_grad_()
+            self.b[:, o : o + r].detach().contiguous().requires_grad_()
             for o, r in zip(self.offs, ranks, strict=False)
         ]
 
@@ -120,8 +122,9 @@ class Pack:
         """mLoRA BatchLoRA style: the base GEMM once, then a torch loop over adapters."""
         return F.linear(x, self.w) + torch.cat(self.seq_delta(x))
 
-    def leaves(self):
-        return [*self.xs, self.a, self.b, *self.a_list, *self.b_list]
+    def adapters(self):
+        """The per-adapter leaves of the torch baselines."""
+        return [*self.a_list, *self.b_list]
 
 
 def ragged_lens(n: int, n_slots: int, seed: int = 1) -> list[int]:
@@ -133,32 +136,70 @@ def ragged_lens(n: int, n_slots: int, seed: int = 1) -> list[int]:
     return lens
 
 
-def time_fwd_bwd(pk: Pack, fwd) -> tuple[float, float]:
-    """(forward ms, backward ms) of ``fwd(x) -> tensor | list`` with rotating inputs."""
-    t_f = bench(rotate_calls([lambda x=x: fwd(x) for x in pk.xs]), grad_to_none=pk.leaves())
-    graphs = []
-    for x, dy in zip(pk.xs, pk.dys, strict=True):
-        y = fwd(x)
-        if isinstance(y, list):
-            graphs.append((y, list(dy.split([t.shape[0] for t in y]))))
-        else:
-            graphs.append(([y], [dy]))
-    step = rotate_calls(
-        [
-            lambda ys=ys, gs=gs: torch.autograd.backward(ys, gs, retain_graph=True)
-            for ys, gs in graphs
-        ]
-    )
-    t_b = bench(step, grad_to_none=pk.leaves())
-    return t_f, t_b
+class Timing(NamedTuple):
+    """Milliseconds of one forward and one backward: eager, and replayed as a CUDA graph."""
+
+    fwd: float
+    bwd: float
+    fwd_graph: float | None = None
+    bwd_graph: float | None = None
 
 
-def frozen_times(pk: Pack) -> tuple[float, float]:
+def graph_ms(fn) -> float:
+    """Median ms of ``fn`` captured once as a CUDA graph and replayed: GPU time, no host cost."""
+    if DRY:
+        return bench(fn)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # compile, allocate, fill the caches outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    ms = bench(graph.replay)
+    del graph
+    return ms
+
+
+def time_fwd_bwd(pk: Pack, fwd, params, *, graph: bool = False) -> Timing:
+    """Forward and backward ms of ``fwd(x) -> tensor | list``.
+
+    Eager: inputs rotate over ``pk.xs``; the backward is ``torch.autograd.grad`` of the graph
+    (retained) with respect to x and ``params`` (no accumulation into ``.grad``). With
+    ``graph``, also the CUDA-graph replay of the forward, and of forward + backward minus it.
+    """
+
+    def grads(x, y, dy):
+        ys, gs = (
+            (y, list(dy.split([t.shape[0] for t in y]))) if isinstance(y, list) else ([y], [dy])
+        )
+        return torch.autograd.grad(ys, [x, *params], gs, retain_graph=True)
+
+    t_f = bench(rotate_calls([lambda x=x: fwd(x) for x in pk.xs]))
+    steps = [
+        lambda x=x, y=fwd(x), dy=dy: grads(x, y, dy) for x, dy in zip(pk.xs, pk.dys, strict=True)
+    ]
+    t_b = bench(rotate_calls(steps))
+    if not graph:
+        return Timing(t_f, t_b)
+    x, dy = pk.xs[0], pk.dys[0]
+    g_f = graph_ms(lambda: fwd(x))
+    g_fb = graph_ms(lambda: grads(x, fwd(x), dy))
+    return Timing(t_f, t_b, g_f, g_fb - g_f)
+
+
+def frozen_times(pk: Pack, *, graph: bool = False) -> Timing:
+    """The frozen linear: ``x·Wᵀ`` forward, ``dY·W`` backward (no weight gradient)."""
     x_it = cycler(pk.xs)
     dy_it = cycler(pk.dys)
     t_f = bench(lambda: F.linear(x_it(), pk.w))
     t_b = bench(lambda: dy_it() @ pk.w)
-    return t_f, t_b
+    if not graph:
+        return Timing(t_f, t_b)
+    x, dy = pk.xs[0].detach(), pk.dys[0]
+    return Timing(t_f, t_b, graph_ms(lambda: F.linear(x, pk.w)), graph_ms(lambda: dy @ pk.w))
 
 
 def kernel_calls(pk: Pack) -> dict:
@@ -191,9 +232,15 @@ def kernel_calls(pk: Pack) -> dict:
         "lora": lambda: ops.lora_gemm(y, s_buf, b_t, bt_str, table, meta, 1),
         "gemm": lambda: gemm(False),  # the pointer-based fused GEMM (forward)
         "tma": lambda: gemm(True),  # the TMA fused GEMM, forward + backward orientation
-        "wgrad": lambda: (
-            ops.wgrad(x, s_buf, da, (a.stride(1), a.stride(0)), table, meta, 1, dropout=True),
-            ops.wgrad(dy, s_buf, db, (db.stride(0), db.stride(1)), table, meta, 1, dropout=False),
+        "wgrad": lambda: ops.wgrad(
+            [
+                ops.WgradJob(x, s_buf, da, (a.stride(1), a.stride(0))),
+                ops.WgradJob(dy, s_buf, db, (db.stride(0), db.stride(1))),
+            ],
+            table,
+            meta,
+            1,
+            dropout=True,
         ),
         "addmm": lambda: y.addmm_(x, pk.w.t()),
     }
@@ -213,10 +260,12 @@ def forced_mode(mode: str | None):
         ops.choose_mode = original
 
 
-def time_modes(pk: Pack, modes) -> dict:
-    """(fwd ms, bwd ms) of the whole packed linear per mode (None = the dispatched choice)."""
+def time_modes(pk: Pack, modes, *, graph: bool = False) -> dict:
+    """:class:`Timing` of the whole packed linear per mode (None = the dispatched choice)."""
     out = {}
     for mode in modes:
         with forced_mode(mode):
-            out[mode] = time_fwd_bwd(pk, lambda x, pk=pk: pk.packed(x, None))
+            out[mode] = time_fwd_bwd(
+                pk, lambda x, pk=pk: pk.packed(x, None), [pk.a, pk.b], graph=graph
+            )
     return out
