@@ -69,7 +69,7 @@ def section_a(dtype, device, log) -> list[dict]:
                 device=device,
                 n_rot=2,
             )
-            seq = time_fwd_bwd(pk, pk.seq_delta, pk.adapters(), graph=True)
+            seq = time_fwd_bwd(pk, pk.seq_delta, pk.adapters(), graph=True, inputs=pk.parts)
             packed = time_fwd_bwd(pk, pk.delta, [pk.a, pk.b], graph=True)
             # Bytes any kernel must move: fwd reads x and writes y, bwd reads dY and x and
             # writes dX (A, B and S are small). seq_ms / (bytes / bandwidth) bounds the speedup.

@@ -77,6 +77,7 @@ class Pack:
             self.b[:, o : o + r].detach().contiguous().requires_grad_()
             for o, r in zip(self.offs, ranks, strict=False)
         ]
+        self._parts: dict[int, list[torch.Tensor]] = {}
 
     @property
     def table(self):
@@ -109,18 +110,29 @@ class Pack:
     def delta(self, x):
         return packed_lora_delta(x, self.a, self.b, **self.table, dropout_seed=1, backend="triton")
 
+    def parts(self, x):
+        """``x``'s token blocks as separate leaves, one per adapter (cached per buffer)."""
+        if id(x) not in self._parts:
+            self._parts[id(x)] = [
+                x[s:e].detach().requires_grad_()
+                for s, e in zip(self.seg, self.seg[1:], strict=False)
+            ]
+        return self._parts[id(x)]
+
     def seq_delta(self, x):
-        """Sequential per-adapter torch LoRA (PEFT-style), one output per adapter."""
-        return [
-            ((x[s:e] @ a.t()) @ b.t()) * sc
-            for s, e, a, b, sc in zip(
-                self.seg, self.seg[1:], self.a_list, self.b_list, self.scales, strict=False
-            )
-        ]
+        """Sequential per-adapter torch LoRA (PEFT-style): adapter i on its own input block."""
+        return self._loop(self.parts(x))
 
     def naive(self, x):
         """mLoRA BatchLoRA style: the base GEMM once, then a torch loop over adapters."""
-        return F.linear(x, self.w) + torch.cat(self.seq_delta(x))
+        blocks = [x[s:e] for s, e in zip(self.seg, self.seg[1:], strict=False)]
+        return F.linear(x, self.w) + torch.cat(self._loop(blocks))
+
+    def _loop(self, blocks):
+        return [
+            ((xi @ a.t()) @ b.t()) * sc
+            for xi, a, b, sc in zip(blocks, self.a_list, self.b_list, self.scales, strict=True)
+        ]
 
     def adapters(self):
         """The per-adapter leaves of the torch baselines."""
@@ -163,25 +175,28 @@ def graph_ms(fn) -> float:
     return ms
 
 
-def time_fwd_bwd(pk: Pack, fwd, params, *, graph: bool = False) -> Timing:
+def time_fwd_bwd(pk: Pack, fwd, params, *, graph: bool = False, inputs=lambda x: [x]) -> Timing:
     """Forward and backward ms of ``fwd(x) -> tensor | list``.
 
     Eager: inputs rotate over ``pk.xs``; the backward is ``torch.autograd.grad`` of the graph
-    (retained) with respect to x and ``params`` (no accumulation into ``.grad``). With
-    ``graph``, also the CUDA-graph replay of the forward, and of forward + backward minus it.
+    (retained) with respect to ``inputs(x)`` and ``params`` (no accumulation into ``.grad``).
+    With ``graph``, also the CUDA-graph replay of the forward, and of forward + backward minus it.
     """
 
     def grads(x, y, dy):
         ys, gs = (
             (y, list(dy.split([t.shape[0] for t in y]))) if isinstance(y, list) else ([y], [dy])
         )
-        return torch.autograd.grad(ys, [x, *params], gs, retain_graph=True)
+        return torch.autograd.grad(ys, [*inputs(x), *params], gs, retain_graph=True)
 
     t_f = bench(rotate_calls([lambda x=x: fwd(x) for x in pk.xs]))
     steps = [
         lambda x=x, y=fwd(x), dy=dy: grads(x, y, dy) for x, dy in zip(pk.xs, pk.dys, strict=True)
     ]
     t_b = bench(rotate_calls(steps))
+    # Free the retained eager graphs: a leaf's AccumulateGrad node made on the default stream
+    # and kept alive would make the capture below sync with the default stream (illegal).
+    del steps
     if not graph:
         return Timing(t_f, t_b)
     x, dy = pk.xs[0], pk.dys[0]
