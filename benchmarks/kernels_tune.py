@@ -26,12 +26,14 @@ from plora.kernels import ops
 
 from plora.utils import atomic_write_text
 
-#: The TMA kernel's candidates: TMA_KEYS per row (BK 64, GROUP_M 8, SUBTILE, 8 warps for all).
-TMA_KEYS = ("BM", "BN", "BR", "FLATTEN", "WS", "LORA_TMA", "num_stages")
+#: The TMA kernel's candidates: TMA_KEYS per row (GROUP_M 8, SUBTILE, 8 warps for all).
+TMA_KEYS = ("BM", "BN", "BK", "BR", "FLATTEN", "WS", "LORA_TMA", "num_stages")
 TMA_GRID = [
-    (128, 256, 32, 1, 1, 0, 3), (128, 256, 32, 1, 1, 1, 3), (128, 256, 64, 1, 1, 1, 3),
-    (128, 256, 32, 0, 1, 1, 3), (128, 256, 32, 1, 0, 1, 4), (128, 256, 64, 1, 0, 1, 3),
-    (128, 256, 32, 0, 0, 1, 4), (128, 256, 16, 1, 1, 1, 3), (256, 128, 32, 0, 0, 1, 3),
+    (128, 256, 64, 32, 1, 1, 0, 3), (128, 256, 64, 32, 1, 1, 1, 3), (128, 256, 64, 64, 1, 1, 1, 3),
+    (128, 256, 64, 32, 0, 1, 1, 3), (128, 256, 64, 32, 1, 0, 1, 4), (128, 256, 64, 64, 1, 0, 1, 3),
+    (128, 256, 64, 32, 0, 0, 1, 4), (128, 256, 64, 16, 1, 1, 1, 3), (256, 128, 64, 32, 0, 0, 1, 3),
+    (128, 256, 64, 32, 1, 1, 0, 4), (128, 256, 128, 32, 1, 1, 0, 2), (256, 128, 64, 32, 1, 1, 0, 3),
+    (256, 128, 64, 32, 1, 1, 0, 4), (128, 128, 64, 32, 1, 1, 0, 4), (128, 128, 128, 32, 1, 1, 0, 3),
 ]  # fmt: skip
 CANDIDATES = {
     "shrink": [
@@ -40,11 +42,14 @@ CANDIDATES = {
         dict(BM=32, BK=128, num_warps=4, num_stages=4),
         dict(BM=64, BK=64, num_warps=4, num_stages=4),
         dict(BM=128, BK=64, num_warps=8, num_stages=3),
+        dict(BM=128, BK=128, num_warps=8, num_stages=3),
+        dict(BM=64, BK=128, num_warps=4, num_stages=4),
+        dict(BM=32, BK=256, num_warps=4, num_stages=3),
+        dict(BM=128, BK=64, num_warps=4, num_stages=4),
     ],
     # The persistent TMA fused GEMM (Hopper); timed as forward + backward-orientation calls.
     "tma": [
-        dict(zip(TMA_KEYS, row, strict=True), BK=64, GROUP_M=8, SUBTILE=1, num_warps=8)
-        for row in TMA_GRID
+        dict(zip(TMA_KEYS, row, strict=True), GROUP_M=8, SUBTILE=1, num_warps=8) for row in TMA_GRID
     ],
     "gemm": [
         dict(BM=128, BN=128, BK=64, BR=32, GROUP_M=8, num_warps=8, num_stages=3),
