@@ -8,16 +8,12 @@ this GPU (into the run's output directory and, on a GPU, into ``kernels/tuned.js
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
-import torch
 from kernels_common import (
     DRY,
     Pack,
     bench,
-    forced_mode,
-    graph_ms,
     kernel_calls,
     ragged_lens,
     time_modes,
@@ -110,30 +106,6 @@ def tune_configs(pk: Pack, log) -> dict:
     return best
 
 
-#: SMs the backward's fused GEMM leaves to the weight gradients beside it (0 = run after it).
-OVERLAP_CANDIDATES = (0, 8, 16) if not DRY else (0,)
-
-
-def tune_overlap(pk: Pack, tma: dict, log) -> int:
-    """The OVERLAP of the fused backward: CUDA-graph time of the packed fwd + bwd, 3 rounds."""
-    x, dy = pk.xs[0], pk.dys[0]
-
-    def step():
-        return torch.autograd.grad(pk.packed(x, None), [x, pk.a, pk.b], dy)
-
-    times: dict[int, list[float]] = {c: [] for c in OVERLAP_CANDIDATES}
-    with forced_mode("fused"):
-        for _ in range(3):  # alternating rounds: the clock drifts
-            for carve in OVERLAP_CANDIDATES:
-                ops.CONFIG_OVERRIDES["tma"] = {**tma, "OVERLAP": carve}
-                times[carve].append(graph_ms(step))
-    ops.CONFIG_OVERRIDES["tma"] = tma
-    medians = {c: statistics.median(t) for c, t in times.items()}
-    best = min(medians, key=medians.__getitem__)
-    log(f"  tma OVERLAP (fused fwd + bwd, graph ms, median of 3): {medians} -> {best}")
-    return best
-
-
 DISPATCH_SHAPES = [(t, i, o) for t in (2048, 8192) for i, o in
                    [(2048, 2048), (2048, 11008), (11008, 2048), (3584, 3584), (3584, 18944),
                     (18944, 3584), (4096, 4096)]]  # fmt: skip
@@ -176,8 +148,6 @@ def run_tune(dtype, device, gpu: str, info: dict, out_dir: Path, log) -> dict:
     pk = Pack(seg_lens=ragged_lens(n, len(ranks)), ranks=ranks, in_f=d, out_f=d, dtype=dtype,
               device=device, n_rot=1)  # fmt: skip
     configs = tune_configs(pk, log)
-    if "tma" in configs:
-        configs["tma"]["OVERLAP"] = tune_overlap(pk, configs["tma"], log)
     del pk
     log("== tune: modes (fused / epilogue / accumulate) per phase and shape")
     dispatch = tune_dispatch(dtype, device, log)

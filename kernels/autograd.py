@@ -21,7 +21,6 @@ See the package docstring for the argument layouts.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Literal
 
@@ -99,7 +98,6 @@ class _PackedLoRA(torch.autograd.Function):
                 dlb = b_t.new_empty(b_t.shape[1], b_t.shape[0])
             jobs.append(ops.WgradJob(dy, s_buf, dlb, (dlb.stride(0), dlb.stride(1))))
 
-        weight_grads = functools.partial(ops.wgrad, jobs, table, meta, seed, dropout=need_a)
         if need_x:
             lora = (ds, lora_a, a_strides, table, meta, seed)
             if weight is None:
@@ -115,19 +113,9 @@ class _PackedLoRA(torch.autograd.Function):
             else:
                 dx = torch.empty_like(x2d)
                 base = (dy, weight, (weight.stride(1), weight.stride(0)))
-                # The compute-bound GEMM leaves a few SMs to the memory-bound weight gradients,
-                # which then run beside it on a side stream (where measured faster).
-                carve = ops.overlap_sms(dx, base) if jobs else 0
-                gemm = functools.partial(
-                    ops.lora_gemm, dx, *lora, base=base, dropout=True, sm_carveout=carve
-                )
-                if carve:
-                    ops.beside(gemm, weight_grads)
-                    jobs = []  # done, beside the GEMM
-                else:
-                    gemm()
+                ops.lora_gemm(dx, *lora, base=base, dropout=True)
         if jobs:
-            weight_grads()
+            ops.wgrad(jobs, table, meta, seed, dropout=need_a)
         if need_w and weight is not None:
             dw = dy.t() @ x2d
         if need_b and ctx.has_bias:

@@ -257,7 +257,6 @@ def lora_gemm(
     bias: torch.Tensor | None = None,
     accumulate: bool = False,
     dropout: bool = False,
-    sm_carveout: int = 0,
 ) -> torch.Tensor:
     """``out (+)= [P·Qᵀ] + bias + Σ_i mask?(L_i·R_iᵀ)`` over regular output tiles (all written).
 
@@ -269,14 +268,10 @@ def lora_gemm(
             LoRA term alone (rows outside every segment get ``bias`` or 0).
         bias: ``(N,)``.
         dropout: mask the LoRA part with each slot's keep mask over ``(t, n)`` (the dX pass).
-        sm_carveout: SMs the persistent TMA kernel leaves free (for work beside it, see
-            :func:`beside`); other kernels ignore it.
     """
     m, n = out.shape
     if base is not None and _tma_ready(out, base):
-        return _fused_tma(
-            out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout, sm_carveout
-        )
+        return _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout)
     kind = "gemm" if base is not None else "lora"
     cfg = kernel_config(kind, out.device, out.element_size())
     launch = _pop_launch(cfg)
@@ -356,7 +351,7 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout, carve=0):
+def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout):
     """``out = P·Qᵀ + bias + route(L·Rᵀ)`` by the persistent TMA kernel (see lora_gemm)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -390,7 +385,6 @@ def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dr
     else:
         l_desc = r_desc = out
     n_sms = _num_sms(out.device.index or 0) if out.device.type == "cuda" else 4
-    n_sms = max(1, n_sms - carve)
     grid = (min(n_sms, triton_cdiv(m, bm) * triton_cdiv(n, bn)),)
     args = (
         p_desc, q_desc, o_desc, bias if bias is not None else out, lora_in, r_mat, l_desc, r_desc,
@@ -405,40 +399,6 @@ def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dr
     )  # fmt: skip
     _launch(tk._fused_tma_kernel, grid, args, consts, launch)
     return out
-
-
-def overlap_sms(out: torch.Tensor, base) -> int:
-    """SMs the backward's fused dX GEMM leaves to the weight gradients running beside it.
-
-    The tuned ``OVERLAP`` of the GPU's "tma" config (0 = none: the weight gradients run after
-    the GEMM); only for the persistent TMA kernel, whose grid is ours to size.
-    """
-    if out.device.type != "cuda" or _interpreting() or not _tma_ready(out, base):
-        return 0
-    return int(kernel_config("tma", out.device).get("OVERLAP", 0))
-
-
-@lru_cache(maxsize=8)
-def _side_stream(device_index: int) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device=device_index)
-
-
-def beside(main, side) -> None:
-    """Run ``main()`` on the current stream and ``side()`` on a side stream, concurrently.
-
-    Both start after the work already queued; the current stream then waits for the side
-    stream, so everything queued later sees both results. ``main`` is queued first so the
-    hardware dispatches its blocks first. Tensors touched by ``side`` live until the join
-    (the caller holds them), so the caching allocator cannot hand them out early.
-    """
-    current = torch.cuda.current_stream()
-    stream = _side_stream(current.device.index or 0)
-    fork = current.record_event()
-    main()
-    stream.wait_event(fork)
-    with torch.cuda.stream(stream):
-        side()
-    current.wait_stream(stream)
 
 
 class WgradJob(NamedTuple):

@@ -79,39 +79,6 @@ def test_bitwise_repeatable(fused):
         assert torch.equal(g1.view(torch.int16), g2.view(torch.int16))
 
 
-@pytest.mark.parametrize("overlap_sms", [8, 24])
-def test_weight_gradients_beside_the_gemm_match_serial(overlap_sms, monkeypatch):
-    """The fused backward with the weight gradients on a side stream (the GEMM leaving SMs to
-    them) gives bitwise the serial results, also inside a CUDA graph."""
-    from plora.kernels import ops
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the overlap runs beside the persistent TMA kernel (Hopper or newer)")
-    gen = torch.Generator().manual_seed(4)
-    case = random_case(gen, n_slots=16, in_f=2048, out_f=2048, max_seg=300)
-    tensors = make_tensors(case, dtype=torch.bfloat16, device="cuda", seed=4)
-    dy = torch.randn(case.n_tokens, case.out_f, generator=gen).to("cuda", torch.bfloat16)
-    serial = run(case, tensors, dy, 13, fused=True)
-    tma = ops.kernel_config("tma", torch.device("cuda"))
-    monkeypatch.setitem(ops.CONFIG_OVERRIDES, "tma", {**tma, "OVERLAP": overlap_sms})
-    beside = run(case, tensors, dy, 13, fused=True)
-    x, w, b, a, bb = (t if t is None else t.detach().clone().requires_grad_() for t in tensors)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture
-        y = packed_lora_linear(x, w, b, a, bb, **table(case), dropout_seed=13, fused=True)
-        torch.autograd.grad(y, (x, a, bb), dy)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = packed_lora_linear(x, w, b, a, bb, **table(case), dropout_seed=13, fused=True)
-        grads = torch.autograd.grad(y, (x, a, bb), dy)
-    graph.replay()
-    for got in (beside, (y, *grads)):
-        for g1, g2 in zip(serial, got, strict=True):
-            assert torch.equal(g1.view(torch.int16), g2.detach().view(torch.int16))
-
-
 def test_dropout_mask_on_gpu_matches_cpu_and_kernel():
     for seed, slot, p in ((1, 0, 0.1), (2**40 + 3, 9, 0.5)):
         cpu = dropout_mask(seed, slot, (300, 257), p)
