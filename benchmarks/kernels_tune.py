@@ -42,6 +42,11 @@ CANDIDATES = {
         dict(BM=64, BK=128, num_warps=4, num_stages=4),
         dict(BM=32, BK=256, num_warps=4, num_stages=3),
         dict(BM=128, BK=64, num_warps=4, num_stages=4),
+        # operand tiles by TMA descriptors (Hopper)
+        dict(BM=64, BK=128, TMA=1, num_warps=4, num_stages=4),
+        dict(BM=64, BK=64, TMA=1, num_warps=4, num_stages=4),
+        dict(BM=128, BK=128, TMA=1, num_warps=8, num_stages=3),
+        dict(BM=128, BK=64, TMA=1, num_warps=8, num_stages=4),
     ],
     # The persistent TMA fused GEMM (Hopper); timed as forward + backward-orientation calls.
     "tma": [
@@ -75,6 +80,12 @@ CANDIDATES = {
         dict(BN=128, BT=64, BR=32, SPLIT_R=1, num_warps=4, num_stages=3),
         dict(BN=64, BT=64, BR=64, SPLIT_R=1, num_warps=4, num_stages=3),
         dict(BN=128, BT=128, BR=32, SPLIT_R=1, num_warps=4, num_stages=3),
+        # operand tiles by TMA descriptors (Hopper)
+        dict(BN=128, BT=64, BR=64, SPLIT_R=1, TMA=1, num_warps=4, num_stages=3),
+        dict(BN=128, BT=64, BR=64, TMA=1, num_warps=4, num_stages=3),
+        dict(BN=128, BT=32, BR=64, SPLIT_R=1, TMA=1, num_warps=4, num_stages=4),
+        dict(BN=256, BT=32, BR=32, TMA=1, num_warps=8, num_stages=3),
+        dict(BN=64, BT=64, BR=64, SPLIT_R=1, TMA=1, num_warps=4, num_stages=4),
     ],
 }
 if DRY:

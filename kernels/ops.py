@@ -231,14 +231,25 @@ def shrink(
     )
     if n_tiles == 0:
         return out
+    br = tk.next_pow2(width)
+    by_tma = bool(cfg.pop("TMA", 0)) and USE_TMA and _tma_capable(inp.device)
+    by_tma = by_tma and _tma_operand(inp, inp.stride(1), inp.stride(0))
+    by_tma = by_tma and mat_strides == mat.stride() and _tma_operand(mat, *mat_strides[::-1])
+    if by_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        p_desc = TensorDescriptor(inp, list(inp.shape), [inp.stride(0), 1], [bm, bk])
+        m_desc = TensorDescriptor(mat, list(mat.shape), [mat.stride(0), 1], [br, bk])
+    else:
+        p_desc = m_desc = out
     args = (
-        inp, mat, out, table, seed,
+        inp, mat, out, table, seed, p_desc, m_desc,
         k, meta.n_slots, table.stride(0),
         inp.stride(0), inp.stride(1), mat_strides[0], mat_strides[1], out.stride(0),
     )  # fmt: skip
     consts = dict(
-        HAS_DROPOUT=dropout and meta.has_dropout,
-        BM=bm, BR=tk.next_pow2(width), BK=bk, SLOTS_P2=_slots_p2(meta),
+        HAS_DROPOUT=dropout and meta.has_dropout, BY_TMA=by_tma,
+        BM=bm, BR=br, BK=bk, SLOTS_P2=_slots_p2(meta),
     )  # fmt: skip
     _launch(tk._shrink_kernel, (n_tiles,), args, consts, launch)
     return out
@@ -318,12 +329,7 @@ USE_TMA = os.environ.get("PLORA_KERNELS_TMA", "1") != "0"
 
 def _tma_ready(out: torch.Tensor, base) -> bool:
     """Can the persistent TMA kernel run this fused GEMM (Hopper or newer, 16-byte strides)?"""
-    if not USE_TMA:
-        return False
-    if out.device.type == "cuda":
-        if _interpreting() or _capability(out.device.index or 0)[0] < 9:
-            return False
-    elif not _interpreting():
+    if not USE_TMA or not _tma_capable(out.device):
         return False
     p, q_mat, (sqn, sqk) = base
     return (
@@ -332,6 +338,13 @@ def _tma_ready(out: torch.Tensor, base) -> bool:
         and _tma_operand(q_mat, min(sqn, sqk), max(sqn, sqk))
         and p.dtype == out.dtype == q_mat.dtype
     )
+
+
+def _tma_capable(device: torch.device) -> bool:
+    """Hopper-class or newer GPU, or the interpreter (which emulates the descriptors)."""
+    if device.type == "cuda":
+        return not _interpreting() and _capability(device.index or 0)[0] >= 9
+    return _interpreting()
 
 
 def _tma_operand(t: torch.Tensor, inner_stride: int, row_stride: int) -> bool:
@@ -434,13 +447,29 @@ def wgrad(
     n1 = second.p.shape[1] if len(jobs) == 2 else 0
     nb0 = triton_cdiv(n0, cfg["BN"])
     grid = (meta.n_slots, nb0 + triton_cdiv(n1, cfg["BN"]), triton_cdiv(meta.max_rank_pad, span))
+    by_tma = bool(cfg.pop("TMA", 0)) and USE_TMA and _tma_capable(p0.device)
+    by_tma = by_tma and all(
+        _tma_operand(t, t.stride(1), t.stride(0)) for job in jobs for t in (job.p, job.q)
+    )
+    if by_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        descs = [
+            TensorDescriptor(t, list(t.shape), [t.stride(0), 1], box)
+            for job in (first, second)
+            for t, box in ((job.p, [cfg["BT"], cfg["BN"]]), (job.q, [cfg["BT"], br]))
+        ]
+    else:
+        descs = [p0] * 4
     args = (
-        first.p, first.q, first.grad, second.p, second.q, second.grad, table, seed,
+        first.p, first.q, first.grad, second.p, second.q, second.grad, table, seed, *descs,
         n0, n1, nb0, table.stride(0),
         *(s for job in (first, second) for s in (
             job.p.stride(0), job.p.stride(1), job.q.stride(0), *job.strides)),
     )  # fmt: skip
-    consts = dict(HAS_DROPOUT=use_dropout, BN=cfg["BN"], BR=br, BT=cfg["BT"], R_SPAN=span)
+    consts = dict(
+        HAS_DROPOUT=use_dropout, BY_TMA=by_tma, BN=cfg["BN"], BR=br, BT=cfg["BT"], R_SPAN=span
+    )
     _launch(tk._wgrad_kernel, grid, args, consts, launch)
 
 

@@ -143,12 +143,15 @@ def _lora_tile(
 
 @triton.jit
 def _shrink_kernel(
-    p_ptr, m_ptr, o_ptr, table_ptr, seed,
+    p_ptr, m_ptr, o_ptr, table_ptr, seed, p_desc, m_desc,
     K, n_slots, ts,
     stride_pt, stride_pk, stride_mr, stride_mk, stride_ot,
-    HAS_DROPOUT: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, BY_TMA: tl.constexpr,
     BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, SLOTS_P2: tl.constexpr,
 ):  # fmt: skip
+    """Segment-aligned row tiles of ``O``; operand tiles by pointer loads or, with ``BY_TMA``, by
+    the descriptors ``p_desc`` (``[BM, BK]`` boxes of P) and ``m_desc`` (``[BR, BK]`` boxes of
+    M's rank rows): rows past the segment or the rank are loaded but masked (store, zeros)."""
     pid = tl.program_id(0)
     # --- which slot and which rows: prefix sum of per-slot tile counts
     idx = tl.arange(0, SLOTS_P2)
@@ -173,22 +176,29 @@ def _shrink_kernel(
         r_ok = rr < rank
         rows64 = rows.to(tl.int64)
         acc = tl.zeros((BM, BR), dtype=tl.float32)
+        row0 = seg_start + (pid - first_tile) * BM
         for k0 in range(0, K, BK):
             ks = k0 + tl.arange(0, BK)
             k_ok = ks < K
-            pt = tl.load(
-                p_ptr + rows64[:, None] * stride_pt + ks[None, :] * stride_pk,
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
+            if BY_TMA:
+                pt = p_desc.load([row0, k0])
+            else:
+                pt = tl.load(
+                    p_ptr + rows64[:, None] * stride_pt + ks[None, :] * stride_pk,
+                    mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0,
+                )
             if HAS_DROPOUT:
                 keep = _keep(seed, slot, rows - seg_start, k0, K, p, BK)
                 pt = tl.where(keep, pt, 0.0)
-            mt = tl.load(
-                m_ptr + (off + rr).to(tl.int64)[None, :] * stride_mr + ks[:, None] * stride_mk,
-                mask=r_ok[None, :] & k_ok[:, None],
-                other=0.0,
-            )
+            if BY_TMA:
+                mt = tl.where(r_ok[:, None], m_desc.load([off, k0]), 0.0).T
+            else:
+                mt = tl.load(
+                    m_ptr + (off + rr).to(tl.int64)[None, :] * stride_mr + ks[:, None] * stride_mk,
+                    mask=r_ok[None, :] & k_ok[:, None],
+                    other=0.0,
+                )
             acc = tl.dot(pt, mt, acc)
         if HAS_DROPOUT:
             scale = scale / (1.0 - p)
@@ -312,41 +322,55 @@ def _fused_tma_kernel(
 @triton.jit
 def _wgrad_kernel(
     p0_ptr, q0_ptr, g0_ptr, p1_ptr, q1_ptr, g1_ptr, table_ptr, seed,
+    p0_desc, q0_desc, p1_desc, q1_desc,
     N0, N1, NB0, ts,
     stride0_pt, stride0_pn, stride0_qt, stride0_gn, stride0_gr,
     stride1_pt, stride1_pn, stride1_qt, stride1_gn, stride1_gr,
-    HAS_DROPOUT: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, BY_TMA: tl.constexpr,
     BN: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr, R_SPAN: tl.constexpr,
 ):  # fmt: skip
     """Two weight gradients in one launch: column blocks ``[0, NB0)`` are job 0's, the rest job 1's.
 
     Job ``j``: ``G_j[n, o_i + r] = c_i · Σ_{t∈i} drop?(P_j)[t, n] · Q_j[t, r]``; only job 0 is
-    masked (``dA = dSᵀ·drop(x)``; ``dB = dYᵀ·S`` takes S already dropped).
+    masked (``dA = dSᵀ·drop(x)``; ``dB = dYᵀ·S`` takes S already dropped). Operand tiles by
+    pointer loads or, with ``BY_TMA``, by the descriptors (``[BT, BN]`` boxes of P, ``[BT, BR]``
+    of Q; rows of the next segment are loaded and zeroed).
     """
     slot = tl.program_id(0)
     pid_n = tl.program_id(1)
     r_lo = tl.program_id(2) * R_SPAN  # this program's share of the rank block
-    first = pid_n < NB0
-    if first:
-        p_ptr, q_ptr, g_ptr, N = p0_ptr, q0_ptr, g0_ptr, N0
-        stride_pt, stride_pn, stride_qt = stride0_pt, stride0_pn, stride0_qt
-        stride_gn, stride_gr = stride0_gn, stride0_gr
+    if pid_n < NB0:
+        _wgrad_block(
+            p0_ptr, q0_ptr, g0_ptr, p0_desc, q0_desc, table_ptr, seed, slot, pid_n, r_lo, N0, ts,
+            stride0_pt, stride0_pn, stride0_qt, stride0_gn, stride0_gr,
+            HAS_DROPOUT, BY_TMA, BN, BR, BT, R_SPAN,
+        )  # fmt: skip
     else:
-        p_ptr, q_ptr, g_ptr, N = p1_ptr, q1_ptr, g1_ptr, N1
-        stride_pt, stride_pn, stride_qt = stride1_pt, stride1_pn, stride1_qt
-        stride_gn, stride_gr = stride1_gn, stride1_gr
-        pid_n -= NB0
+        _wgrad_block(
+            p1_ptr, q1_ptr, g1_ptr, p1_desc, q1_desc, table_ptr, seed, slot, pid_n - NB0, r_lo,
+            N1, ts, stride1_pt, stride1_pn, stride1_qt, stride1_gn, stride1_gr,
+            False, BY_TMA, BN, BR, BT, R_SPAN,
+        )  # fmt: skip
+
+
+@triton.jit
+def _wgrad_block(
+    p_ptr, q_ptr, g_ptr, p_desc, q_desc, table_ptr, seed, slot, pid_n, r_lo, N, ts,
+    stride_pt, stride_pn, stride_qt, stride_gn, stride_gr,
+    HAS_DROPOUT: tl.constexpr, BY_TMA: tl.constexpr,
+    BN: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr, R_SPAN: tl.constexpr,
+):  # fmt: skip
+    """One program's ``(slot, BN columns[, rank chunk])`` block of one weight gradient."""
     start = _slot_entry(table_ptr, ts, 0, slot)
     end = _slot_entry(table_ptr, ts, 0, slot + 1)
     off = tl.multiple_of(_slot_entry(table_ptr, ts, 1, slot), 16)
     block = _slot_entry(table_ptr, ts, 1, slot + 1) - off
     rank = _slot_entry(table_ptr, ts, 2, slot)
-    cols = pid_n * BN + tl.arange(0, BN)
+    n0 = pid_n * BN
+    cols = n0 + tl.arange(0, BN)
     col_ok = cols < N
-    p = 0.0
-    if HAS_DROPOUT:  # noqa: SIM102 (a constexpr branch around a runtime one)
-        if first:
-            p = _slot_float(table_ptr, ts, 4, slot)
+    if HAS_DROPOUT:
+        p = _slot_float(table_ptr, ts, 4, slot)
     # Rank chunks of BR (outer) x token tiles of BT (inner): a rank-8 slot does one 16..BR chunk
     # instead of a max-rank-wide tile; the slot's P columns are re-read per chunk from L2.
     for r0 in range(r_lo, min(block, r_lo + R_SPAN), BR):
@@ -357,20 +381,24 @@ def _wgrad_kernel(
             tt = t0 + tl.arange(0, BT)
             t_ok = tt < end
             tt64 = tt.to(tl.int64)
-            pt = tl.load(
-                p_ptr + tt64[:, None] * stride_pt + cols[None, :] * stride_pn,
-                mask=t_ok[:, None] & col_ok[None, :],
-                other=0.0,
-            )
+            if BY_TMA:
+                pt = tl.where(t_ok[:, None], p_desc.load([t0, n0]), 0.0)
+                qt = tl.where(t_ok[:, None] & r_ok[None, :], q_desc.load([t0, r0]), 0.0)
+            else:
+                pt = tl.load(
+                    p_ptr + tt64[:, None] * stride_pt + cols[None, :] * stride_pn,
+                    mask=t_ok[:, None] & col_ok[None, :],
+                    other=0.0,
+                )
+                qt = tl.load(
+                    q_ptr + tt64[:, None] * stride_qt + rr[None, :],
+                    mask=t_ok[:, None] & r_ok[None, :],
+                    other=0.0,
+                )
             if HAS_DROPOUT:  # noqa: SIM102 (a constexpr branch around a runtime one)
                 if p > 0.0:
-                    keep = _keep(seed, slot, tt - start, pid_n * BN, N, p, BN)
+                    keep = _keep(seed, slot, tt - start, n0, N, p, BN)
                     pt = tl.where(keep, pt, 0.0)
-            qt = tl.load(
-                q_ptr + tt64[:, None] * stride_qt + rr[None, :],
-                mask=t_ok[:, None] & r_ok[None, :],
-                other=0.0,
-            )
             acc = tl.dot(tl.trans(pt), qt, acc)
         if HAS_DROPOUT:
             acc = acc * (1.0 / (1.0 - p))

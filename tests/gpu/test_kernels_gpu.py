@@ -79,6 +79,31 @@ def test_bitwise_repeatable(fused):
         assert torch.equal(g1.view(torch.int16), g2.view(torch.int16))
 
 
+@pytest.mark.parametrize("spec", SPECS[1:], ids=lambda s: f"slots{s[0]}-in{s[1]}-out{s[2]}")
+def test_side_kernels_by_tma(spec, monkeypatch):
+    """Shrinks and weight gradients with TMA operand tiles (Hopper): bf16 against the oracle,
+    and bitwise repeatable."""
+    from plora.kernels import ops
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA descriptors need Hopper or newer")
+    for kind in ("shrink", "wgrad"):
+        cfg = {**ops.kernel_config(kind, torch.device("cuda")), "TMA": 1}
+        monkeypatch.setitem(ops.CONFIG_OVERRIDES, kind, cfg)
+    n_slots, in_f, out_f, max_seg = spec
+    gen = torch.Generator().manual_seed(n_slots + out_f)
+    case = random_case(gen, n_slots=n_slots, in_f=in_f, out_f=out_f, max_seg=max_seg)
+    tensors = make_tensors(case, dtype=torch.bfloat16, device="cuda", seed=n_slots)
+    dy = torch.randn(case.n_tokens, out_f, generator=gen).to("cuda", torch.bfloat16)
+    ref = oracle(case, tensors, dy, 29)
+    for fused in (False, True):
+        got = run(case, tensors, dy, 29, fused=fused)
+        again = run(case, tensors, dy, 29, fused=fused)
+        for name, g, g2, r in zip(("y", "dx", "dA", "dB"), got, again, ref, strict=True):
+            assert rel_err(g, r) < TOL[torch.bfloat16], (name, fused, rel_err(g, r))
+            assert torch.equal(g.view(torch.int16), g2.view(torch.int16)), (name, fused)
+
+
 def test_dropout_mask_on_gpu_matches_cpu_and_kernel():
     for seed, slot, p in ((1, 0, 0.1), (2**40 + 3, 9, 0.5)):
         cpu = dropout_mask(seed, slot, (300, 257), p)

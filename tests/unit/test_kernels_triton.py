@@ -84,14 +84,23 @@ def test_fp32_matches_fp64_oracle(spec, mode, monkeypatch):
 
 
 @child
-@pytest.mark.parametrize("lora_tma", [1, 0], ids=["lora-by-tma", "lora-by-pointers"])
-def test_tma_gemm_with_bias_dropout_and_tiny_segments(lora_tma, monkeypatch):
+@pytest.mark.parametrize(
+    "lora_tma,side_tma",
+    [(1, 0), (0, 0), (1, 1)],
+    ids=["lora-by-tma", "lora-by-pointers", "all-by-tma"],
+)
+def test_tma_gemm_with_bias_dropout_and_tiny_segments(lora_tma, side_tma, monkeypatch):
     """The persistent TMA fused GEMM (fwd: Q stored (N, K); bwd: (K, N)) with bias, dropout,
-    empty and one-token segments, in fp32 and fp16; LoRA operands by TMA or by pointers."""
+    empty and one-token segments, in fp32 and fp16; LoRA operands by TMA or by pointers; the
+    shrinks and weight gradients by pointers or by TMA (rows of the next segment zeroed)."""
     from plora.kernels import ops
 
     cfg = {**ops._INTERPRETER_CONFIGS["tma"], "LORA_TMA": lora_tma}
     monkeypatch.setitem(ops.CONFIG_OVERRIDES, "tma", cfg)
+    for kind in ("shrink", "wgrad"):
+        monkeypatch.setitem(
+            ops.CONFIG_OVERRIDES, kind, {**ops._INTERPRETER_CONFIGS[kind], "TMA": side_tma}
+        )
 
     case = Case(n_tokens=41, in_f=256, out_f=288, seg_lens=(9, 0, 1, 30), ranks=(8, 24, 16, 64),
                 dropout=(0.0, 0.5, 0.25, 0.1), lead=1)  # fmt: skip
@@ -103,6 +112,27 @@ def test_tma_gemm_with_bias_dropout_and_tiny_segments(lora_tma, monkeypatch):
         ref = oracle(case, tensors, dy, 21)
         for name, g, r in zip(("y", "dx", "dA", "dB"), got, ref, strict=True):
             assert rel_err(g, r) < tol, (dtype, name, rel_err(g, r))
+
+
+@child
+@pytest.mark.parametrize("spec", CASES, ids=lambda s: f"slots{s[0]}-in{s[1]}-out{s[2]}")
+def test_side_kernels_by_tma_match_fp64_oracle(spec, monkeypatch):
+    """Shrinks and weight gradients with TMA operand tiles, in the unfused (accumulate) mode."""
+    from plora.kernels import ops
+
+    monkeypatch.setattr(ops, "choose_mode", lambda *a, **k: ops.Mode.ACCUMULATE)
+    for kind, extra in (("shrink", {}), ("wgrad", {"SPLIT_R": 1})):
+        cfg = {**ops._INTERPRETER_CONFIGS[kind], "TMA": 1, **extra}
+        monkeypatch.setitem(ops.CONFIG_OVERRIDES, kind, cfg)
+    n_slots, in_f, out_f, max_seg, drop = spec
+    gen = torch.Generator().manual_seed(n_slots * 7 + out_f)
+    case = random_case(gen, n_slots=n_slots, in_f=in_f, out_f=out_f, max_seg=max_seg, dropout=drop)
+    tensors = make_tensors(case, dtype=torch.float32, device="cpu", seed=n_slots + 1)
+    dy = torch.randn(case.n_tokens, out_f, generator=gen)
+    got = run_triton(case, tensors, dy, 77, fused=None)
+    ref = oracle(case, tensors, dy, 77)
+    for name, g, r in zip(("y", "dx", "dA", "dB"), got, ref, strict=True):
+        assert rel_err(g, r) < 2e-6, (name, rel_err(g, r), case)
 
 
 @child
