@@ -151,7 +151,7 @@ def _shrink_kernel(
 ):  # fmt: skip
     """Segment-aligned row tiles of ``O``; operand tiles by pointer loads or, with ``BY_TMA``, by
     the descriptors ``p_desc`` (``[BM, BK]`` boxes of P) and ``m_desc`` (``[BR, BK]`` boxes of
-    M's rank rows): rows past the segment or the rank are loaded but masked (store, zeros)."""
+    M's rank rows): rows past the segment are stored nowhere, ranks past the slot's zeroed."""
     pid = tl.program_id(0)
     # --- which slot and which rows: prefix sum of per-slot tile counts
     idx = tl.arange(0, SLOTS_P2)
@@ -191,8 +191,8 @@ def _shrink_kernel(
             if HAS_DROPOUT:
                 keep = _keep(seed, slot, rows - seg_start, k0, K, p, BK)
                 pt = tl.where(keep, pt, 0.0)
-            if BY_TMA:
-                mt = tl.where(r_ok[:, None], m_desc.load([off, k0]), 0.0).T
+            if BY_TMA:  # the box runs past the rank: those columns of acc are zeroed below
+                mt = m_desc.load([off, k0]).T
             else:
                 mt = tl.load(
                     m_ptr + (off + rr).to(tl.int64)[None, :] * stride_mr + ks[:, None] * stride_mk,
@@ -202,7 +202,7 @@ def _shrink_kernel(
             acc = tl.dot(pt, mt, acc)
         if HAS_DROPOUT:
             scale = scale / (1.0 - p)
-        acc = acc * scale
+        acc = tl.where(r_ok[None, :], acc * scale, 0.0)
         tl.store(
             o_ptr + rows64[:, None] * stride_ot + rr[None, :],
             acc.to(o_ptr.dtype.element_ty),
