@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from collections.abc import Sequence
 from enum import StrEnum
 from functools import lru_cache
@@ -236,8 +237,7 @@ def shrink(
     by_tma = by_tma and _tma_operand(inp, inp.stride(1), inp.stride(0))
     by_tma = by_tma and mat_strides == mat.stride() and _tma_operand(mat, *mat_strides[::-1])
     if by_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
+        TensorDescriptor = _descriptor_class(inp.device)
         p_desc = TensorDescriptor(inp, list(inp.shape), [inp.stride(0), 1], [bm, bk])
         m_desc = TensorDescriptor(mat, list(mat.shape), [mat.stride(0), 1], [br, bk])
     else:
@@ -340,6 +340,27 @@ def _tma_ready(out: torch.Tensor, base) -> bool:
     )
 
 
+_THREAD = threading.local()
+
+
+def _descriptor_class(device: torch.device):
+    """Triton's host TensorDescriptor, with a CUDA context bound to this thread first.
+
+    Autograd runs the backward on its own thread, which may have no current driver context
+    yet, and Triton 3.6 encodes the descriptors (a driver call) before its launcher binds one
+    ("invalid device context"). Any runtime call binds the device's primary context; once
+    per thread and device.
+    """
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if device.type == "cuda":
+        bound = _THREAD.__dict__.setdefault("devices", set())
+        if device.index not in bound:
+            torch.cuda.mem_get_info(device)
+            bound.add(device.index)
+    return TensorDescriptor
+
+
 def _tma_capable(device: torch.device) -> bool:
     """Hopper-class or newer GPU, or the interpreter (which emulates the descriptors)."""
     if device.type == "cuda":
@@ -366,8 +387,7 @@ def _num_sms(device_index: int) -> int:
 
 def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout):
     """``out = P·Qᵀ + bias + route(L·Rᵀ)`` by the persistent TMA kernel (see lora_gemm)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
+    TensorDescriptor = _descriptor_class(out.device)
     m, n = out.shape
     p, q_mat, (sqn, sqk) = base
     k = p.shape[1]
@@ -452,8 +472,7 @@ def wgrad(
         _tma_operand(t, t.stride(1), t.stride(0)) for job in jobs for t in (job.p, job.q)
     )
     if by_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
+        TensorDescriptor = _descriptor_class(p0.device)
         descs = [
             TensorDescriptor(t, list(t.shape), [t.stride(0), 1], box)
             for job in (first, second)

@@ -104,6 +104,39 @@ def test_side_kernels_by_tma(spec, monkeypatch):
             assert torch.equal(g.view(torch.int16), g2.view(torch.int16)), (name, fused)
 
 
+def test_tma_launch_from_a_fresh_thread(monkeypatch):
+    """A thread whose first CUDA work is a TMA-descriptor launch (autograd's backward thread
+    in a fresh process) gets a context bound first instead of "invalid device context"."""
+    import threading
+
+    from plora.kernels import ops
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA descriptors need Hopper or newer")
+    for kind in ("shrink", "wgrad"):
+        cfg = {**ops.kernel_config(kind, torch.device("cuda")), "TMA": 1}
+        monkeypatch.setitem(ops.CONFIG_OVERRIDES, kind, cfg)
+    gen = torch.Generator().manual_seed(8)
+    case = random_case(gen, n_slots=4, in_f=512, out_f=256, max_seg=64)
+    tensors = make_tensors(case, dtype=torch.bfloat16, device="cuda", seed=8)
+    dy = torch.randn(case.n_tokens, case.out_f, generator=gen).to("cuda", torch.bfloat16)
+    out: dict = {}
+
+    def work():
+        try:
+            out["got"] = run(case, tensors, dy, 3, fused=False)
+        except Exception as err:  # reported below, in the test's thread
+            out["err"] = err
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert "err" not in out, out.get("err")
+    ref = oracle(case, tensors, dy, 3)
+    for g, r in zip(out["got"], ref, strict=True):
+        assert rel_err(g, r) < TOL[torch.bfloat16]
+
+
 def test_dropout_mask_on_gpu_matches_cpu_and_kernel():
     for seed, slot, p in ((1, 0, 0.1), (2**40 + 3, 9, 0.5)):
         cpu = dropout_mask(seed, slot, (300, 257), p)
