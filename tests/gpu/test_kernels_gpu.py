@@ -108,16 +108,17 @@ def test_side_kernels_by_tma(spec, monkeypatch):
 FRESH_BACKWARD = """
 import sys, torch
 from plora.kernels import ops, packed_lora_linear
-from plora.kernels.testing import make_tensors, random_case, table
+from plora.kernels.testing import Case, make_tensors, table
 if sys.argv[1] == "unbound":  # Triton's own descriptor class, no context binding
     from triton.tools.tensor_descriptor import TensorDescriptor
     ops._descriptor_class = lambda device: TensorDescriptor
 for kind in ("shrink", "wgrad"):
     ops.CONFIG_OVERRIDES[kind] = {**ops.kernel_config(kind, torch.device("cuda")), "TMA": 1}
-case = random_case(torch.Generator().manual_seed(8), n_slots=4, in_f=512, out_f=256, max_seg=64)
+case = Case(n_tokens=2048, in_f=3584, out_f=3584, seg_lens=(128,) * 16,
+            ranks=(8, 16, 32, 64, 128, 24, 48, 96) * 2, dropout=(0.0,) * 16)
 x, w, b, a, bb = (t if t is None else t.detach().requires_grad_()
                   for t in make_tensors(case, dtype=torch.bfloat16, device="cuda", seed=8))
-y = packed_lora_linear(x, w, b, a, bb, **table(case), dropout_seed=3, fused=False)
+y = packed_lora_linear(x, w, b, a, bb, **table(case), dropout_seed=3, fused=True)
 torch.autograd.grad(y, (x, a, bb), torch.ones_like(y))
 torch.cuda.synchronize()
 print("backward ok")
