@@ -261,6 +261,74 @@ def kernel_calls(pk: Pack) -> dict:
     }
 
 
+def kernel_error(pk: Pack, kind: str) -> float:
+    """Largest ``‖got − ref‖ / ‖ref‖`` of one launch of ``kind`` (configs as set now) vs torch.
+
+    The tuner rejects a candidate config above its tolerance: a fast tile config must also be
+    a right one. Same operands as :func:`kernel_calls`; references in float32 from the same
+    bf16 inputs, so the error is the kernels' own rounding (~1e-3 in bf16).
+    """
+    meta = pk.meta()
+    x, dy, w = pk.xs[0].detach(), pk.dys[0], pk.w
+    a, b_t = pk.a.detach(), pk.b.detach().t().contiguous()
+    table = meta.device_table(x.device)
+    s_buf = ops.shrink(x, a, (a.stride(0), a.stride(1)), table, meta, 1, dropout=True)
+    f32 = torch.float32
+    segs = [
+        (st, en, o, r, sc)
+        for st, en, o, r, sc in zip(pk.seg, pk.seg[1:], pk.offs, pk.ranks, pk.scales, strict=False)
+        if en > st
+    ]
+
+    def route(rows_of_r):  # Σ_i S_i·R_iᵀ on each slot's rows; R stored (R_tot, N)
+        out = torch.zeros(x.shape[0], rows_of_r.shape[1], device=x.device, dtype=f32)
+        for st, en, o, r, _ in segs:
+            out[st:en] = s_buf[st:en, :r].to(f32) @ rows_of_r[o : o + r].to(f32)
+        return out
+
+    def err(got, ref):
+        return float((got.to(f32) - ref).norm() / ref.norm().clamp_min(1e-30))
+
+    if kind == "shrink":
+        got = ops.shrink(x, a, (a.stride(0), a.stride(1)), table, meta, 1, dropout=True)
+        pieces = [(got[st:en, :r], sc * x[st:en].to(f32) @ a[o : o + r].to(f32).t())
+                  for st, en, o, r, sc in segs]  # fmt: skip
+        return err(torch.cat([g.flatten() for g, _ in pieces]),
+                   torch.cat([r.flatten() for _, r in pieces]))  # fmt: skip
+    if kind == "lora":
+        y = torch.empty(x.shape[0], pk.out_f, device=x.device, dtype=x.dtype)
+        ops.lora_gemm(y, s_buf, b_t, (b_t.stride(1), b_t.stride(0)), table, meta, 1)
+        return err(y, route(b_t))
+    if kind in ("gemm", "tma"):
+        y = torch.empty(x.shape[0], pk.out_f, device=x.device, dtype=x.dtype)
+        dx = torch.empty_like(x)
+        ops.USE_TMA = kind == "tma"
+        try:
+            bt_str, a_str = (b_t.stride(1), b_t.stride(0)), (a.stride(1), a.stride(0))
+            ops.lora_gemm(y, s_buf, b_t, bt_str, table, meta, 1, base=(x, w, w.stride()))
+            w_t = (w.stride(1), w.stride(0))
+            ops.lora_gemm(dx, s_buf, a, a_str, table, meta, 1, base=(dy, w, w_t))
+        finally:
+            ops.USE_TMA = True
+        ref_y = x.to(f32) @ w.to(f32).t() + route(b_t)
+        ref_dx = dy.to(f32) @ w.to(f32) + route(a)
+        return max(err(y, ref_y), err(dx, ref_dx))
+    if kind == "wgrad":
+        da, db = torch.empty_like(pk.a), torch.empty_like(pk.b)
+        jobs = [
+            ops.WgradJob(x, s_buf, da, (a.stride(1), a.stride(0))),
+            ops.WgradJob(dy, s_buf, db, (db.stride(0), db.stride(1))),
+        ]
+        ops.wgrad(jobs, table, meta, 1, dropout=True)
+        ref_da = torch.zeros(a.shape, device=x.device, dtype=f32)
+        ref_db = torch.zeros(pk.b.shape, device=x.device, dtype=f32)
+        for st, en, o, r, _ in segs:
+            ref_da[o : o + r] = s_buf[st:en, :r].to(f32).t() @ x[st:en].to(f32)
+            ref_db[:, o : o + r] = dy[st:en].to(f32).t() @ s_buf[st:en, :r].to(f32)
+        return max(err(da, ref_da), err(db, ref_db))
+    raise ValueError(f"kernel_error: no reference for kind {kind!r}")
+
+
 @contextlib.contextmanager
 def forced_mode(mode: str | None):
     """Run packed_lora_linear in ``mode`` (an ops.Mode value), or as dispatched if None."""
