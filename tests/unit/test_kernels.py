@@ -156,7 +156,7 @@ def test_bad_tensor_shapes_raise_config_errors():
 
 
 def test_mode_choice_from_the_measured_table(monkeypatch):
-    from plora.kernels import ops
+    from plora.kernels import configs, ops
 
     def row(phase, tokens, fused, epilogue, accumulate):
         ms = {"fused": fused, "epilogue": epilogue, "accumulate": accumulate}
@@ -169,9 +169,9 @@ def test_mode_choice_from_the_measured_table(monkeypatch):
             row("bwd", 8192, 0.40, 0.50, 0.45),
         ]
     }
-    monkeypatch.setattr(ops, "_gpu_entry", lambda index: table)
-    monkeypatch.setattr(ops, "_interpreting", lambda: False)
-    ops._measured_mode.cache_clear()
+    monkeypatch.setattr(configs, "_gpu_entry", lambda index: table)
+    monkeypatch.setattr(configs, "_interpreting", lambda: False)
+    configs._measured_mode.cache_clear()
     cuda = torch.device("cuda", 0)  # never touched: the table lookup is mocked
     try:
         pick = ops.choose_mode
@@ -183,8 +183,8 @@ def test_mode_choice_from_the_measured_table(monkeypatch):
         # No dropout rows: the backward with dropout never takes the fused kernel.
         assert pick("bwd-dropout", 8192, 4096, 4096, cuda, fused=None) == ops.Mode.ACCUMULATE
         table["dispatch"].append(row("bwd-dropout", 8192, 0.40, 0.60, 0.70))
-        ops._measured_mode.cache_clear()
+        configs._measured_mode.cache_clear()
         assert pick("bwd-dropout", 8192, 4096, 4096, cuda, fused=None) == ops.Mode.FUSED
         assert pick("fwd", 8192, 4096, 4096, torch.device("cpu"), fused=None) == ops.Mode.ACCUMULATE
     finally:
-        ops._measured_mode.cache_clear()
+        configs._measured_mode.cache_clear()
