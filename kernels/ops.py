@@ -93,9 +93,7 @@ def shrink(
     if n_tiles == 0:
         return out
     br = tk.next_pow2(width)
-    by_tma = bool(cfg.pop("TMA", 0)) and USE_TMA and _tma_capable(inp.device)
-    by_tma = by_tma and _tma_operand(inp, inp.stride(1), inp.stride(0))
-    by_tma = by_tma and mat_strides == mat.stride() and _tma_operand(mat, *mat_strides[::-1])
+    by_tma = _side_tma(cfg, (inp, mat)) and mat_strides == mat.stride()
     if by_tma:
         TensorDescriptor = _descriptor_class(inp.device)
         p_desc = TensorDescriptor(inp, list(inp.shape), [inp.stride(0), 1], [bm, bk])
@@ -221,6 +219,17 @@ def _descriptor_class(device: torch.device):
     return TensorDescriptor
 
 
+def _side_tma(cfg: dict, operands) -> bool:
+    """Do a shrink / weight-gradient launch's operand tiles come by TMA? The tuned ``TMA`` (popped
+    from ``cfg``), Hopper or newer, and every operand row-major with 16-byte rows."""
+    return (
+        bool(cfg.pop("TMA", 0))
+        and USE_TMA
+        and _tma_capable(operands[0].device)
+        and all(_tma_operand(t, t.stride(1), t.stride(0)) for t in operands)
+    )
+
+
 def _tma_capable(device: torch.device) -> bool:
     """Hopper-class or newer GPU, or the interpreter (which emulates the descriptors)."""
     if device.type == "cuda":
@@ -327,10 +336,7 @@ def wgrad(
     n1 = second.p.shape[1] if len(jobs) == 2 else 0
     nb0 = triton_cdiv(n0, cfg["BN"])
     grid = (meta.n_slots, nb0 + triton_cdiv(n1, cfg["BN"]), triton_cdiv(meta.max_rank_pad, span))
-    by_tma = bool(cfg.pop("TMA", 0)) and USE_TMA and _tma_capable(p0.device)
-    by_tma = by_tma and all(
-        _tma_operand(t, t.stride(1), t.stride(0)) for job in jobs for t in (job.p, job.q)
-    )
+    by_tma = _side_tma(cfg, [t for job in jobs for t in (job.p, job.q)])
     if by_tma:
         TensorDescriptor = _descriptor_class(p0.device)
         descs = [
