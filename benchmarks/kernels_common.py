@@ -217,116 +217,113 @@ def frozen_times(pk: Pack, *, graph: bool = False) -> Timing:
     return Timing(t_f, t_b, graph_ms(lambda: F.linear(x, pk.w)), graph_ms(lambda: dy @ pk.w))
 
 
-def kernel_calls(pk: Pack) -> dict:
-    """One zero-argument launch per kernel kind, on ``pk``'s first input (as autograd.py calls them)."""
-    meta = pk.meta()
-    x, dy = pk.xs[0].detach(), pk.dys[0]
-    a = pk.a.detach()
-    b_t = pk.b.detach().t().contiguous()
-    table = meta.device_table(x.device)
-    a_str, bt_str = (a.stride(0), a.stride(1)), (b_t.stride(1), b_t.stride(0))
-    s_buf = ops.shrink(x, a, a_str, table, meta, 1, dropout=True)
-    y = torch.empty(x.shape[0], pk.out_f, device=x.device, dtype=x.dtype)
-    da, db = torch.empty_like(pk.a), torch.empty_like(pk.b)
-    dx = torch.empty_like(x)
-    w_t = (pk.w.stride(1), pk.w.stride(0))  # dX = dY·W: Q[n, k] = W[k, n]
+class KernelLaunches:
+    """One launch per kernel kind on ``pk``'s first input (as autograd.py calls them), into
+    output buffers kept between launches, and each kind's error against a torch reference.
 
-    def gemm(tma: bool):
+    The tuner times :meth:`calls` and rejects a candidate config whose :meth:`error` is above
+    its tolerance: a fast tile config must also be a right one. References are float32 from
+    the same bf16 inputs, so the error is the kernels' own rounding (~1e-3 in bf16).
+    """
+
+    def __init__(self, pk: Pack):
+        self.pk, self.meta = pk, pk.meta()
+        self.x, self.dy, self.w = pk.xs[0].detach(), pk.dys[0], pk.w
+        self.a, self.b_t = pk.a.detach(), pk.b.detach().t().contiguous()
+        self.table = self.meta.device_table(self.x.device)
+        self.s_buf = self._shrink()
+        self.y = torch.empty(self.x.shape[0], pk.out_f, device=self.x.device, dtype=self.x.dtype)
+        self.dx = torch.empty_like(self.x)
+        self.da, self.db = torch.empty_like(pk.a), torch.empty_like(pk.b)
+
+    def calls(self) -> dict:
+        return {
+            "shrink": self._shrink,
+            "lora": self._lora,
+            "gemm": lambda: self._gemms(tma=False, backward=False),  # pointer GEMM, forward
+            "tma": lambda: self._gemms(tma=True, backward=True),  # TMA GEMM, both orientations
+            "wgrad": self._wgrad,
+            "addmm": lambda: self.y.addmm_(self.x, self.w.t()),
+        }
+
+    def _shrink(self) -> torch.Tensor:
+        a = self.a
+        return ops.shrink(
+            self.x, a, (a.stride(0), a.stride(1)), self.table, self.meta, 1, dropout=True
+        )
+
+    def _lora(self) -> None:
+        b_t = self.b_t
+        ops.lora_gemm(self.y, self.s_buf, b_t, (b_t.stride(1), b_t.stride(0)), self.table,
+                      self.meta, 1)  # fmt: skip
+
+    def _gemms(self, *, tma: bool, backward: bool) -> None:
+        w, b_t, a, lora = self.w, self.b_t, self.a, (self.table, self.meta, 1)
         ops.USE_TMA = tma
         try:
-            ops.lora_gemm(y, s_buf, b_t, bt_str, table, meta, 1, base=(x, pk.w, pk.w.stride()))
-            if tma:
-                ops.lora_gemm(
-                    dx, s_buf, a, (a.stride(1), a.stride(0)), table, meta, 1, base=(dy, pk.w, w_t)
-                )
-        finally:
-            ops.USE_TMA = True
-
-    return {
-        "shrink": lambda: ops.shrink(x, a, a_str, table, meta, 1, dropout=True),
-        "lora": lambda: ops.lora_gemm(y, s_buf, b_t, bt_str, table, meta, 1),
-        "gemm": lambda: gemm(False),  # the pointer-based fused GEMM (forward)
-        "tma": lambda: gemm(True),  # the TMA fused GEMM, forward + backward orientation
-        "wgrad": lambda: ops.wgrad(
-            [
-                ops.WgradJob(x, s_buf, da, (a.stride(1), a.stride(0))),
-                ops.WgradJob(dy, s_buf, db, (db.stride(0), db.stride(1))),
-            ],
-            table,
-            meta,
-            1,
-            dropout=True,
-        ),
-        "addmm": lambda: y.addmm_(x, pk.w.t()),
-    }
-
-
-def kernel_error(pk: Pack, kind: str) -> float:
-    """Largest ``‖got − ref‖ / ‖ref‖`` of one launch of ``kind`` (configs as set now) vs torch.
-
-    The tuner rejects a candidate config above its tolerance: a fast tile config must also be
-    a right one. Same operands as :func:`kernel_calls`; references in float32 from the same
-    bf16 inputs, so the error is the kernels' own rounding (~1e-3 in bf16).
-    """
-    meta = pk.meta()
-    x, dy, w = pk.xs[0].detach(), pk.dys[0], pk.w
-    a, b_t = pk.a.detach(), pk.b.detach().t().contiguous()
-    table = meta.device_table(x.device)
-    s_buf = ops.shrink(x, a, (a.stride(0), a.stride(1)), table, meta, 1, dropout=True)
-    f32 = torch.float32
-    segs = [
-        (st, en, o, r, sc)
-        for st, en, o, r, sc in zip(pk.seg, pk.seg[1:], pk.offs, pk.ranks, pk.scales, strict=False)
-        if en > st
-    ]
-
-    def route(rows_of_r):  # Σ_i S_i·R_iᵀ on each slot's rows; R stored (R_tot, N)
-        out = torch.zeros(x.shape[0], rows_of_r.shape[1], device=x.device, dtype=f32)
-        for st, en, o, r, _ in segs:
-            out[st:en] = s_buf[st:en, :r].to(f32) @ rows_of_r[o : o + r].to(f32)
-        return out
-
-    def err(got, ref):
-        return float((got.to(f32) - ref).norm() / ref.norm().clamp_min(1e-30))
-
-    if kind == "shrink":
-        got = ops.shrink(x, a, (a.stride(0), a.stride(1)), table, meta, 1, dropout=True)
-        pieces = [(got[st:en, :r], sc * x[st:en].to(f32) @ a[o : o + r].to(f32).t())
-                  for st, en, o, r, sc in segs]  # fmt: skip
-        return err(torch.cat([g.flatten() for g, _ in pieces]),
-                   torch.cat([r.flatten() for _, r in pieces]))  # fmt: skip
-    if kind == "lora":
-        y = torch.empty(x.shape[0], pk.out_f, device=x.device, dtype=x.dtype)
-        ops.lora_gemm(y, s_buf, b_t, (b_t.stride(1), b_t.stride(0)), table, meta, 1)
-        return err(y, route(b_t))
-    if kind in ("gemm", "tma"):
-        y = torch.empty(x.shape[0], pk.out_f, device=x.device, dtype=x.dtype)
-        dx = torch.empty_like(x)
-        ops.USE_TMA = kind == "tma"
-        try:
             bt_str, a_str = (b_t.stride(1), b_t.stride(0)), (a.stride(1), a.stride(0))
-            ops.lora_gemm(y, s_buf, b_t, bt_str, table, meta, 1, base=(x, w, w.stride()))
-            w_t = (w.stride(1), w.stride(0))
-            ops.lora_gemm(dx, s_buf, a, a_str, table, meta, 1, base=(dy, w, w_t))
+            ops.lora_gemm(self.y, self.s_buf, b_t, bt_str, *lora, base=(self.x, w, w.stride()))
+            if backward:  # dX = dY·W: Q[n, k] = W[k, n]
+                w_t = (w.stride(1), w.stride(0))
+                ops.lora_gemm(self.dx, self.s_buf, a, a_str, *lora, base=(self.dy, w, w_t))
         finally:
             ops.USE_TMA = True
-        ref_y = x.to(f32) @ w.to(f32).t() + route(b_t)
-        ref_dx = dy.to(f32) @ w.to(f32) + route(a)
-        return max(err(y, ref_y), err(dx, ref_dx))
-    if kind == "wgrad":
-        da, db = torch.empty_like(pk.a), torch.empty_like(pk.b)
+
+    def _wgrad(self) -> None:
+        a, db = self.a, self.db
         jobs = [
-            ops.WgradJob(x, s_buf, da, (a.stride(1), a.stride(0))),
-            ops.WgradJob(dy, s_buf, db, (db.stride(0), db.stride(1))),
+            ops.WgradJob(self.x, self.s_buf, self.da, (a.stride(1), a.stride(0))),
+            ops.WgradJob(self.dy, self.s_buf, db, (db.stride(0), db.stride(1))),
         ]
-        ops.wgrad(jobs, table, meta, 1, dropout=True)
-        ref_da = torch.zeros(a.shape, device=x.device, dtype=f32)
-        ref_db = torch.zeros(pk.b.shape, device=x.device, dtype=f32)
-        for st, en, o, r, _ in segs:
-            ref_da[o : o + r] = s_buf[st:en, :r].to(f32).t() @ x[st:en].to(f32)
-            ref_db[:, o : o + r] = dy[st:en].to(f32).t() @ s_buf[st:en, :r].to(f32)
-        return max(err(da, ref_da), err(db, ref_db))
-    raise ValueError(f"kernel_error: no reference for kind {kind!r}")
+        ops.wgrad(jobs, self.table, self.meta, 1, dropout=True)
+
+    def error(self, kind: str) -> float:
+        """Largest ``‖got − ref‖ / ‖ref‖`` of one launch of ``kind`` (configs as set now)."""
+        pk, x, dy, s_buf, f32 = self.pk, self.x, self.dy, self.s_buf, torch.float32
+        segs = [
+            (st, en, o, r, sc)
+            for st, en, o, r, sc in zip(pk.seg, pk.seg[1:], pk.offs, pk.ranks, pk.scales, strict=False)
+            if en > st
+        ]  # fmt: skip
+
+        def route(rows_of_r):  # Σ_i S_i·R_iᵀ on each slot's rows; R stored (R_tot, N)
+            out = torch.zeros(x.shape[0], rows_of_r.shape[1], device=x.device, dtype=f32)
+            for st, en, o, r, _ in segs:
+                out[st:en] = s_buf[st:en, :r].to(f32) @ rows_of_r[o : o + r].to(f32)
+            return out
+
+        def err(got, ref):
+            return float((got.to(f32) - ref).norm() / ref.norm().clamp_min(1e-30))
+
+        if kind == "shrink":
+            got = self._shrink()
+            pieces = [(got[st:en, :r], sc * x[st:en].to(f32) @ self.a[o : o + r].to(f32).t())
+                      for st, en, o, r, sc in segs]  # fmt: skip
+            return err(torch.cat([g.flatten() for g, _ in pieces]),
+                       torch.cat([r.flatten() for _, r in pieces]))  # fmt: skip
+        if kind == "lora":
+            self._lora()
+            return err(self.y, route(self.b_t))
+        if kind in ("gemm", "tma"):  # both orientations checked, also for the pointer GEMM
+            self._gemms(tma=kind == "tma", backward=True)
+            w = self.w.to(f32)
+            ref_y = x.to(f32) @ w.t() + route(self.b_t)
+            ref_dx = dy.to(f32) @ w + route(self.a)
+            return max(err(self.y, ref_y), err(self.dx, ref_dx))
+        if kind == "wgrad":
+            self._wgrad()
+            ref_da = torch.zeros(self.a.shape, device=x.device, dtype=f32)
+            ref_db = torch.zeros(pk.b.shape, device=x.device, dtype=f32)
+            for st, en, o, r, _ in segs:
+                ref_da[o : o + r] = s_buf[st:en, :r].to(f32).t() @ x[st:en].to(f32)
+                ref_db[:, o : o + r] = dy[st:en].to(f32).t() @ s_buf[st:en, :r].to(f32)
+            return max(err(self.da, ref_da), err(self.db, ref_db))
+        raise ValueError(f"KernelLaunches.error: no reference for kind {kind!r}")
+
+
+def kernel_calls(pk: Pack) -> dict:
+    """One zero-argument launch per kernel kind (see :class:`KernelLaunches`)."""
+    return KernelLaunches(pk).calls()
 
 
 @contextlib.contextmanager

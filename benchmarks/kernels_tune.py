@@ -12,10 +12,9 @@ from pathlib import Path
 
 from kernels_common import (
     DRY,
+    KernelLaunches,
     Pack,
     bench,
-    kernel_calls,
-    kernel_error,
     ragged_lens,
     time_modes,
 )
@@ -97,7 +96,8 @@ if DRY:
 
 
 def tune_configs(pk: Pack, log) -> dict:
-    calls = kernel_calls(pk)
+    launches = KernelLaunches(pk)
+    calls = launches.calls()
     best = {}
     for kind, cands in CANDIDATES.items():
         rows = []
@@ -105,7 +105,7 @@ def tune_configs(pk: Pack, log) -> dict:
             ops.CONFIG_OVERRIDES[kind] = cfg
             try:
                 ms = bench(calls[kind])
-                error = kernel_error(pk, kind)
+                error = launches.error(kind)
             except Exception as err:  # a config that does not compile (shared memory) is skipped
                 log(f"  {kind} {cfg}: failed ({type(err).__name__}: {str(err)[:80]})")
                 continue

@@ -62,12 +62,13 @@ WRONG_KERNEL = """
 import sys
 sys.argv.append("--dry-run")
 import torch
-from kernels_common import Pack, kernel_error, ragged_lens
+from kernels_common import KernelLaunches, Pack, ragged_lens
 from plora.kernels import ops
 
 pk = Pack(seg_lens=ragged_lens(96, 4), ranks=[8, 16, 24, 32], in_f=48, out_f=40,
           dtype=torch.float32, device="cpu", n_rot=1)
-right = {k: kernel_error(pk, k) for k in ("shrink", "lora", "gemm", "tma", "wgrad")}
+launches = KernelLaunches(pk)
+right = {k: launches.error(k) for k in ("shrink", "lora", "gemm", "tma", "wgrad")}
 wgrad = ops.wgrad
 
 def off_by_2_percent(jobs, *args, **kwargs):
@@ -75,7 +76,7 @@ def off_by_2_percent(jobs, *args, **kwargs):
     jobs[1].grad.mul_(1.02)
 
 ops.wgrad = off_by_2_percent
-print(max(right.values()), kernel_error(pk, "wgrad"))
+print(max(right.values()), launches.error("wgrad"))
 """
 
 
