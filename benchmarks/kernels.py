@@ -132,12 +132,12 @@ def section_bc(dtype, device, log) -> dict:
             frozen.append(frozen_times(pk0, graph=True))
             for mode, t in time_modes(pk, modes, graph=True).items():
                 samples[mode].append((t, ratios(t, frozen[-1])))
-        f = Timing(*(statistics.median(t[i] for t in frozen) for i in range(4)))
+        f = Timing.median(frozen)
         out.setdefault("frozen", {})[str(p)] = dict(**f._asdict(), rounds=frozen)
         log(f"  frozen linear: fwd {f.fwd:.4f} ms, bwd (dY·W) {f.bwd:.4f} ms, total "
             f"{f.fwd + f.bwd:.4f} ms; graph {f.fwd_graph:.4f} + {f.bwd_graph:.4f} ms")  # fmt: skip
         for mode, rows in samples.items():
-            t = Timing(*(statistics.median(r[0][i] for r in rows) for i in range(4)))
+            t = Timing.median(r[0] for r in rows)
             eager, graph = (statistics.median(r[1][i] for r in rows) for i in (0, 1))
             row = dict(
                 dropout=p, mode=mode or "auto", **t._asdict(), ratio_vs_frozen=eager,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import statistics
 import sys
 import time
 from typing import NamedTuple
@@ -155,6 +156,12 @@ class Timing(NamedTuple):
     bwd: float
     fwd_graph: float | None = None
     bwd_graph: float | None = None
+
+    @classmethod
+    def median(cls, samples) -> Timing:
+        """Field-wise median of several timings of the same calls (rounds)."""
+        samples = list(samples)
+        return cls(*(statistics.median(t[i] for t in samples) for i in range(len(cls._fields))))
 
 
 def graph_ms(fn) -> float:
