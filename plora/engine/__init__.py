@@ -4,7 +4,9 @@
 * :mod:`plora.engine.trainer` -- :class:`PackedTrainer` (one forward/backward per step over
   every active adapter, per-adapter loss, AdamW, schedule and clipping).
 * :mod:`plora.engine.checkpoint` -- PEFT-format export, exact train-state checkpoints.
-* :func:`run_pack` -- train one pack to completion (the Ray worker's entry).
+* :mod:`plora.engine.api` -- the typed engine/runtime boundary (request, outcome, hooks).
+* :class:`PackSession` -- a resident base model serving successive packs (a worker's engine);
+  :func:`run_pack` -- load and train one pack to completion.
 
 Submodules load lazily so that ``import plora.engine`` stays light (no transformers import).
 """
@@ -29,11 +31,19 @@ _EXPORTS = {
     "save_train_state": "plora.engine.checkpoint",
     "load_train_state": "plora.engine.checkpoint",
     "run_pack": "plora.engine.pack",
-    "Control": "plora.engine.records",
-    "PackHooks": "plora.engine.pack",
+    "PackSession": "plora.engine.pack",
     "PackResult": "plora.engine.pack",
-    "ConfigResult": "plora.engine.pack",
-    "ConfigStatus": "plora.engine.pack",
+    "Control": "plora.engine.records",
+    "CheckpointPolicy": "plora.engine.api",
+    "ConfigResult": "plora.engine.api",
+    "ConfigStatus": "plora.engine.api",
+    "EngineSpec": "plora.engine.api",
+    "JobTimings": "plora.engine.api",
+    "OutcomeStatus": "plora.engine.api",
+    "PackEngine": "plora.engine.api",
+    "PackHooks": "plora.engine.api",
+    "PackOutcome": "plora.engine.api",
+    "PackRequest": "plora.engine.api",
 }
 
 __all__ = sorted(_EXPORTS)

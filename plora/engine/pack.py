@@ -1,11 +1,21 @@
-"""``run_pack``: train one pack to completion in this process (what a Ray worker calls).
+"""Train packs on a resident base model: :class:`PackSession` (a worker's engine) and ``run_pack``.
+
+A :class:`PackSession` loads the base model, its tokenizer and the dataset once and then serves
+successive :class:`~plora.engine.api.PackRequest` s on that one copy: each request builds a
+:class:`~plora.engine.trainer.PackedTrainer` on the resident model, trains until every config
+ends, and releases its slots, so the next pack starts on a clean base without a reload.
 
 Loop, between steps: ``hooks.poll()`` -> stop some configs / add new ones / abort; one packed
-step; ``hooks.on_metrics``; every adapter that finished (its steps done, or stopped) is exported
-in PEFT format to ``out_dir/adapters/<config_id>/``, evaluated if it completed, and leaves its
-slot; every ``checkpoint_every`` steps the train-state and the results so far are written to
-``checkpoint_dir``. With ``resume`` and a checkpoint present, training continues from it
-(results of adapters finalised before the checkpoint are kept, not recomputed).
+step; ``hooks.on_step`` (its metrics and measurements); the adapters that finished (their steps
+done, or stopped) are
+exported in PEFT format to ``out_dir/adapters/<config_id>/``, the completed ones evaluated
+together in packed forwards, and leave their slots; every ``checkpoint.every_steps`` steps the
+train-state and the results so far are written to ``checkpoint.dir``. With ``resume`` and a
+checkpoint present, training continues from it (results of adapters finalised before the
+checkpoint are kept, not recomputed). :class:`~plora.engine.api.JobTimings` says where the
+job's seconds went.
+
+:func:`run_pack` is the one-shot form (load, train one pack, return), for scripts and tests.
 """
 
 from __future__ import annotations
@@ -14,67 +24,108 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
-from plora.config import ConfigError, DatasetSpec, LoRAConfig, ModelRef
+from plora.config import DatasetSpec, LoRAConfig, ModelRef
 from plora.engine import checkpoint as ckpt
+from plora.engine.api import (
+    CheckpointPolicy,
+    ConfigResult,
+    ConfigStatus,
+    EngineSpec,
+    JobTimings,
+    OutcomeStatus,
+    PackHooks,
+    PackOutcome,
+    PackRequest,
+    StepReport,
+)
 from plora.engine.records import Control
-from plora.engine.trainer import AdapterStatus, PackedTrainer, PackProfile, StepMetrics
+from plora.engine.trainer import AdapterStatus, PackedTrainer, PackProfile
 from plora.utils import atomic_write_json
 
 RESULTS_FILE = "results.json"
 TRAIN_STATE_DIR = "train_state"
 
 
-class ConfigStatus(StrEnum):
-    """How a config's training ended."""
-
-    COMPLETED = "completed"
-    STOPPED = "stopped"
-    ABORTED = "aborted"
-
-
-@runtime_checkable
-class PackHooks(Protocol):
-    """Callbacks of :func:`run_pack` (the runtime relays them to the coordinator)."""
-
-    def on_metrics(self, metrics: list[StepMetrics]) -> None: ...
-
-    def poll(self) -> Control: ...
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ConfigResult:
-    """The outcome of one config of the pack."""
-
-    config_id: str
-    status: ConfigStatus
-    steps: int
-    tokens: int
-    final_train_loss: float | None
-    eval_loss: float | None = None
-    eval_metric: float | None = None
-    adapter_path: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "status": str(self.status)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ConfigResult:
-        return cls(**{**data, "status": ConfigStatus(data["status"])})
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PackResult:
-    """Every config's result and the pack's measured profile."""
+    """Every config's result and the pack's measured profile (:func:`run_pack`)."""
 
     results: dict[str, ConfigResult] = field(default_factory=dict)
     profile: PackProfile | None = None
+
+
+class PackSession:
+    """A base model resident on one device, serving successive packs (:class:`PackEngine`).
+
+    Args:
+        spec: the base model, dataset and engine options; loaded here, once.
+    """
+
+    def __init__(self, spec: EngineSpec) -> None:
+        from plora.engine.data import load_dataset
+        from plora.models import load_model, resolve_model_path
+
+        t0 = time.perf_counter()
+        self.spec = spec
+        self.device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.model, self.tokenizer = load_model(spec.model, dtype=dtype, device=self.device)
+        self.data = load_dataset(spec.dataset, self.tokenizer)
+        self.model_path = resolve_model_path(spec.model)
+        self.load_s = time.perf_counter() - t0
+        self.model_loads = 1
+        self._load_charged = False
+
+    def run(self, request: PackRequest, hooks: PackHooks | None = None) -> PackOutcome:
+        """Train ``request.configs`` packed until each finishes, is stopped or the job aborts.
+
+        Out of memory is an outcome (``OutcomeStatus.OOM``), not an exception: the session
+        stays usable for a smaller pack.
+        """
+        load_s = 0.0 if self._load_charged else self.load_s
+        self._load_charged = True
+        clock = _Clock()
+        trainer = None
+        try:
+            with clock.phase("start"):
+                trainer = PackedTrainer(
+                    self.model,
+                    self.tokenizer,
+                    self.data,
+                    device=self.device,
+                    seq_len=self.spec.dataset.max_seq_len,
+                    max_rows=self.spec.max_rows,
+                    gradient_checkpointing=self.spec.gradient_checkpointing,
+                    base_model_name_or_path=self.model_path,
+                )
+                run = _PackRun(trainer, self.data, self.tokenizer, request, clock)
+                run.start()
+            run.loop(hooks)
+        except torch.OutOfMemoryError as e:
+            return PackOutcome(
+                job_id=request.job_id,
+                status=OutcomeStatus.OOM,
+                timings=clock.timings(load_s=load_s, model_loads=self.model_loads),
+                error=str(e).splitlines()[0][:300] if str(e) else "out of memory",
+            )
+        finally:
+            if trainer is not None:
+                for cid in list(trainer.adapters):
+                    trainer.release(cid)  # the next pack starts on a clean base
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return PackOutcome(
+            job_id=request.job_id,
+            results=dict(run.results),
+            profile=trainer.profile(),
+            timings=clock.timings(load_s=load_s, model_loads=self.model_loads),
+        )
 
 
 def run_pack(
@@ -93,7 +144,9 @@ def run_pack(
     gradient_checkpointing: bool = False,
     evaluate: bool = True,
 ) -> PackResult:
-    """Train ``configs`` packed on one copy of ``model`` until each finishes or is stopped.
+    """Load ``model`` and train ``configs`` packed on it until each finishes or is stopped.
+
+    The one-shot form of :class:`PackSession` (which a resident worker keeps for many packs).
 
     Args:
         model: the base model (``ModelRef``, its dict, or a name/path).
@@ -110,85 +163,130 @@ def run_pack(
         max_rows: most sequences per forward (gradient accumulation beyond).
         gradient_checkpointing: recompute base activations in backward.
         evaluate: evaluate each completed adapter on the eval split.
-    """
-    from plora.engine.data import load_dataset
-    from plora.models import load_model, resolve_model_path
 
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise ConfigError("must be >= 1 or null", key="checkpoint_every", value=checkpoint_every)
-    if checkpoint_every_s is not None and not checkpoint_every_s >= 0:
-        raise ConfigError(
-            "must be >= 0 seconds or null", key="checkpoint_every_s", value=checkpoint_every_s
-        )
-    ids = [c.config_id for c in configs]
-    if len(set(ids)) != len(ids):
-        raise ConfigError("duplicate config ids in one pack", key="configs", value=ids)
+    Raises:
+        torch.OutOfMemoryError: the pack does not fit even with gradient accumulation.
+    """
+    policy = CheckpointPolicy(
+        dir=None if checkpoint_dir is None else str(checkpoint_dir),
+        every_steps=checkpoint_every,
+        every_s=checkpoint_every_s,
+    )
+    request = PackRequest(
+        job_id="run_pack",
+        configs=tuple(configs),
+        out_dir=str(out_dir),
+        checkpoint=policy,
+        resume=resume,
+        evaluate=evaluate,
+    )
     ref = ModelRef(**model) if isinstance(model, dict) else model
     spec = DatasetSpec(**dataset) if isinstance(dataset, dict) else dataset
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    base, tokenizer = load_model(ref, dtype=dtype, device=dev)
-    data = load_dataset(spec, tokenizer)
-    trainer = PackedTrainer(
-        base,
-        tokenizer,
-        data,
-        device=dev,
-        seq_len=spec.max_seq_len,
-        max_rows=max_rows,
-        gradient_checkpointing=gradient_checkpointing,
-        base_model_name_or_path=resolve_model_path(ref),
+    session = PackSession(
+        EngineSpec(
+            model=ModelRef(name_or_path=ref) if isinstance(ref, str) else ref,
+            dataset=spec,
+            gradient_checkpointing=gradient_checkpointing,
+            device=None if device is None else str(device),
+            max_rows=max_rows,
+        )
     )
-    run = _PackRun(trainer, data, tokenizer, Path(out_dir), checkpoint_dir, evaluate)
-    run.start(configs, resume=resume)
-    last_checkpoint = time.monotonic()
-    while True:
-        control = hooks.poll() if hooks is not None else None
-        if control is not None:
-            if control.abort:
-                run.abort()
-                break
-            run.apply(control)
-        run.finalize_finished()
-        if not trainer.active:
-            break
-        metrics = trainer.step()
-        if hooks is not None and metrics:
-            hooks.on_metrics(metrics)
-        run.finalize_finished()
-        due = bool(checkpoint_every) and trainer.global_step % checkpoint_every == 0
-        if checkpoint_every_s is not None:
-            due = due or time.monotonic() - last_checkpoint >= checkpoint_every_s
-        if due:
-            run.checkpoint()
-            last_checkpoint = time.monotonic()
-    run.checkpoint()
-    return PackResult(results=dict(run.results), profile=trainer.profile())
+    outcome = session.run(request, hooks)
+    if outcome.status is OutcomeStatus.OOM:
+        raise torch.OutOfMemoryError(outcome.error or "out of memory")
+    return PackResult(results=dict(outcome.results), profile=outcome.profile)
+
+
+class _Clock:
+    """Wall seconds per phase of one job (``with clock.phase("train"): ...``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.checkpoints = 0
+
+    def phase(self, name: str) -> _Phase:
+        return _Phase(self, name)
+
+    def timings(self, *, load_s: float, model_loads: int) -> JobTimings:
+        s = self.seconds
+        return JobTimings(
+            load_s=load_s,
+            start_s=s.get("start", 0.0),
+            train_s=s.get("train", 0.0),
+            eval_s=s.get("eval", 0.0),
+            export_s=s.get("export", 0.0),
+            checkpoint_s=s.get("checkpoint", 0.0),
+            checkpoints=self.checkpoints,
+            model_loads=model_loads,
+        )
+
+
+class _Phase:
+    def __init__(self, clock: _Clock, name: str) -> None:
+        self.clock, self.name = clock, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        dt = time.perf_counter() - self.t0
+        self.clock.seconds[self.name] = self.clock.seconds.get(self.name, 0.0) + dt
 
 
 class _PackRun:
-    """Bookkeeping of one ``run_pack`` call: results, exports, checkpoints."""
+    """Bookkeeping of one pack: the step loop, results, exports, evaluation, checkpoints."""
 
-    def __init__(self, trainer, data, tokenizer, out_dir: Path, checkpoint_dir, evaluate: bool):
+    def __init__(self, trainer, data, tokenizer, request: PackRequest, clock: _Clock) -> None:
         self.trainer = trainer
         self.data = data
         self.tokenizer = tokenizer
-        self.out_dir = out_dir
-        self.ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        self.evaluate = evaluate
+        self.request = request
+        self.clock = clock
+        self.out_dir = Path(request.out_dir)
+        policy = request.checkpoint
+        self.ckpt_dir = Path(policy.dir) if policy.dir is not None else None
         self.results: dict[str, ConfigResult] = {}
 
-    def start(self, configs: list[LoRAConfig], *, resume: bool) -> None:
+    def start(self) -> None:
         state = self.ckpt_dir / TRAIN_STATE_DIR if self.ckpt_dir else None
-        if resume and state is not None and ckpt.has_train_state(state):
+        if self.request.resume and state is not None and ckpt.has_train_state(state):
             self.trainer.load_state_dict(ckpt.load_train_state(state))
             saved = self.ckpt_dir / RESULTS_FILE
             if saved.is_file():
                 for cid, r in json.loads(saved.read_text()).items():
                     self.results[cid] = ConfigResult.from_dict(r)
-        for cfg in configs:
+        for cfg in self.request.configs:
             if cfg.config_id not in self.results and cfg.config_id not in self.trainer.adapters:
                 self.trainer.add(cfg)
+
+    def loop(self, hooks: PackHooks | None) -> None:
+        trainer, policy = self.trainer, self.request.checkpoint
+        last_checkpoint = time.monotonic()
+        while True:
+            control = hooks.poll() if hooks is not None else None
+            if control is not None:
+                if control.abort:
+                    self.abort()
+                    return
+                self.apply(control)
+            self.finalize_finished()
+            if not trainer.active:
+                break
+            with self.clock.phase("train"):
+                metrics = trainer.step()
+            if hooks is not None and metrics:
+                report = StepReport(
+                    metrics=tuple(metrics), profile=trainer.last_step, device=str(trainer.device)
+                )
+                hooks.on_step(report)
+            self.finalize_finished()
+            due = bool(policy.every_steps) and trainer.global_step % policy.every_steps == 0
+            if policy.every_s is not None:
+                due = due or time.monotonic() - last_checkpoint >= policy.every_s
+            if due:
+                self.checkpoint()
+                last_checkpoint = time.monotonic()
+        self.checkpoint()
 
     def apply(self, control: Control) -> None:
         for cid in sorted(control.stop):
@@ -199,27 +297,37 @@ class _PackRun:
                 self.trainer.add(cfg)
 
     def finalize_finished(self) -> None:
-        for cid in list(self.trainer.finished):
+        """Export every finished adapter, evaluate the completed ones together, free slots."""
+        finished = list(self.trainer.finished)
+        if not finished:
+            return
+        export_s: dict[str, float] = {}
+        with self.clock.phase("export"):
+            for cid in finished:
+                t0 = time.perf_counter()
+                self.trainer.export_adapter(cid, self.out_dir / "adapters" / cid)
+                export_s[cid] = time.perf_counter() - t0
+        completed = [
+            c for c in finished if self.trainer.adapter(c).status is AdapterStatus.COMPLETED
+        ]
+        scores: dict[str, tuple[float | None, float | None, float]] = {}
+        if self.request.evaluate and completed:
+            with self.clock.phase("eval"):
+                scores = _evaluate(self.trainer, self.tokenizer, self.data, completed)
+        for cid in finished:
             ad = self.trainer.adapter(cid)
-            status = (
-                ConfigStatus.COMPLETED
-                if ad.status is AdapterStatus.COMPLETED
-                else ConfigStatus.STOPPED
-            )
-            path = self.out_dir / "adapters" / cid
-            self.trainer.export_adapter(cid, path)
-            eval_loss = eval_metric = None
-            if self.evaluate and status is ConfigStatus.COMPLETED:
-                eval_loss, eval_metric = _evaluate(self.trainer, self.tokenizer, self.data, ad.slot)
+            loss, metric, eval_s = scores.get(cid, (None, None, 0.0))
             self.results[cid] = ConfigResult(
                 config_id=cid,
-                status=status,
+                status=ConfigStatus.COMPLETED if cid in completed else ConfigStatus.STOPPED,
                 steps=ad.step,
                 tokens=ad.tokens,
                 final_train_loss=ad.last_loss,
-                eval_loss=eval_loss,
-                eval_metric=eval_metric,
-                adapter_path=str(path),
+                eval_loss=loss,
+                eval_metric=metric,
+                adapter_path=str(self.out_dir / "adapters" / cid),
+                eval_s=eval_s,
+                export_s=export_s[cid],
             )
             self.trainer.release(cid)
 
@@ -239,27 +347,40 @@ class _PackRun:
     def checkpoint(self) -> None:
         if self.ckpt_dir is None:
             return
-        ckpt.save_train_state(self.ckpt_dir / TRAIN_STATE_DIR, self.trainer.state_dict())
-        atomic_write_json(
-            self.ckpt_dir / RESULTS_FILE, {c: r.to_dict() for c, r in self.results.items()}
-        )
+        with self.clock.phase("checkpoint"):
+            ckpt.save_train_state(self.ckpt_dir / TRAIN_STATE_DIR, self.trainer.state_dict())
+            atomic_write_json(
+                self.ckpt_dir / RESULTS_FILE, {c: r.to_dict() for c, r in self.results.items()}
+            )
+        self.clock.checkpoints += 1
 
 
-def _evaluate(trainer: PackedTrainer, tokenizer: Any, data: Any, slot: int):
-    """(eval loss, task metric) of one slot on the eval split (``plora.engine.evaluate``)."""
+def _evaluate(
+    trainer: PackedTrainer, tokenizer: Any, data: Any, config_ids: list[str]
+) -> dict[str, tuple[float | None, float | None, float]]:
+    """``{config_id: (eval loss, task metric, eval seconds)}`` of finished adapters, evaluated
+    together on the eval split (``plora.engine.evaluate``)."""
     if not getattr(data, "eval", None):
-        return None, None
+        return {}
     from plora.engine.evaluate import evaluate_adapters
 
+    slots = {trainer.adapter(c).slot: c for c in config_ids}
     was_training = trainer.model.training
     trainer.model.eval()
+    t0 = time.perf_counter()
     try:
         with torch.no_grad():
-            res = evaluate_adapters(trainer.model, tokenizer, data, [slot])[slot]
+            res = evaluate_adapters(trainer.model, tokenizer, data, list(slots))
     finally:
         trainer.model.train(was_training)
-    loss = None if math.isnan(res.loss) else float(res.loss)
-    return loss, None if res.metric_value is None else float(res.metric_value)
+    share = (time.perf_counter() - t0) / len(slots)
+    out = {}
+    for slot, cid in slots.items():
+        r = res[slot]
+        loss = None if math.isnan(r.loss) else float(r.loss)
+        metric = None if r.metric_value is None else float(r.metric_value)
+        out[cid] = (loss, metric, float(getattr(r, "seconds", share)))
+    return out
 
 
 __all__ = [
@@ -268,5 +389,6 @@ __all__ = [
     "Control",
     "PackHooks",
     "PackResult",
+    "PackSession",
     "run_pack",
 ]

@@ -128,6 +128,8 @@ class PackedTrainer:
         self.global_step = 0
         self.profile_steps = profile_steps
         self._profile: list[StepProfile] = []
+        self.last_step: StepProfile | None = None
+        """Measurements of the latest step."""
 
     # ------------------------------------------------------------- adapters
     @property
@@ -265,20 +267,19 @@ class PackedTrainer:
             if ad.step >= ad.total_steps:
                 self._retire(ad, AdapterStatus.COMPLETED)
         self.global_step += 1
+        self.last_step = StepProfile(
+            step=self.global_step,
+            time_s=elapsed,
+            adapters=len(active),
+            rows=rows,
+            seq_len=seq_len,
+            tokens=tokens_total,
+            padded_tokens=padded,
+            micro_batches=len(micros),
+            peak_memory_bytes=_peak_memory(self.device),
+        )
         if len(self._profile) < self.profile_steps:
-            self._profile.append(
-                StepProfile(
-                    step=self.global_step,
-                    time_s=elapsed,
-                    adapters=len(active),
-                    rows=rows,
-                    seq_len=seq_len,
-                    tokens=tokens_total,
-                    padded_tokens=padded,
-                    micro_batches=len(micros),
-                    peak_memory_bytes=_peak_memory(self.device),
-                )
-            )
+            self._profile.append(self.last_step)
         return metrics
 
     def _accumulate(self, batches, denoms, active):

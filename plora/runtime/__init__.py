@@ -1,11 +1,13 @@
 """The Ray runtime: run a sweep's packed jobs, watch them, re-plan as they end.
 
 * :func:`run_sweep` (:mod:`.sweep`) -- what ``plora sweep`` calls: validate, create the sweep
-  dir, launch jobs as Ray actor groups, feed the coordinator, ``--resume``.
+  dir, run jobs on resident worker groups, feed the coordinator, ``--resume``.
 * :class:`Coordinator` (:mod:`.coordinator`) -- the event-driven brain (no Ray): config queue,
   plan, free GPUs, refits, re-plans, refills, retries, OOM splits; every decision logged.
-* :mod:`.job` / :mod:`.worker` -- a job = placement group of d GPU bundles, one
-  :class:`~.worker.PackWorker` per GPU running ``plora.engine.run_pack``.
+* :mod:`.group` / :mod:`.worker` -- a resident worker group = placement group of d GPU bundles,
+  one :class:`~.worker.PackWorker` per GPU holding the base model (``plora.engine.PackSession``)
+  for every job booked on those GPUs.
+* :mod:`.measure` -- streamed step times and overhead seconds the cost model is refit from.
 * :mod:`.monitor` -- Ray connection, GPU pool checks, the relay actor between workers and the
   coordinator.
 * :class:`SweepStore` (:mod:`.store`) -- the sweep directory (Parquet/JSON, atomic writes).

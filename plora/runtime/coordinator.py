@@ -1,7 +1,7 @@
 """The coordinator: config queue, plan, free GPUs, running jobs, decisions (paper Fig. 3).
 
 :class:`Coordinator` is a plain, event-driven state machine: the driver (or a test) feeds it
-events -- :meth:`~Coordinator.start`, :meth:`~Coordinator.on_metrics`,
+events -- :meth:`~Coordinator.start`, :meth:`~Coordinator.on_reports`,
 :meth:`~Coordinator.on_job_finished`, :meth:`~Coordinator.on_job_failed`,
 :meth:`~Coordinator.stop_config` -- and each returns the :class:`JobSpec` s to launch now.
 :meth:`~Coordinator.poll` gives a running job its control (stop one adapter, refill a free
@@ -9,11 +9,18 @@ slot). It does no Ray calls: it runs in the driver (:mod:`plora.runtime.sweep`),
 directory it writes, and workers reach it through the named relay actor
 :class:`plora.runtime.monitor.CoordinatorActor` (metrics in, control out).
 
-Online re-planning. Whenever GPUs are freed (a job ended, died or ran out of memory) the cost
-model is refit from every measurement so far (step time and peak memory of the jobs that ran) and
-the remaining configs are re-planned with ``plora.planner.replan`` on the free GPUs. Every decision
-is a :class:`DecisionRecord` with its inputs -- e.g. a ``refit`` record holds the cost model's
-coefficients before and after -- appended to ``decisions.jsonl``.
+Resident workers. The driver keeps one worker group per GPU that loaded the base model once
+(:meth:`~Coordinator.on_group_started` / :meth:`~Coordinator.on_group_ready`); jobs are entries
+of the plan run on them. While configs are queued and no GPU is idle, a config that ends frees
+its slot for the next queued config in plan order (:func:`plora.runtime.policy.choose_refills`),
+even if that makes the job run on: on a resident worker that is a next job without the wait.
+
+Online re-planning. A few steps into the first job (calibration) and whenever GPUs are freed (a
+job ended, died or ran out of memory) the cost model is refit from every measurement so far
+(streamed step times and peak memory; worker start, model load, evaluation and export seconds)
+and the remaining configs are re-planned with ``plora.planner.replan`` on the free GPUs. Every
+decision is a :class:`DecisionRecord` with its inputs -- e.g. a ``refit`` record holds the cost
+model's coefficients before and after -- appended to ``decisions.jsonl``.
 """
 
 from __future__ import annotations
@@ -25,16 +32,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plora.config import LoRAConfig
+from plora.engine.api import Control, PackOutcome, StepReport
 from plora.runtime.costview import cost_strategy, describe_cost, job_memory, refit_cost
 from plora.runtime.ledger import (
     config_status,
     job_row,
-    metric_row,
+    metric_rows,
     result_row,
     spec_state,
     tell_metrics,
     upsert_job_row,
 )
+from plora.runtime.measure import Measurements
 from plora.runtime.policy import choose_refills, split_halves
 from plora.runtime.records import (
     ConfigSource,
@@ -81,8 +90,11 @@ class Coordinator:
         clock: Seconds since an arbitrary origin (default ``time.monotonic``).
         max_retries: Restarts of a job whose worker died, before its configs fail.
         refill: Let queued configs join running jobs in slots finished configs left.
-        ask_batch: Configs requested from the searcher at a time (default ``max(16, 4 G)``).
+        ask_batch: Most configs requested from the source at a time (default: all it gives, so
+            the planner sees every config before it packs; adaptive searchers bound themselves).
         metric_name: The dataset's metric name, added to what the searcher is told.
+        calibration_steps: Measured steps (after each job's first) of the first job after which
+            the cost model is refit and the remaining configs re-planned (0: only at job ends).
     """
 
     def __init__(
@@ -100,6 +112,7 @@ class Coordinator:
         ask_batch: int | None = None,
         metric_name: str | None = None,
         metrics_flush_s: float = 5.0,
+        calibration_steps: int = 3,
     ) -> None:
         if (source is None) == (configs is None):
             raise ValueError("pass exactly one of source and configs")
@@ -115,7 +128,7 @@ class Coordinator:
         self._offset = 0.0
         self.max_retries = max_retries
         self.refill = refill
-        self.ask_batch = ask_batch or max(16, 4 * num_gpus)
+        self.ask_batch = ask_batch or (1 << 30)
         self.metric_name = metric_name
         self._flush_s = metrics_flush_s
         self._last_flush = -1e9
@@ -128,7 +141,9 @@ class Coordinator:
         self.forced: list[JobSpec] = []  # retries, OOM halves, resumed jobs: launched first
         self.running: dict[str, _Running] = {}
         self.free_gpus: set[int] = set(range(num_gpus))
-        self.measurements: list[dict[str, Any]] = []
+        self.measure = Measurements(calibration_steps=calibration_steps)
+        self.warm_gpus: set[int] = set()
+        """GPUs whose resident worker group holds the base model (no start-up cost)."""
         self.job_rows: list[dict[str, Any]] = []
         self.decisions: list[DecisionRecord] = []
         self._next_job = 0
@@ -222,10 +237,13 @@ class Coordinator:
             run.node = node
             self._job_row(run, status=JobStatus.RUNNING, end=None)
 
-    def on_metrics(self, job_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Per-adapter step metrics streamed from a worker (``StepMetrics`` as dicts)."""
+    def on_reports(self, job_id: str, reports: Sequence[StepReport]) -> list[JobSpec]:
+        """Step reports streamed from a running job's worker: per-adapter metrics (to
+        ``metrics.parquet``, progress) and the step's measurements. Once enough steps are
+        measured the cost model is refit and the queue re-planned (calibration); returns the
+        jobs that re-plan launches (usually none: the GPUs are busy)."""
         now = self.now()
-        out = [metric_row(job_id, r, now) for r in rows]
+        out = [row for r in reports for row in metric_rows(job_id, r, now)]
         for r in out:
             self.progress[r["config_id"]] = max(self.progress.get(r["config_id"], 0), r["step"])
         if self.store is not None:
@@ -234,24 +252,49 @@ class Coordinator:
                 self.store.flush_metrics()
                 self.store.write_state(self.get_state())  # fresh clock and progress for --resume
                 self._last_flush = now
+        run = self.running.get(job_id)
+        if run is None or not reports:
+            return []
+        if self.measure.add_reports(
+            job_id, reports, gpus=run.spec.gpus, strategy=run.spec.strategy
+        ):
+            self._refit(job_id=job_id, trigger="calibration")
+            if self._need_plan:
+                return self._schedule(trigger=f"calibrated on {job_id}")
+        return []
 
-    def poll(self, job_id: str) -> dict[str, Any]:
-        """Control for a running job, asked by its worker between steps.
-
-        Returns:
-            ``{"stop": [config_id, ...], "add": [LoRAConfig.to_dict(), ...], "abort": bool}``;
-            each stop/add is delivered once.
-        """
+    def poll(self, job_id: str) -> Control:
+        """Control for a running job, asked by its worker between steps (each stop and add is
+        delivered once; ``abort`` for a job the coordinator no longer runs)."""
         run = self.running.get(job_id)
         if run is None:
-            return {"stop": [], "add": [], "abort": True}
-        stop = sorted(set(run.config_ids) & self._stop_requests - run.stop_sent)
+            return Control(abort=True)
+        stop = set(run.config_ids) & self._stop_requests - run.stop_sent
         run.stop_sent.update(stop)
         if self.refill:
             self._refill(run)
-        add = [self.configs[c].to_dict() for c in run.add_pending]
+        add = tuple(self.configs[c] for c in run.add_pending)
         run.add_pending.clear()
-        return {"stop": stop, "add": add, "abort": False}
+        return Control(stop=frozenset(stop), add=add)
+
+    def on_group_started(self, gpu_ids: Sequence[int]) -> None:
+        """The driver asked for a worker group on ``gpu_ids`` (they are cold until it is ready)."""
+        self.warm_gpus.difference_update(gpu_ids)
+        self._decide(Decision.START_WORKERS, gpu_ids=list(gpu_ids))
+
+    def on_group_ready(
+        self, gpu_ids: Sequence[int], *, ready_s: float, load_s: float, node: str | None
+    ) -> None:
+        """A worker group loaded the base model: its GPUs are warm; start-up was measured."""
+        self.warm_gpus.update(gpu_ids)
+        self.measure.add_group_ready(ready_s=ready_s, load_s=load_s)
+        self._decide(
+            Decision.WORKERS_READY, gpu_ids=list(gpu_ids), ready_s=ready_s, load_s=load_s, node=node
+        )
+
+    def on_group_lost(self, gpu_ids: Sequence[int]) -> None:
+        """A worker group was torn down (a worker died, or its GPUs are needed at another d)."""
+        self.warm_gpus.difference_update(gpu_ids)
 
     def stop_config(self, config_id: str, *, reason: str = "requested") -> None:
         """Stop one config: dropped from the queue, or from its running job at the next poll."""
@@ -270,12 +313,12 @@ class Coordinator:
         else:
             self._stop_requests.add(config_id)
 
-    def on_job_finished(self, job_id: str, result: Mapping[str, Any]) -> list[JobSpec]:
-        """A job returned its ``PackResult`` (as a dict: ``results`` per config, ``profile``)."""
+    def on_job_finished(self, job_id: str, outcome: PackOutcome) -> list[JobSpec]:
+        """A job returned: every config's result and where its seconds went."""
         run = self.running.pop(job_id)
         self.free_gpus.update(run.spec.gpu_ids)
         end = self.now()
-        per_config = dict(result.get("results", {}))
+        per_config = {c: r.to_dict() for c, r in outcome.results.items()}
         wall = max(end - run.started_s, 1e-9)
         tokens = {c: float(per_config.get(c, {}).get("tokens") or 0) for c in run.config_ids}
         total_tokens = sum(tokens.values())
@@ -306,10 +349,13 @@ class Coordinator:
                 steps=r.get("steps"),
             )
             self.source.tell(cid, tell_metrics(r, self.metric_name, status=status))
-        self._decide(Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall)
-        self._job_row(run, status=JobStatus.DONE, end=end)
-        profile = result.get("profile") or {}
-        self._measure(run, profile)
+        timings = dataclasses.asdict(outcome.timings)
+        self._decide(
+            Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall, **timings
+        )
+        self._job_row(run, status=JobStatus.DONE, end=end, timings=timings)
+        self.measure.add_outcome(outcome, eval_rows=int(getattr(self.cost, "eval_rows", 0) or 0))
+        self._refit(job_id=job_id, trigger="job done")
         self._need_plan = True  # GPUs were freed: re-plan the remaining configs
         return self._schedule(trigger=f"job {job_id} done")
 
@@ -547,14 +593,18 @@ class Coordinator:
             and self.progress.get(c, 0) < self.cost.steps(self.configs[c])
         ]
         in_forced = {c for s in self.forced for c in s.config_ids}
+        queued = set(self.queued_ids()) - in_forced
+        planned = [c for job in self.pending for c in job.config_ids if c in queued]
+        order = planned + [c for c in self.queued_ids() if c in queued and c not in planned]
         picks = choose_refills(
             active=active,
-            queued=[self.configs[c] for c in self.queued_ids() if c not in in_forced],
+            queued=[self.configs[c] for c in order],  # in the plan's order
             slots=run.peak_pack,
             progress=self.progress,
             cost=self.cost,
             gpus=run.spec.gpus,
             strategy=run.spec.strategy,
+            may_extend=not self.free_gpus,
         )
         for pick in picks:
             cid = pick.config_id
@@ -572,8 +622,14 @@ class Coordinator:
                 capacity_bytes=pick.capacity_bytes,
                 steps=pick.steps,
                 steps_left_in_job=pick.steps_left,
+                extends_job=pick.extends_job,
                 pack=[c.config_id for c in active] + [p.config_id for p in picks],
             )
+            if pick.extends_job and run.plan_job is not None:
+                strategy = cost_strategy(run.spec.gpus, run.spec.strategy)
+                more = float(self.cost.job_time([self.configs[cid]], run.spec.gpus, strategy))
+                end = max(run.plan_job.end_s, self.now() + more)
+                run.plan_job = dataclasses.replace(run.plan_job, end_s=end)
         if picks:
             self._persist()
 
@@ -584,29 +640,21 @@ class Coordinator:
                 self.pending[i] = dataclasses.replace(job, config_ids=rest)
         self.pending = [j for j in self.pending if j.config_ids]
 
-    def _measure(self, run: _Running, profile: Mapping[str, Any]) -> None:
-        """Record what the job measured and refit the cost model from all measurements."""
-        if not profile.get("steps"):
-            return
-        self.measurements.append(
-            {
-                "job_id": run.spec.job_id,
-                "config_ids": list(profile.get("config_ids") or run.spec.config_ids),
-                "gpus": run.spec.gpus,
-                "strategy": run.spec.strategy,
-                "device": profile.get("device"),
-                "steps": list(profile["steps"]),
-            }
-        )
+    def _refit(self, *, job_id: str, trigger: str) -> None:
+        """Refit the cost model from every measurement so far (steps, then overheads)."""
         before = describe_cost(self.cost)
-        new, report = refit_cost(self.cost, self.measurements, self.configs)
+        new, report = refit_cost(self.cost, self.measure.steps, self.configs)
+        refit_overheads = getattr(new if new is not None else self.cost, "refit_overheads", None)
+        if callable(refit_overheads) and self.measure.overheads:
+            new = refit_overheads(self.measure.overhead_samples())
         if new is None:
             return
         self.cost = new
         self._decide(
             Decision.REFIT,
-            job_id=run.spec.job_id,
-            measured_jobs=[m["job_id"] for m in self.measurements],
+            job_id=job_id,
+            trigger=trigger,
+            measured_jobs=sorted({m["job_id"] for m in self.measure.steps}),
             report=report,
             cost_before=before,
             cost_after=describe_cost(self.cost),
@@ -627,7 +675,14 @@ class Coordinator:
             **r,
         )
 
-    def _job_row(self, run: _Running, *, status: JobStatus, end: float | None) -> None:
+    def _job_row(
+        self,
+        run: _Running,
+        *,
+        status: JobStatus,
+        end: float | None,
+        timings: Mapping[str, Any] | None = None,
+    ) -> None:
         row = job_row(
             run.spec,
             config_ids=run.config_ids,
@@ -635,6 +690,7 @@ class Coordinator:
             start=run.started_s,
             end=end,
             status=status,
+            timings=timings,
         )
         upsert_job_row(self.job_rows, row)
 
@@ -662,7 +718,7 @@ class Coordinator:
             "results": self.results,
             "stop_requests": sorted(self._stop_requests),
             "interrupted": [spec_state(s) for s in [*running, *self.forced]],
-            "measurements": self.measurements,
+            "measurements": self.measure.get_state(),
             "job_rows": self.job_rows,
             "source": encode_state(self.source.get_state()),
         }
@@ -678,7 +734,7 @@ class Coordinator:
         self.progress = {c: int(v) for c, v in state["progress"].items()}
         self.results = dict(state["results"])
         self._stop_requests = set(state["stop_requests"])
-        self.measurements = list(state["measurements"])
+        self.measure.set_state(state["measurements"])
         self.job_rows = [
             {
                 **r,

@@ -11,22 +11,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from plora.config import LoRAConfig
+from plora.engine.api import StepReport
 from plora.runtime.records import ConfigStatus, JobSpec, JobStatus
 
 
-def metric_row(job_id: str, r: Mapping[str, Any], now: float) -> dict[str, Any]:
-    """One ``StepMetrics`` (as a dict) -> a ``metrics.parquet`` row; ``time`` = sweep clock."""
-    return {
-        "config_id": str(r["config_id"]),
-        "job_id": job_id,
-        "step": int(r["step"]),
-        "loss": _f(r.get("loss")),
-        "lr": _f(r.get("lr")),
-        "tokens": int(r.get("tokens") or 0),
-        "grad_norm": _f(r.get("grad_norm")),
-        "step_time_s": _f(r.get("time_s")),
-        "time": now,
-    }
+def metric_rows(job_id: str, report: StepReport, now: float) -> list[dict[str, Any]]:
+    """One step's report -> a ``metrics.parquet`` row per adapter; ``time`` = sweep clock."""
+    return [
+        {
+            "config_id": m.config_id,
+            "job_id": job_id,
+            "step": int(m.step),
+            "loss": _f(m.loss),
+            "lr": _f(m.lr),
+            "tokens": int(m.tokens),
+            "grad_norm": _f(m.grad_norm),
+            "step_time_s": _f(m.time_s),
+            "time": now,
+        }
+        for m in report.metrics
+    ]
 
 
 def result_row(
@@ -70,8 +74,12 @@ def job_row(
     start: float,
     end: float | None,
     status: JobStatus,
+    timings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A ``jobs.parquet`` row: one attempt of one job."""
+    """A ``jobs.parquet`` row: one attempt of one job, with where its seconds went on the worker
+    (``load_s``, ``start_s``, ``train_s``, ``eval_s``, ``export_s``, ``checkpoint_s``; the
+    worker's ``model_loads`` so far) once it ended."""
+    t = timings or {}
     return {
         "job_id": spec.job_id,
         "config_ids": list(config_ids),
@@ -83,7 +91,13 @@ def job_row(
         "status": str(status),
         "attempt": spec.attempt,
         "strategy": spec.strategy,
+        **{k: _f(t.get(k)) for k in JOB_TIMINGS},
+        "model_loads": None if "model_loads" not in t else int(t["model_loads"]),
     }
+
+
+#: The per-phase seconds of a job in ``jobs.parquet`` (``plora.engine.api.JobTimings``).
+JOB_TIMINGS = ("load_s", "start_s", "train_s", "eval_s", "export_s", "checkpoint_s")
 
 
 def upsert_job_row(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
@@ -145,7 +159,7 @@ def _f(x: Any) -> float | None:
 __all__ = [
     "config_status",
     "job_row",
-    "metric_row",
+    "metric_rows",
     "result_row",
     "spec_state",
     "tell_metrics",

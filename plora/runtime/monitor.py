@@ -2,12 +2,13 @@
 
 The :class:`~plora.runtime.coordinator.Coordinator` runs in the driver (next to the sweep dir);
 workers reach it through :class:`CoordinatorActor`, a thin named actor that buffers per-adapter
-metrics from workers and hands each job the control (stop / add) the coordinator posted for it.
+step reports from workers and hands each job the control (stop / add) the coordinator posted for it.
 The driver drains and posts a few times per second.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections import defaultdict
@@ -16,30 +17,32 @@ from typing import Any
 import ray
 
 from plora.config import ConfigError
+from plora.engine.api import Control, StepMetrics, StepReport
 
 
 class CoordinatorActor:
     """Relay between workers and the driver's coordinator (one per sweep, named).
 
-    Worker side: :meth:`push_metrics`, :meth:`poll`. Driver side: :meth:`drain`,
+    Worker side: :meth:`push_reports`, :meth:`poll`. Driver side: :meth:`drain`,
     :meth:`post_control`, :meth:`post_results`, :meth:`forget`, :meth:`set_snapshot`. Others
     (a Tune proxy trial following one config, a user) may call :meth:`stop_config`,
     :meth:`config_view` and :meth:`snapshot`.
     """
 
     def __init__(self) -> None:
-        self._metrics: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self._control: dict[str, dict[str, Any]] = {}
+        self._reports: dict[str, list[StepReport]] = defaultdict(list)
+        self._control: dict[str, Control] = {}
         self._aborted: set[str] = set()
         self._stops: list[str] = []
         self._snapshot: dict[str, Any] = {}
-        self._last: dict[str, dict[str, Any]] = {}
+        self._last: dict[str, StepMetrics] = {}
         self._results: dict[str, dict[str, Any]] = {}
 
-    def push_metrics(self, job_id: str, rows: list[dict[str, Any]]) -> None:
-        self._metrics[job_id].extend(rows)
-        for r in rows:
-            self._last[str(r["config_id"])] = r
+    def push_reports(self, job_id: str, reports: list[StepReport]) -> None:
+        self._reports[job_id].extend(reports)
+        for report in reports:
+            for m in report.metrics:
+                self._last[m.config_id] = m
 
     def post_results(self, results: dict[str, dict[str, Any]]) -> None:
         """Result rows (``results.parquet`` shape) of configs that ended."""
@@ -47,22 +50,31 @@ class CoordinatorActor:
 
     def config_view(self, config_id: str) -> dict[str, Any]:
         """One config as seen now: its latest step metrics and, once it ended, its result."""
-        return {"last": self._last.get(config_id), "result": self._results.get(config_id)}
+        last = self._last.get(config_id)
+        return {
+            "last": None if last is None else dataclasses.asdict(last),
+            "result": self._results.get(config_id),
+        }
 
-    def poll(self, job_id: str) -> dict[str, Any]:
-        ctl = self._control.pop(job_id, None) or {"stop": [], "add": []}
-        ctl["abort"] = job_id in self._aborted
+    def poll(self, job_id: str) -> Control:
+        ctl = self._control.pop(job_id, None) or Control()
+        if job_id in self._aborted:
+            ctl = dataclasses.replace(ctl, abort=True)
         return ctl
 
-    def drain(self) -> dict[str, list[dict[str, Any]]]:
-        out, self._metrics = dict(self._metrics), defaultdict(list)
+    def drain(self) -> tuple[dict[str, list[StepReport]], list[str]]:
+        """``({job_id: step reports}, config ids asked to stop)`` since the last drain."""
+        out, self._reports = dict(self._reports), defaultdict(list)
         stops, self._stops = self._stops, []
-        return {"metrics": out, "stops": stops}
+        return out, stops
 
-    def post_control(self, job_id: str, control: dict[str, Any]) -> None:
-        cur = self._control.setdefault(job_id, {"stop": [], "add": []})
-        cur["stop"].extend(control.get("stop", ()))
-        cur["add"].extend(control.get("add", ()))
+    def post_control(self, job_id: str, control: Control) -> None:
+        cur = self._control.get(job_id) or Control()
+        self._control[job_id] = Control(
+            stop=cur.stop | control.stop,
+            add=cur.add + control.add,
+            abort=cur.abort or control.abort,
+        )
 
     def abort(self, job_id: str) -> None:
         self._aborted.add(job_id)

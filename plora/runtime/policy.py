@@ -21,7 +21,9 @@ class Refill:
     capacity_bytes: float
     steps: int
     steps_left: int
-    """Steps the job's longest active config still has to go (the refill must not exceed it)."""
+    """Steps the job's longest active config still has to go."""
+    extends_job: bool = False
+    """The refill needs more steps than that: the job runs on for it (no GPU was idle)."""
 
 
 def choose_refills(
@@ -33,13 +35,16 @@ def choose_refills(
     cost: Any,
     gpus: int,
     strategy: str | None,
+    may_extend: bool = False,
 ) -> list[Refill]:
     """Queued configs that may join a running job now, in queue order.
 
     A candidate joins when the pack has a free slot (fewer than ``slots`` active configs: the
-    pack size the planner chose), the pack with it fits the GPU (``job_memory <= capacity``), and
-    it needs no more steps than the job's longest active config has left -- so a refill uses
-    memory and step time a finished config left behind without making the job end later.
+    pack size the planner chose) and the pack with it fits the GPU (``job_memory <= capacity``).
+    While another GPU is idle it must also need no more steps than the job's longest active
+    config has left, so the refill does not make the job end later than a job of its own would;
+    with ``may_extend`` (no GPU idle: the config would only wait) the job runs on for it -- on a
+    resident worker that is the same as a next job on that GPU, minus the wait.
 
     Args:
         active: The job's configs still training.
@@ -49,6 +54,7 @@ def choose_refills(
         cost: The cost model (``steps``, memory).
         gpus: The job's d.
         strategy: The job's strategy (None for d = 1).
+        may_extend: Let a refill need more steps than the job has left.
     """
     if not active or len(active) >= slots:
         return []
@@ -60,7 +66,7 @@ def choose_refills(
             break
         used, cap = job_memory(cost, [*pack, cand], gpus, strategy)
         steps = int(cost.steps(cand))
-        if used > cap or steps > left:
+        if used > cap or (steps > left and not may_extend):
             continue
         pack.append(cand)
         out.append(
@@ -70,6 +76,7 @@ def choose_refills(
                 capacity_bytes=cap,
                 steps=steps,
                 steps_left=left,
+                extends_job=steps > left,
             )
         )
     return out

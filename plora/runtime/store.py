@@ -7,7 +7,8 @@ Layout (``DIR`` is ``plora sweep --out DIR``)::
     DIR/base_model.json     the base-model reference ({"name_or_path", "dtype", "local_dir"})
     DIR/plan.json           the latest plan; DIR/plans/plan-NNN.json every plan in order
     DIR/decisions.jsonl     one JSON line per coordinator decision (append-only)
-    DIR/jobs.parquet        job_id, config_ids, gpus, gpu_ids, node, start, end, status, attempt
+    DIR/jobs.parquet        job_id, config_ids, gpus, gpu_ids, node, start, end, status, attempt,
+                            strategy, load/start/train/eval/export/checkpoint seconds, model_loads
     DIR/metrics.parquet     config_id, job_id, step, loss, lr, tokens, grad_norm, step_time_s, time
     DIR/results.parquet     one row per config: hyperparameters, status, losses, metric, ...
     DIR/adapters/<id>/      PEFT adapters; DIR/checkpoints/<job_id>/ train-state checkpoints
@@ -49,6 +50,13 @@ JOB_COLUMNS = (
     "status",
     "attempt",
     "strategy",
+    "load_s",
+    "start_s",
+    "train_s",
+    "eval_s",
+    "export_s",
+    "checkpoint_s",
+    "model_loads",
 )
 METRIC_COLUMNS = (
     "config_id",

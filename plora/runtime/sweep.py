@@ -1,15 +1,18 @@
 """The sweep driver: validate, create the sweep dir, then launch / watch / re-plan until done.
 
 ``run_sweep`` is what ``plora sweep`` calls. The :class:`~plora.runtime.coordinator.Coordinator`
-lives here in the driver, next to the sweep directory it writes; jobs are Ray actor groups
-(:mod:`plora.runtime.job`) that reach it through the relay actor (:mod:`plora.runtime.monitor`).
+lives here in the driver, next to the sweep directory it writes. Jobs run on resident worker
+groups (:mod:`plora.runtime.group`): a group is started on a GPU the first time a job is booked
+there, loads the base model once, and serves every later job on that GPU; its workers reach the
+coordinator through the relay actor (:mod:`plora.runtime.monitor`).
 
 Order of work (nothing is created on disk until every input has been checked)::
 
     check --out, dataset files, tokenizer + dataset (empty?), cost model, searcher
     connect to Ray (ConfigError when unreachable), check the GPU pool
     build DIR in a hidden temp dir: sweep.yaml, base_model/, first plan, state.json -> rename
-    loop: wait for a job result (or tick) -> drain metrics -> finished/failed -> launch -> control
+    loop: wait for a job result (or tick) -> drain step reports -> finished/failed -> launch on
+          the GPUs' resident groups (start one where none is) -> control
 
 ``--resume`` reads ``state.json``: finished configs stay finished, interrupted jobs restart from
 their checkpoints, the rest is re-planned.
@@ -35,9 +38,10 @@ from typing import Any
 import ray
 
 from plora.config import ConfigError, SweepConfig
+from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackEngine, PackRequest
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.costview import record_profile
-from plora.runtime.job import JobHandle, check_strategies, launch_job, stop_job
+from plora.runtime.group import WorkerGroup, check_strategies, start_group, stop_group
 from plora.runtime.monitor import check_address, check_gpus, connect, cpus_per_worker, start_relay
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec
 from plora.runtime.store import (
@@ -68,9 +72,11 @@ class RunOptions:
     poll_every_s: float = 0.0
     """How often a worker asks for control (0: every step)."""
     ask_batch: int | None = None
-    """Configs asked from the searcher at a time (default ``max(16, 4 G)``)."""
-    entry: str = "plora.engine:run_pack"
-    """The function workers train a pack with (``module:function``, run_pack's signature)."""
+    """Most configs asked from the config source at a time (default: all it gives)."""
+    engine: type[PackEngine] | None = None
+    """The engine class resident workers build (default ``plora.engine.PackSession``)."""
+    calibration_steps: int = 3
+    """Refit and re-plan once this many steps of the first job are measured (0: never)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -177,6 +183,7 @@ def run_sweep(
                 refill=options.refill,
                 ask_batch=options.ask_batch,
                 metric_name=metric_name,
+                calibration_steps=options.calibration_steps,
             )
 
         if resume:
@@ -194,11 +201,20 @@ def run_sweep(
         )
         driver.run(launches)
         if options.record_profile:
-            record_profile(sweep, coord.cost, coord.measurements, coord.configs)
+            record_profile(sweep, coord.cost, coord.measure.steps, coord.configs)
     finally:
         if started_ray:
             ray.shutdown()
     return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=time.monotonic() - t0)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Job:
+    """A job running on a worker group: rank 0's ref carries its outcome."""
+
+    spec: JobSpec
+    group: WorkerGroup
+    refs: list[Any]
 
 
 class _Driver:
@@ -222,21 +238,18 @@ class _Driver:
         self.prefix = f"plora-{sweep.name}-{tag}"
         self.relay = start_relay(f"{self.prefix}-coordinator")
         self.cpus = cpus_per_worker()
-        self.handles: dict[str, JobHandle] = {}
+        self.groups: dict[tuple[int, ...], WorkerGroup] = {}
+        self.jobs: dict[str, _Job] = {}
         self.posted: set[str] = set()
-        self.run_args = {
-            "model": sweep.model,
-            "dataset": sweep.dataset,
-            "out_dir": str(store.root),  # run_pack writes out_dir/adapters/<config_id>/
-            "checkpoint_dir": str(store.checkpoints_dir),
-            "checkpoint_every": options.checkpoint_every,
-            "checkpoint_every_s": options.checkpoint_every_s,
-            "poll_every_s": options.poll_every_s,
-            "entry": options.entry,
-            "gradient_checkpointing": bool(
+        self.engine = options.engine or _default_engine()
+        self.engine_spec = EngineSpec(
+            model=sweep.model,
+            dataset=sweep.dataset,
+            gradient_checkpointing=bool(
                 getattr(getattr(sweep, "training", None), "gradient_checkpointing", False)
             ),
-        }
+        )
+        self._groups_started = 0
 
     def run(self, launches: list[JobSpec]) -> None:
         try:
@@ -244,21 +257,20 @@ class _Driver:
             while not self.coord.is_done():
                 self._step()
         finally:
-            for h in list(self.handles.values()):
-                stop_job(h)
+            for g in list(self.groups.values()):
+                stop_group(g)
             self.store.flush_metrics()
             with contextlib.suppress(Exception):  # cluster already gone
                 ray.kill(self.relay)
 
     def _step(self) -> None:
-        refs = {h.result_ref: jid for jid, h in self.handles.items()}
+        refs = {job.refs[0]: jid for jid, job in self.jobs.items()}
         ready: list[Any] = []
         if refs:
             ready, _ = ray.wait(list(refs), num_returns=1, timeout=self.options.tick_s)
         else:
             time.sleep(self.options.tick_s)
-        self._drain()
-        launches: list[JobSpec] = []
+        launches = self._drain()
         for ref in ready:
             launches += self._finish(refs[ref])
         if not refs and not ready:
@@ -269,67 +281,119 @@ class _Driver:
                     f"counts: {self.coord.counts()}"
                 )
         self._launch(launches)
-        self._resolve_nodes()
-        for jid in list(self.handles):
+        self._resolve_groups()
+        for jid in list(self.jobs):
             ctl = self.coord.poll(jid)
-            if ctl["stop"] or ctl["add"]:
+            if ctl.stop or ctl.add:
                 self.relay.post_control.remote(jid, ctl)
         self._update()
 
-    def _resolve_nodes(self) -> None:
-        waiting = {h.node_ref: h for h in self.handles.values() if h.node is None}
+    def _resolve_groups(self) -> None:
+        """Record the groups that finished loading (node, measured start-up) with the coordinator."""
+        waiting = {g.load_refs[0]: g for g in self.groups.values() if g.info is None}
         if not waiting:
             return
         ready, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
         for ref in ready:
-            h = waiting[ref]
+            group = waiting[ref]
             try:
-                info = ray.get(ref)
-            except ray.exceptions.RayError:
-                info = {"host": "?", "node_id": ""}
-            h.node = f"{info['host']}:{info['node_id'][:8]}"
-            self.coord.on_job_started(h.spec.job_id, node=h.node)
+                group.info = ray.get(ref)
+            except ray.exceptions.RayError:  # the load failed: its job reports why
+                continue
+            group.ready_s = time.monotonic() - group.started_at
+            self.coord.on_group_ready(
+                group.gpu_ids, ready_s=group.ready_s, load_s=group.info.load_s, node=group.node
+            )
+            for job in self.jobs.values():
+                if job.group is group:
+                    self.coord.on_job_started(job.spec.job_id, node=group.node)
 
-    def _drain(self) -> None:
-        got = ray.get(self.relay.drain.remote())
-        for jid, rows in got["metrics"].items():
-            self.coord.on_metrics(jid, rows)
-        for cid in got["stops"]:
+    def _drain(self) -> list[JobSpec]:
+        reports, stops = ray.get(self.relay.drain.remote())
+        launches: list[JobSpec] = []
+        for jid, rows in reports.items():
+            launches += self.coord.on_reports(jid, rows)
+        for cid in stops:
             self.coord.stop_config(cid, reason="relay request")
+        return launches
 
     def _finish(self, job_id: str) -> list[JobSpec]:
-        self._resolve_nodes()  # a short job may end before its node was recorded
-        handle = self.handles.pop(job_id)
+        job = self.jobs.pop(job_id)
+        self._resolve_groups()  # a short first job may end before its group was recorded
         try:
-            result = ray.get(handle.result_ref)
+            outcome = ray.get(job.refs[0])
         except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError,
                 ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as e:  # fmt: skip
-            kind, msg, result = FailureKind.DIED, _first_line(e), None
+            kind, msg, outcome = FailureKind.DIED, _first_line(e), None
         except ray.exceptions.RayTaskError as e:
-            kind, msg, result = FailureKind.ERROR, _first_line(e.cause or e), None
+            kind, msg, outcome = FailureKind.ERROR, _first_line(e.cause or e), None
         except ray.exceptions.RayError as e:  # lost objects, runtime-env setup, ...
-            kind, msg, result = FailureKind.ERROR, _first_line(e), None
-        stop_job(handle)
+            kind, msg, outcome = FailureKind.ERROR, _first_line(e), None
+        if outcome is None:
+            # A dead worker, or an error that may have left the model half-changed: the group
+            # goes; a later job on these GPUs starts a fresh one.
+            self._drop_group(job.group)
         self.relay.forget.remote(job_id)
-        self._drain()  # the worker flushed its last metrics before returning
-        if result is not None and result.get("status") == "oom":
-            kind, msg, result = FailureKind.OOM, result.get("error", ""), None
-        if result is None:
-            return self.coord.on_job_failed(job_id, kind, msg)
-        launches = self.coord.on_job_finished(job_id, result)  # state.json now has its results
+        launches = self._drain()  # the worker flushed its last reports before returning
+        if outcome is not None and outcome.status is OutcomeStatus.OOM:
+            kind, msg, outcome = FailureKind.OOM, outcome.error or "out of memory", None
+        if outcome is None:
+            return launches + self.coord.on_job_failed(job_id, kind, msg)
+        launches += self.coord.on_job_finished(job_id, outcome)  # state.json has its results
         shutil.rmtree(self.store.checkpoints_dir / job_id, ignore_errors=True)
         return launches
 
+    def _drop_group(self, group: WorkerGroup) -> None:
+        stop_group(group)
+        if self.groups.get(group.gpu_ids) is group:
+            del self.groups[group.gpu_ids]
+        self.coord.on_group_lost(group.gpu_ids)
+
+    def _group_for(self, spec: JobSpec) -> WorkerGroup:
+        """The resident group on the job's GPUs; one is started (and groups overlapping those
+        GPUs torn down) when there is none of that shape."""
+        key = tuple(spec.gpu_ids)
+        group = self.groups.get(key)
+        if group is not None and group.strategy == spec.strategy:
+            return group
+        for other in [g for k, g in self.groups.items() if set(k) & set(key)]:
+            self._drop_group(other)
+        self._groups_started += 1
+        group = start_group(
+            key,
+            strategy=spec.strategy,
+            relay=self.relay,
+            engine=self.engine,
+            spec=self.engine_spec,
+            name=f"{self.prefix}-w{self._groups_started}",
+            cpus_per_worker=self.cpus,
+        )
+        self.groups[key] = group
+        self.coord.on_group_started(key)
+        return group
+
+    def _request(self, spec: JobSpec) -> PackRequest:
+        return PackRequest(
+            job_id=spec.job_id,
+            configs=spec.configs,
+            out_dir=str(self.store.root),  # adapters go to out_dir/adapters/<config_id>/
+            checkpoint=CheckpointPolicy(
+                dir=str(self.store.checkpoints_dir / spec.job_id),
+                every_steps=self.options.checkpoint_every,
+                every_s=self.options.checkpoint_every_s,
+            ),
+            resume=True,
+            poll_every_s=self.options.poll_every_s,
+        )
+
     def _launch(self, launches: list[JobSpec]) -> None:
         for spec in launches:
-            handle = launch_job(
-                spec,
-                relay=self.relay,
-                run_args=self.run_args,
-                cpus_per_worker=self.cpus,
-                name_prefix=self.prefix,
+            group = self._group_for(spec)
+            self.jobs[spec.job_id] = _Job(
+                spec=spec, group=group, refs=group.run(self._request(spec))
             )
-            self.handles[spec.job_id] = handle
+            if group.info is not None:
+                self.coord.on_job_started(spec.job_id, node=group.node)
         if launches:
             self._update()
 
@@ -342,6 +406,12 @@ class _Driver:
             self.posted.update(ended)
         if self.on_update is not None:
             self.on_update(snap)
+
+
+def _default_engine() -> type[PackEngine]:
+    from plora.engine.pack import PackSession
+
+    return PackSession
 
 
 def _load_tokenizer(ref: Any) -> Any:

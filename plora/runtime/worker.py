@@ -1,34 +1,55 @@
-"""The worker: one Ray actor per GPU of a job; runs ``plora.engine.run_pack`` on its pack.
+"""The worker: one resident Ray actor per GPU; it loads the base model once and trains the packs
+of successive jobs on it (:class:`plora.engine.api.PackEngine`).
 
-Between steps the engine calls the worker's hooks: per-adapter metrics are streamed to the
-coordinator's relay actor (batched, a few small calls per second) and control -- stop one adapter,
-add a queued config to a free slot -- is polled from it. Results come back as small dicts (ids,
-numbers, paths); adapters and checkpoints go to the sweep directory, never through Ray's object
-store.
+Between steps the engine calls the worker's hooks: each step's report (per-adapter metrics and
+the step's measurements) is streamed to the coordinator's relay actor (batched, a few small calls
+per second) and control -- stop one adapter, add a queued config to a free slot, abort -- is
+polled from it. Requests, reports, control and outcomes are the engine's frozen dataclasses,
+passed through Ray as they are; adapters and checkpoints go to the sweep directory, never through
+Ray's object store.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import os
 import socket
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 
-from plora.config import LoRAConfig
+from plora.engine.api import (
+    Control,
+    EngineSpec,
+    PackEngine,
+    PackOutcome,
+    PackRequest,
+    StepReport,
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerInfo:
+    """Where a worker runs and what loading its engine cost."""
+
+    node_id: str
+    host: str
+    ip: str
+    gpu_ids: tuple[str, ...]
+    pid: int
+    load_s: float = 0.0
+    """Seconds to build the engine (base model and dataset load)."""
 
 
 class RelayHooks:
-    """``plora.engine`` hooks that talk to the coordinator relay.
+    """The engine's :class:`~plora.engine.api.PackHooks`, talking to the coordinator relay.
 
     Args:
         relay: The :class:`plora.runtime.monitor.CoordinatorActor` handle.
-        job_id: This job's id (the relay keys control and metrics by it).
-        flush_every_s: Send buffered metrics at most this often (and before every poll).
+        job_id: This job's id (the relay keys control and reports by it).
+        flush_every_s: Send buffered reports at most this often (and before every poll).
         poll_every_s: Ask for control at most this often (0: every step).
     """
 
@@ -39,78 +60,99 @@ class RelayHooks:
         self.job_id = job_id
         self.flush_every_s = flush_every_s
         self.poll_every_s = poll_every_s
-        self._buffer: list[dict[str, Any]] = []
+        self._buffer: list[StepReport] = []
         self._last_flush = time.monotonic()
         self._last_poll = -1e9
 
-    def on_metrics(self, metrics: Sequence[Any]) -> None:
-        """Buffer ``StepMetrics`` (as dicts); send when the buffer is old enough."""
-        self._buffer.extend(_as_dict(m) for m in metrics)
+    def on_step(self, report: StepReport) -> None:
+        """Buffer the step's report; send when the buffer is old enough."""
+        self._buffer.append(report)
         if time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
     def flush(self, *, wait: bool = False) -> None:
-        """Send buffered metrics; ``wait`` blocks until the relay has them."""
+        """Send buffered reports; ``wait`` blocks until the relay has them."""
         self._last_flush = time.monotonic()
         if not self._buffer:
             return
-        rows, self._buffer = self._buffer, []
-        ref = self.relay.push_metrics.remote(self.job_id, rows)
+        reports, self._buffer = self._buffer, []
+        ref = self.relay.push_reports.remote(self.job_id, reports)
         if wait:
             ray.get(ref)
 
-    def poll(self) -> Any:
-        """The engine's ``Control`` for this step (metrics are flushed first, in order)."""
-        from plora.engine.records import Control
-
+    def poll(self) -> Control:
+        """This step's control (reports are flushed first, so the coordinator sees them first)."""
         now = time.monotonic()
         if now - self._last_poll < self.poll_every_s:
-            return Control(stop=frozenset(), add=(), abort=False)
+            return Control()
         self._last_poll = now
         self.flush()
-        ctl = ray.get(self.relay.poll.remote(self.job_id))
-        return Control(
-            stop=frozenset(ctl.get("stop", ())),
-            add=tuple(LoRAConfig.from_dict(d) for d in ctl.get("add", ())),
-            abort=bool(ctl.get("abort", False)),
-        )
+        return ray.get(self.relay.poll.remote(self.job_id))
 
 
 class PackWorker:
-    """One rank of a job. Created by :func:`plora.runtime.job.launch_job` in a placement group.
+    """One rank of a resident worker group (created by :mod:`plora.runtime.group`).
 
     Args:
-        rank: This worker's rank in the job's group (0..d-1).
-        world_size: d, the job's GPU count.
-        job_id: The job's id.
+        rank: This worker's rank in its group (0..d-1).
+        world_size: d, the group's GPU count.
         relay: The coordinator relay actor handle.
-        threads: ``torch.set_num_threads`` on CPU (1 keeps concurrent jobs from oversubscribing).
+        engine: The engine class (``engine(spec)`` loads the base model; a ``PackEngine``).
+        spec: What the engine loads.
+        threads: ``torch.set_num_threads`` on CPU (1 keeps concurrent workers from
+            oversubscribing).
     """
 
     def __init__(
-        self, *, rank: int, world_size: int, job_id: str, relay: Any, threads: int = 1
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        relay: Any,
+        engine: type[PackEngine] | None = None,
+        spec: EngineSpec | None = None,
+        threads: int = 1,
     ) -> None:
         import torch
 
         self.rank = rank
         self.world_size = world_size
-        self.job_id = job_id
         self.relay = relay
+        self._engine_cls = engine
+        self._spec = spec
+        self.engine: PackEngine | None = None
+        self._loaded = threading.Event()  # calls run on two threads: ``run`` waits for ``load``
+        self._load_error: str | None = None
         self.cuda = torch.cuda.is_available()
         if not self.cuda:
             # Logical GPUs on a CPU machine: no CUDA device to pin, keep to one core.
             torch.set_num_threads(max(1, threads))
 
-    def node_info(self) -> dict[str, Any]:
+    def node_info(self, load_s: float = 0.0) -> WorkerInfo:
         """Where this worker runs: node id, host, IP, the GPU ids Ray gave it."""
         ctx = ray.get_runtime_context()
-        return {
-            "node_id": ctx.get_node_id(),
-            "host": socket.gethostname(),
-            "ip": ray.util.get_node_ip_address(),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "pid": os.getpid(),
-        }
+        return WorkerInfo(
+            node_id=ctx.get_node_id(),
+            host=socket.gethostname(),
+            ip=ray.util.get_node_ip_address(),
+            gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
+            pid=os.getpid(),
+            load_s=load_s,
+        )
+
+    def load(self) -> WorkerInfo:
+        """Build the engine (load the base model and the dataset) once; where and how long."""
+        if self._engine_cls is None or self._spec is None:
+            raise RuntimeError("this worker was created without an engine to load")
+        t0 = time.perf_counter()
+        try:
+            self.engine = self._engine_cls(self._spec)
+        except Exception as e:
+            self._load_error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            raise
+        finally:
+            self._loaded.set()
+        return self.node_info(load_s=time.perf_counter() - t0)
 
     def free_port(self) -> int:
         """A free TCP port on this worker's node (rank 0 hosts the process-group store)."""
@@ -119,7 +161,7 @@ class PackWorker:
             return int(s.getsockname()[1])
 
     def init_group(self, master_addr: str, master_port: int) -> str:
-        """Join the job's torch.distributed group (NCCL on GPU, gloo on CPU); returns the backend."""
+        """Join the group's torch.distributed group (NCCL on GPU, gloo on CPU); the backend."""
         import torch.distributed as dist
 
         backend = "nccl" if self.cuda else "gloo"
@@ -142,112 +184,16 @@ class PackWorker:
             dist.all_reduce(t)
         return float(t.item())
 
-    def run(self, job: Mapping[str, Any]) -> dict[str, Any]:
-        """Train the pack with ``plora.engine.run_pack``.
-
-        Args:
-            job: ``{"configs": [LoRAConfig dicts], "model", "dataset", "out_dir",
-                "checkpoint_dir", "checkpoint_every", "checkpoint_every_s", "resume"}``.
-
-        Returns:
-            ``{"status": "ok", "results": {config_id: ConfigResult as dict}, "profile": {...}}``,
-            or ``{"status": "oom", "error": ...}`` on ``torch.OutOfMemoryError``.
-        """
-        import torch
-
-        run_pack = _resolve(str(job.get("entry") or "plora.engine:run_pack"))
-        hooks = RelayHooks(
-            self.relay, self.job_id, poll_every_s=float(job.get("poll_every_s", 0.0))
-        )
-        configs = [LoRAConfig.from_dict(d) for d in job["configs"]]
+    def run(self, request: PackRequest) -> PackOutcome:
+        """Train one job's pack on the resident engine; reports are flushed before returning."""
+        self._loaded.wait()
+        if self.engine is None:
+            raise RuntimeError(f"the worker could not load the base model: {self._load_error}")
+        hooks = RelayHooks(self.relay, request.job_id, poll_every_s=request.poll_every_s)
         try:
-            result = run_pack(
-                model=job["model"],
-                configs=configs,
-                dataset=job["dataset"],
-                out_dir=job["out_dir"],
-                device="cuda" if self.cuda else "cpu",
-                checkpoint_dir=job.get("checkpoint_dir"),
-                checkpoint_every=job.get("checkpoint_every"),
-                resume=bool(job.get("resume", True)),
-                hooks=hooks,
-                **({"gradient_checkpointing": True} if job.get("gradient_checkpointing") else {}),
-                **(
-                    {"checkpoint_every_s": job["checkpoint_every_s"]}
-                    if job.get("checkpoint_every_s") is not None
-                    else {}
-                ),
-            )
-        except torch.OutOfMemoryError as e:
+            return self.engine.run(request, hooks)
+        finally:
             hooks.flush(wait=True)
-            if self.cuda:
-                torch.cuda.empty_cache()
-            return {"status": "oom", "error": str(e).splitlines()[0][:300]}
-        hooks.flush(wait=True)
-        return {
-            "status": "ok",
-            "results": {cid: _as_dict(r) for cid, r in result.results.items()},
-            "profile": profile_dict(result.profile, configs),
-        }
 
 
-def _resolve(entry: str) -> Any:
-    """``"pkg.module:function"`` -> the function."""
-    module, _, name = entry.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def profile_dict(
-    profile: Any, configs: Sequence[LoRAConfig], *, max_steps: int = 16
-) -> dict[str, Any]:
-    """A small view of the engine's ``PackProfile`` for the cost-model refit.
-
-    Keeps up to ``max_steps`` measured steps after the first (warm-up) one, each as
-    ``{"time_s", "seq_len", "peak_memory_bytes", "adapters"}``.
-    """
-    steps = list(getattr(profile, "steps", ()))
-    steps = steps[1:] if len(steps) > 1 else steps
-    n0 = len(configs)
-    rows = [
-        {
-            "time_s": float(s.time_s),
-            "seq_len": int(s.seq_len),
-            "peak_memory_bytes": int(s.peak_memory_bytes),
-            "adapters": int(s.adapters),
-        }
-        for s in steps
-        if int(s.adapters) == n0  # steps where exactly the launched pack was active
-    ][:max_steps]
-    return {
-        "device": str(getattr(profile, "device", "")),
-        "config_ids": [c.config_id for c in configs],
-        "step_time_s": float(getattr(profile, "mean_step_time_s", 0.0) or 0.0),
-        "steps": rows,
-    }
-
-
-def _as_dict(x: Any) -> dict[str, Any]:
-    if isinstance(x, Mapping):
-        return dict(x)
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        out = {}
-        for f in dataclasses.fields(x):
-            v = getattr(x, f.name)
-            out[f.name] = str(v) if hasattr(v, "__fspath__") or isinstance(v, type) else v
-        return _small(out)
-    raise TypeError(f"cannot send {type(x).__name__} to the coordinator")
-
-
-def _small(d: dict[str, Any]) -> dict[str, Any]:
-    """Keep numbers, strings and short lists (profiles can hold per-step arrays)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, (list, tuple)) and len(v) > 64:
-            v = list(v)[-64:]
-        if hasattr(v, "value") and isinstance(getattr(v, "value", None), str):
-            v = v.value
-        out[k] = v
-    return out
-
-
-__all__ = ["PackWorker", "RelayHooks", "profile_dict"]
+__all__ = ["PackWorker", "RelayHooks", "WorkerInfo"]

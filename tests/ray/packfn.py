@@ -1,9 +1,10 @@
-"""A small real trainer with ``plora.engine.run_pack``'s signature, for the runtime's Ray tests.
+"""A small real engine with ``plora.engine.PackSession``'s interface, for the runtime's Ray tests.
 
-Each config fits a 4-dim linear regression with SGD at its own lr and seed, one step per packed
-step; it streams metrics, obeys control (stop / add / abort), checkpoints every N steps and
-resumes from its checkpoint. Steps sleep ``PACKFN_STEP_S`` seconds so tests can time kills.
-A pack with more than two configs whose ids start with ``oom`` raises ``torch.OutOfMemoryError``.
+``PackFnEngine(spec)`` counts its "model loads" (one per worker: it is resident); each ``run``
+fits, per config, a 4-dim linear regression with SGD at the config's lr and seed, one step per
+packed step; it streams step reports, obeys control (stop / add / abort), checkpoints every N
+steps and resumes from its checkpoint. Steps sleep ``PACKFN_STEP_S`` seconds so tests can time
+kills. A pack with more than two configs whose ids start with ``oom`` is an out-of-memory outcome.
 It exercises every runtime path without the cost of the LLM engine.
 """
 
@@ -13,83 +14,116 @@ import json
 import os
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
+from plora.engine.api import (
+    ConfigResult,
+    ConfigStatus,
+    EngineSpec,
+    JobTimings,
+    OutcomeStatus,
+    PackHooks,
+    PackOutcome,
+    PackRequest,
+    StepReport,
+)
+from plora.engine.records import StepMetrics, StepProfile
 from plora.utils import atomic_write_json
 
+LOADS = 0
 
-def _data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1234)
     x = torch.randn(64, 4, generator=g)
     w = torch.tensor([1.0, -2.0, 0.5, 3.0])
     return x, x @ w
 
 
-def run_pack(*, model, configs, dataset, out_dir, device=None, checkpoint_dir=None,
-             checkpoint_every=None, resume=True, hooks=None):  # fmt: skip
-    step_s = float(os.environ.get("PACKFN_STEP_S", "0.02"))
-    if sum(c.config_id.startswith("oom") for c in configs) > 2:  # a pack too big for the GPU
-        raise torch.OutOfMemoryError("CUDA out of memory (packfn: more than 2 'oom' configs)")
-    x, y = _data(0)
-    state: dict[str, dict] = {}
-    ckpt = Path(checkpoint_dir) / "state.json" if checkpoint_dir else None
-    if resume and ckpt is not None and ckpt.is_file():
-        state = json.loads(ckpt.read_text())
-    cfgs = {c.config_id: c for c in configs}
-    for c in configs:
-        if c.config_id not in state:
-            w = torch.randn(4, generator=torch.Generator().manual_seed(c.seed)).tolist()
-            state[c.config_id] = {"step": 0, "w": w, "loss": None, "status": "running"}
-    steps = []
-    n = 0
-    while any(s["status"] == "running" for s in state.values()):
-        n += 1
-        t = time.perf_counter()
-        time.sleep(step_s)
-        metrics = []
-        for cid, s in state.items():
-            if s["status"] != "running":
-                continue
-            c = cfgs[cid]
-            w = torch.tensor(s["w"], requires_grad=True)
-            loss = ((x @ w - y) ** 2).mean()
-            loss.backward()
-            with torch.no_grad():
-                w -= c.lr * 100 * w.grad
-            s.update(w=w.detach().tolist(), step=s["step"] + 1, loss=float(loss))
-            if s["step"] >= c.max_steps:
-                s["status"] = "done"
-            metrics.append({"config_id": cid, "step": s["step"], "loss": float(loss), "lr": c.lr,
-                            "tokens": 64, "grad_norm": 0.0, "time_s": step_s})  # fmt: skip
-        dt = time.perf_counter() - t
-        steps.append(
-            SimpleNamespace(time_s=dt, seq_len=16, peak_memory_bytes=0, adapters=len(metrics))
-        )
-        if hooks is not None:
-            hooks.on_metrics(metrics)
-        if ckpt is not None and checkpoint_every and n % checkpoint_every == 0:
-            atomic_write_json(ckpt, state)
-        if hooks is not None:
-            ctl = hooks.poll()
-            if ctl.abort:
-                raise RuntimeError("aborted")
-            for cid in ctl.stop:
-                if state.get(cid, {}).get("status") == "running":
-                    state[cid]["status"] = "stopped"
-            for c in ctl.add:
-                cfgs[c.config_id] = c
+class PackFnEngine:
+    def __init__(self, spec: EngineSpec) -> None:
+        global LOADS
+        t0 = time.perf_counter()
+        time.sleep(float(os.environ.get("PACKFN_LOAD_S", "0.05")))
+        LOADS += 1
+        self.loads = LOADS
+        self.load_s = time.perf_counter() - t0
+        self.charged = False
+
+    def run(self, request: PackRequest, hooks: PackHooks | None = None) -> PackOutcome:
+        load_s, self.charged = (0.0 if self.charged else self.load_s), True
+        timings = JobTimings(load_s=load_s, model_loads=self.loads)
+        configs = request.configs
+        if sum(c.config_id.startswith("oom") for c in configs) > 2:  # too big for the GPU
+            return PackOutcome(job_id=request.job_id, status=OutcomeStatus.OOM, timings=timings,
+                               error="CUDA out of memory (packfn: more than 2 'oom' configs)")  # fmt: skip
+        step_s = float(os.environ.get("PACKFN_STEP_S", "0.02"))
+        x, y = _data()
+        state: dict[str, dict] = {}
+        ckpt_dir = request.checkpoint.dir
+        ckpt = Path(ckpt_dir) / "state.json" if ckpt_dir else None
+        if request.resume and ckpt is not None and ckpt.is_file():
+            state = json.loads(ckpt.read_text())
+        cfgs = {c.config_id: c for c in configs}
+        for c in configs:
+            if c.config_id not in state:
                 w = torch.randn(4, generator=torch.Generator().manual_seed(c.seed)).tolist()
                 state[c.config_id] = {"step": 0, "w": w, "loss": None, "status": "running"}
-    results = {}
-    for cid, s in state.items():
-        path = Path(out_dir) / cid
-        path.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path / "adapter.json", {"w": s["w"]})
-        err = float(((x @ torch.tensor(s["w"]) - y) ** 2).mean())
-        results[cid] = {"config_id": cid, "status": s["status"], "steps": s["step"], "tokens": 64 * s["step"],
-                        "final_train_loss": s["loss"], "eval_loss": err, "eval_metric": -err,
-                        "adapter_path": str(path)}  # fmt: skip
-    profile = SimpleNamespace(device="cpu", steps=steps[:12], mean_step_time_s=step_s)
-    return SimpleNamespace(results=results, profile=profile)
+        n = 0
+        t_train = time.perf_counter()
+        while any(s["status"] == "running" for s in state.values()):
+            n += 1
+            t = time.perf_counter()
+            time.sleep(step_s)
+            metrics = []
+            for cid, s in state.items():
+                if s["status"] != "running":
+                    continue
+                c = cfgs[cid]
+                w = torch.tensor(s["w"], requires_grad=True)
+                loss = ((x @ w - y) ** 2).mean()
+                loss.backward()
+                with torch.no_grad():
+                    w -= c.lr * 100 * w.grad
+                s.update(w=w.detach().tolist(), step=s["step"] + 1, loss=float(loss))
+                if s["step"] >= c.max_steps:
+                    s["status"] = "done"
+                metrics.append(StepMetrics(config_id=cid, step=s["step"], loss=float(loss), lr=c.lr,
+                                           tokens=64, grad_norm=0.0, time_s=step_s))  # fmt: skip
+            dt = time.perf_counter() - t
+            profile = StepProfile(step=n, time_s=dt, adapters=len(metrics), rows=len(metrics),
+                                  seq_len=16, tokens=64 * len(metrics), padded_tokens=64 * len(metrics),
+                                  micro_batches=1, peak_memory_bytes=0)  # fmt: skip
+            if hooks is not None:
+                hooks.on_step(StepReport(metrics=tuple(metrics), profile=profile))
+            if (
+                ckpt is not None
+                and request.checkpoint.every_steps
+                and n % request.checkpoint.every_steps == 0
+            ):
+                atomic_write_json(ckpt, state)
+            if hooks is not None:
+                ctl = hooks.poll()
+                if ctl.abort:
+                    raise RuntimeError("aborted")
+                for cid in ctl.stop:
+                    if state.get(cid, {}).get("status") == "running":
+                        state[cid]["status"] = "stopped"
+                for c in ctl.add:
+                    cfgs[c.config_id] = c
+                    w = torch.randn(4, generator=torch.Generator().manual_seed(c.seed)).tolist()
+                    state[c.config_id] = {"step": 0, "w": w, "loss": None, "status": "running"}
+        train_s = time.perf_counter() - t_train
+        results = {}
+        for cid, s in state.items():
+            path = Path(request.out_dir) / cid
+            path.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path / "adapter.json", {"w": s["w"]})
+            err = float(((x @ torch.tensor(s["w"]) - y) ** 2).mean())
+            status = ConfigStatus.COMPLETED if s["status"] == "done" else ConfigStatus.STOPPED
+            results[cid] = ConfigResult(config_id=cid, status=status, steps=s["step"], tokens=64 * s["step"],
+                                        final_train_loss=s["loss"], eval_loss=err, eval_metric=-err,
+                                        adapter_path=str(path), eval_s=0.001, export_s=0.001)  # fmt: skip
+        return PackOutcome(job_id=request.job_id, results=results,
+                           timings=JobTimings(load_s=load_s, start_s=0.001, train_s=train_s, model_loads=self.loads))  # fmt: skip

@@ -1,6 +1,6 @@
 """The runtime on a local Ray cluster with 8 logical GPUs (tests/ray/conftest.py).
 
-Workers train with ``packfn.run_pack`` (a small real trainer with run_pack's signature) so these
+Workers train with ``packfn.PackFnEngine`` (a small real engine with PackSession's interface) so these
 tests exercise placement, streaming, control, checkpoints, retries and resume quickly; the
 end-to-end test with plora's engine is in test_quickstart.py.
 """
@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from packfn import PackFnEngine
 
 from plora.config import LoRAConfig, SweepConfig
 from plora.runtime.records import StaticSource
@@ -25,7 +26,6 @@ from plora.runtime.sweep import RunOptions, run_sweep
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-ENTRY = "packfn:run_pack"
 
 
 def tiny_sweep(num_gpus: int = 8, name: str = "raytest") -> SweepConfig:
@@ -78,7 +78,7 @@ def _find_worker(prefix: str) -> tuple[str, str] | None:
     import ray
 
     for a in ray.util.list_named_actors(all_namespaces=True):
-        if a["name"].startswith(prefix) and "-a0-r0" in a["name"]:
+        if a["name"].startswith(prefix) and a["name"].endswith("-w1-r0"):
             return a["name"], a["namespace"]
     return None
 
@@ -110,7 +110,7 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tmp_path) -> None:
     t.start()
     summary = run_sweep(
         sweep, out, cost=cost_of(sweep), source=StaticSource(cs),
-        options=RunOptions(entry=ENTRY, checkpoint_every=5, refill=False),
+        options=RunOptions(engine=PackFnEngine, checkpoint_every=5, refill=False),
     )  # fmt: skip
     t.join(5)
     assert killed, "the test never found a worker to kill"
@@ -144,9 +144,10 @@ from plora.runtime.records import StaticSource
 from plora.runtime.sweep import RunOptions, run_sweep
 sys.path.insert(0, {here!r})
 from test_runtime import configs, cost_of, tiny_sweep
+from packfn import PackFnEngine
 sweep = tiny_sweep(num_gpus=1, name="resumetest")
 run_sweep(sweep, {out!r}, address={address!r}, cost=cost_of(sweep), source=StaticSource(configs(6, steps=30)),
-          options=RunOptions(entry="packfn:run_pack", checkpoint_every=5, refill=False, ask_batch=2))
+          options=RunOptions(engine=PackFnEngine, checkpoint_every=5, refill=False, ask_batch=2))
 """
 
 
@@ -180,7 +181,7 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
     time.sleep(1.0)  # let Ray reap the dead driver's actors and placement groups
     summary = run_sweep(
         None, out, resume=True, cost=cost_of(sweep), source=StaticSource(configs(6, steps=30)),
-        options=RunOptions(entry=ENTRY, checkpoint_every=5, refill=False, ask_batch=2),
+        options=RunOptions(engine=PackFnEngine, checkpoint_every=5, refill=False, ask_batch=2),
     )  # fmt: skip
     assert summary.ok and summary.counts["done"] == 6
     store = SweepStore(out)

@@ -8,10 +8,11 @@ import threading
 import time
 
 import pytest
-from test_runtime import ENTRY, configs, cost_of, tiny_sweep
+from packfn import PackFnEngine
+from test_runtime import configs, cost_of, tiny_sweep
 
-from plora.runtime.job import UnsupportedJobError, _worker_cls, launch_job
-from plora.runtime.records import JobSpec, StaticSource
+from plora.runtime.group import UnsupportedJobError, _worker_cls, start_group
+from plora.runtime.records import StaticSource
 from plora.runtime.store import SweepStore
 from plora.runtime.sweep import RunOptions, run_sweep
 
@@ -29,17 +30,17 @@ def test_workers_form_a_gloo_group(ray_cluster) -> None:
             num_gpus=1, num_cpus=0.25,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=r),
         )
-        .remote(rank=r, world_size=2, job_id="g", relay=None)
+        .remote(rank=r, world_size=2, relay=None)
         for r in range(2)
     ]  # fmt: skip
     try:
         info = ray.get(workers[0].node_info.remote())
         port = ray.get(workers[0].free_port.remote())
-        assert ray.get([w.init_group.remote(info["ip"], port) for w in workers]) == ["gloo"] * 2
+        assert ray.get([w.init_group.remote(info.ip, port) for w in workers]) == ["gloo"] * 2
         assert ray.get(
             [w.all_reduce_check.remote(float(r + 1)) for r, w in enumerate(workers)]
         ) == [3.0, 3.0]
-        gpu_ids = [ray.get(w.node_info.remote())["gpu_ids"] for w in workers]
+        gpu_ids = [ray.get(w.node_info.remote()).gpu_ids for w in workers]
         assert len({g[0] for g in gpu_ids}) == 2  # one logical GPU each
     finally:
         for w in workers:
@@ -47,10 +48,12 @@ def test_workers_form_a_gloo_group(ray_cluster) -> None:
         remove_placement_group(pg)
 
 
-def test_multi_gpu_jobs_are_refused_loudly() -> None:
-    spec = JobSpec(job_id="j9", configs=tuple(configs(2)), gpus=2, strategy="tp")
+def test_multi_gpu_groups_are_refused_loudly() -> None:
+    from plora.engine.api import EngineSpec
+
+    spec = EngineSpec(model=tiny_sweep().model, dataset=tiny_sweep().dataset)
     with pytest.raises(UnsupportedJobError, match="d=2 GPUs"):
-        launch_job(spec, relay=None, run_args={})
+        start_group((0, 1), strategy="tp", relay=None, engine=PackFnEngine, spec=spec, name="g")
 
 
 def test_stop_one_adapter_of_a_running_job(ray_cluster, tmp_path) -> None:
@@ -80,7 +83,7 @@ def test_stop_one_adapter_of_a_running_job(ray_cluster, tmp_path) -> None:
     t.start()
     summary = run_sweep(
         sweep, out, cost=cost_of(sweep), source=StaticSource(cs),
-        options=RunOptions(entry=ENTRY, checkpoint_every=5),
+        options=RunOptions(engine=PackFnEngine, checkpoint_every=5),
     )  # fmt: skip
     t.join(5)
     assert sent and sent["k00"] >= 1  # the relay's view of a config follows its steps
@@ -100,7 +103,7 @@ def test_oom_pack_is_split_in_halves_and_completes(ray_cluster, tmp_path) -> Non
     out = tmp_path / "sweep"
     summary = run_sweep(
         sweep, out, cost=cost_of(sweep), source=StaticSource(cs),
-        options=RunOptions(entry=ENTRY, refill=False),
+        options=RunOptions(engine=PackFnEngine, refill=False),
     )  # fmt: skip
     assert summary.ok and summary.counts["done"] == 4
     store = SweepStore(out)
@@ -109,3 +112,24 @@ def test_oom_pack_is_split_in_halves_and_completes(ray_cluster, tmp_path) -> Non
     jobs = store.read_jobs().sort_values("start")
     assert list(jobs["status"]) == ["oom", "done", "done"]
     assert sorted(len(c) for c in jobs["config_ids"]) == [2, 2, 4]
+
+
+def test_resident_worker_serves_successive_jobs_with_one_model_load(ray_cluster, tmp_path) -> None:
+    """One GPU, packs that cannot share a job (refill off): every job after the first runs on
+    the same resident worker -- one model load for the sweep, charged to the first job."""
+    sweep = tiny_sweep(num_gpus=1, name="residenttest")
+    cs = configs(6, steps=6)
+    out = tmp_path / "sweep"
+    summary = run_sweep(
+        sweep, out, cost=cost_of(sweep), source=StaticSource(cs),
+        options=RunOptions(engine=PackFnEngine, refill=False, ask_batch=2),
+    )  # fmt: skip
+    assert summary.ok and summary.counts["done"] == 6
+    store = SweepStore(out)
+    jobs = store.read_jobs().sort_values("start")
+    assert len(jobs) >= 3  # ask_batch 2: at least three successive jobs
+    assert set(jobs["model_loads"]) == {1}
+    assert jobs.iloc[0]["load_s"] > 0 and (jobs.iloc[1:]["load_s"] == 0).all()
+    assert (jobs["train_s"] > 0).all() and jobs["node"].notna().all()
+    kinds = [d["kind"] for d in store.read_decisions()]
+    assert kinds.count("start_workers") == 1 and kinds.count("workers_ready") == 1

@@ -143,3 +143,34 @@ def lora(i: int, *, rank: int = 8, steps: int = 10, batch: int = 2) -> LoRAConfi
     return LoRAConfig(
         config_id=f"c{i:02d}", rank=rank, alpha=16, lr=1e-3, batch_size=batch, max_steps=steps
     )
+
+
+def report(*metrics: dict[str, Any], time_s: float = 0.05, seq_len: int = 16) -> Any:
+    """A ``StepReport`` of one packed step from per-adapter ``{"config_id", "step", ...}``."""
+    from plora.engine.api import StepReport
+    from plora.engine.records import StepMetrics, StepProfile
+
+    ms = tuple(
+        StepMetrics(config_id=m["config_id"], step=int(m["step"]), loss=float(m.get("loss", 1.0)),
+                    lr=1e-3, tokens=int(m.get("tokens", 10)), grad_norm=0.0, time_s=time_s)
+        for m in metrics
+    )  # fmt: skip
+    profile = StepProfile(step=1, time_s=time_s, adapters=len(ms), rows=len(ms), seq_len=seq_len,
+                          tokens=10 * len(ms), padded_tokens=10 * len(ms), micro_batches=1,
+                          peak_memory_bytes=0)  # fmt: skip
+    return StepReport(metrics=ms, profile=profile)
+
+
+def outcome(job_id: str, results: dict[str, dict[str, Any]]) -> Any:
+    """A ``PackOutcome`` from per-config result fields (``status`` "done" means completed)."""
+    from plora.engine.api import ConfigResult, ConfigStatus, PackOutcome
+
+    def one(cid: str, r: dict[str, Any]) -> ConfigResult:
+        status = {"done": "completed"}.get(r.get("status", "completed"), r.get("status"))
+        fields = {k: v for k, v in r.items() if k not in ("status", "config_id")}
+        fields.setdefault("steps", 0)
+        fields.setdefault("tokens", 0)
+        fields.setdefault("final_train_loss", None)
+        return ConfigResult(config_id=cid, status=ConfigStatus(status), **fields)
+
+    return PackOutcome(job_id=job_id, results={c: one(c, r) for c, r in results.items()})

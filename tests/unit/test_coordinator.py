@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from runtime_fakes import AffineCost, GreedyPlanner, lora
+from runtime_fakes import AffineCost, GreedyPlanner, lora, outcome, report
 
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.costview import describe_cost
@@ -52,8 +52,9 @@ def finish(
         }
         for c in spec.configs
     }
-    profile = {"device": "cpu", "steps": [{"time_s": step_time, "seq_len": 16}] * 3}
-    return coord.on_job_finished(spec.job_id, {"results": results, "profile": profile})
+    launched = [report(*({"config_id": c, "step": 1} for c in spec.config_ids), time_s=step_time)]
+    coord.on_reports(spec.job_id, launched * 3)
+    return coord.on_job_finished(spec.job_id, outcome(spec.job_id, results))
 
 
 def run_to_end(coord: Coordinator, clock: Clock, launches: list[JobSpec], **kw) -> list[JobSpec]:
@@ -172,8 +173,8 @@ def test_stop_config_queued_and_running() -> None:
     assert coord.status[queued[0]] is ConfigStatus.STOPPED
     running = spec.config_ids[0]
     coord.stop_config(running)
-    assert coord.poll(spec.job_id)["stop"] == [running]
-    assert coord.poll(spec.job_id)["stop"] == []  # delivered once
+    assert coord.poll(spec.job_id).stop == {running}
+    assert coord.poll(spec.job_id).stop == set()  # delivered once
     nxt = finish(coord, spec)
     assert coord.status[running] is ConfigStatus.STOPPED
     assert [s.config_ids for s in nxt] == [(queued[1],)]
@@ -189,30 +190,39 @@ def test_refill_adds_queued_config_into_freed_slot() -> None:
     coord, _clock = make([long_, short, mid, late], gpus=1)
     (spec,) = coord.start()
     assert set(spec.config_ids) == {"c00", "c01", "c02"}
-    assert coord.poll(spec.job_id)["add"] == []  # no slot free yet
-    coord.on_metrics(spec.job_id, [{"config_id": "c01", "step": 5, "loss": 1.0}])
-    coord.on_metrics(spec.job_id, [{"config_id": "c00", "step": 5, "loss": 1.0}])
+    assert coord.poll(spec.job_id).add == ()  # no slot free yet
+    coord.on_reports(spec.job_id, [report({"config_id": "c01", "step": 5, "loss": 1.0})])
+    coord.on_reports(spec.job_id, [report({"config_id": "c00", "step": 5, "loss": 1.0})])
     ctl = coord.poll(spec.job_id)
-    assert [d["config_id"] for d in ctl["add"]] == ["c03"]
+    assert [c.config_id for c in ctl.add] == ["c03"]
     assert coord.status["c03"] is ConfigStatus.RUNNING
     rec = next(d for d in coord.decisions if d.kind is Decision.REFILL)
     assert rec.inputs["memory_bytes"] <= rec.inputs["capacity_bytes"]
     assert rec.inputs["steps"] <= rec.inputs["steps_left_in_job"]
-    assert coord.poll(spec.job_id)["add"] == []
+    assert coord.poll(spec.job_id).add == ()
     spec_now = JobSpec(job_id=spec.job_id, configs=(long_, short, mid, late), gpus=1)
     assert finish(coord, spec_now) == []
     assert coord.is_done()
 
 
-def test_refill_refuses_configs_that_outlast_the_job() -> None:
+def test_refill_runs_a_job_on_rather_than_leave_a_slot_free() -> None:
+    """No GPU is idle: a queued config that needs more steps than the job has left still takes
+    the freed slot (on the resident worker the job runs on for it) instead of waiting for a job
+    of its own; the decision says so and the job's predicted end moves."""
     a, b, c = lora(0, rank=10, steps=10), lora(1, rank=10, steps=5), lora(2, rank=10, steps=10)
     late = lora(3, rank=10, steps=50)
     coord, _ = make([a, b, c, late], gpus=1)
     (spec,) = coord.start()
-    coord.on_metrics(
-        spec.job_id, [{"config_id": "c01", "step": 5}, {"config_id": "c00", "step": 6}]
+    end_before = coord.running[spec.job_id].plan_job.end_s
+    coord.on_reports(
+        spec.job_id, [report({"config_id": "c01", "step": 5}, {"config_id": "c00", "step": 6})]
     )
-    assert coord.poll(spec.job_id)["add"] == []  # 50 steps > 4 left
+    assert [k.config_id for k in coord.poll(spec.job_id).add] == ["c03"]  # 50 steps > 4 left
+    rec = next(d for d in coord.decisions if d.kind is Decision.REFILL)
+    assert (
+        rec.inputs["extends_job"] is True and rec.inputs["steps"] > rec.inputs["steps_left_in_job"]
+    )
+    assert coord.running[spec.job_id].plan_job.end_s > end_before
 
 
 def test_state_roundtrip_resumes_without_retraining(tmp_path) -> None:
@@ -248,12 +258,9 @@ def test_store_files_follow_decisions(tmp_path) -> None:
     coord, clock = make(configs, gpus=2, store=store)
     launches = coord.start()
     for s in launches:
-        coord.on_metrics(
+        coord.on_reports(
             s.job_id,
-            [
-                {"config_id": c, "step": 1, "loss": 2.0, "lr": 1e-3, "tokens": 10, "time_s": 0.1}
-                for c in s.config_ids
-            ],
+            [report(*({"config_id": c, "step": 1, "loss": 2.0} for c in s.config_ids), time_s=0.1)],
         )
     run_to_end(coord, clock, launches)
     lines = store.decisions_jsonl.read_text().splitlines()
@@ -285,7 +292,13 @@ def test_real_planner_and_cost_model_replan_after_refit(tmp_path) -> None:
     store = SweepStore(tmp_path)
     clock = Clock()
     coord = Coordinator(
-        cost=cost, num_gpus=1, configs=configs, store=store, clock=clock, ask_batch=4
+        cost=cost,
+        num_gpus=1,
+        configs=configs,
+        store=store,
+        clock=clock,
+        ask_batch=4,
+        calibration_steps=0,
     )  # 4 configs now, 4 more after the first job: a re-plan with the refit model
     launches = coord.start()
     assert launches and {c for s in launches for c in s.config_ids} <= {
@@ -302,8 +315,11 @@ def test_real_planner_and_cost_model_replan_after_refit(tmp_path) -> None:
         c.config_id: {"status": "done", "steps": 100, "tokens": 1000, "eval_metric": 0.5}
         for c in spec.configs
     }
-    profile = {"device": "cpu", "steps": [{"time_s": measured, "seq_len": s}] * 4}
-    coord.on_job_finished(spec.job_id, {"results": results, "profile": profile})
+    step = report(
+        *({"config_id": c, "step": 1} for c in spec.config_ids), time_s=measured, seq_len=s
+    )
+    coord.on_reports(spec.job_id, [step] * 5)  # the first is the warm-up
+    coord.on_job_finished(spec.job_id, outcome(spec.job_id, results))
     refit = next(d for d in store.read_decisions() if d["kind"] == "refit")
     assert refit["inputs"]["cost_before"] != refit["inputs"]["cost_after"]
     assert refit["inputs"]["cost_after"] == describe_cost(coord.cost)
@@ -392,22 +408,25 @@ def test_choose_refills_table(active_steps, queued, slots, want) -> None:
 
 
 def test_relay_actor_logic_without_ray() -> None:
+    from plora.engine.api import Control
     from plora.runtime.monitor import CoordinatorActor
 
     relay = CoordinatorActor()
-    relay.push_metrics("j1", [{"config_id": "a", "step": 1}, {"config_id": "a", "step": 2}])
-    relay.push_metrics("j2", [{"config_id": "b", "step": 1}])
+    relay.push_reports(
+        "j1", [report({"config_id": "a", "step": 1}), report({"config_id": "a", "step": 2})]
+    )
+    relay.push_reports("j2", [report({"config_id": "b", "step": 1})])
     relay.stop_config("a")
-    got = relay.drain()
-    assert [r["step"] for r in got["metrics"]["j1"]] == [1, 2] and got["stops"] == ["a"]
-    assert relay.drain() == {"metrics": {}, "stops": []}
-    assert relay.config_view("a") == {"last": {"config_id": "a", "step": 2}, "result": None}
-    relay.post_control("j1", {"stop": ["a"], "add": [{"config_id": "c"}]})
-    relay.post_control("j1", {"stop": ["x"], "add": []})
-    assert relay.poll("j1") == {"stop": ["a", "x"], "add": [{"config_id": "c"}], "abort": False}
-    assert relay.poll("j1") == {"stop": [], "add": [], "abort": False}  # delivered once
+    reports, stops = relay.drain()
+    assert [r.metrics[0].step for r in reports["j1"]] == [1, 2] and stops == ["a"]
+    assert relay.drain() == ({}, [])
+    assert relay.config_view("a")["last"]["step"] == 2 and relay.config_view("a")["result"] is None
+    relay.post_control("j1", Control(stop=frozenset({"a"}), add=(lora(7),)))
+    relay.post_control("j1", Control(stop=frozenset({"x"})))
+    assert relay.poll("j1") == Control(stop=frozenset({"a", "x"}), add=(lora(7),))
+    assert relay.poll("j1") == Control()  # delivered once
     relay.abort("j2")
-    assert relay.poll("j2")["abort"] is True
+    assert relay.poll("j2").abort is True
     relay.post_results({"a": {"status": "stopped"}})
     assert relay.config_view("a")["result"] == {"status": "stopped"}
 
@@ -423,10 +442,41 @@ def test_config_missing_from_a_job_result_is_planned_again() -> None:
     late = lora(3, rank=10, steps=20)
     coord, clock = make([long_, short, mid, late], gpus=1)
     (spec,) = coord.start()
-    coord.on_metrics(spec.job_id, [{"config_id": "c01", "step": 5}])
-    assert [d["config_id"] for d in coord.poll(spec.job_id)["add"]] == ["c03"]
+    coord.on_reports(spec.job_id, [report({"config_id": "c01", "step": 5})])
+    assert [c.config_id for c in coord.poll(spec.job_id).add] == ["c03"]
     clock.t = 10.0
     results = {c.config_id: {"status": "completed", "steps": c.max_steps} for c in spec.configs}
-    (again,) = coord.on_job_finished(spec.job_id, {"results": results, "profile": {}})
+    (again,) = coord.on_job_finished(spec.job_id, outcome(spec.job_id, results))
     assert again.config_ids == ("c03",)
     assert coord.status["c03"] is ConfigStatus.RUNNING
+
+
+def test_no_config_waits_for_a_new_job_while_a_slot_is_free() -> None:
+    """Mixed step counts on one GPU: the worker steps its pack, finished configs leave, and
+    at every poll a queued config takes each freed slot (memory allows: the planner's pack size
+    is the bound) -- the whole sweep runs as the first job, with no job of its own for anyone."""
+    cs = [lora(i, rank=10, steps=s) for i, s in enumerate([4, 9, 2, 7, 3, 12, 5, 6, 8, 1])]
+    coord, clock = make(cs, gpus=1)
+    (spec,) = coord.start()
+    slots = len(spec.configs)
+    assert slots < len(cs)
+    steps = {c: 0 for c in spec.config_ids}
+    maxs = {c.config_id: c.max_steps for c in cs}
+    while steps:
+        clock.t += 0.1
+        for c in steps:
+            steps[c] += 1
+        coord.on_reports(
+            spec.job_id, [report(*({"config_id": c, "step": n} for c, n in steps.items()))]
+        )
+        for c in [c for c, n in steps.items() if n >= maxs[c]]:
+            del steps[c]
+        ctl = coord.poll(spec.job_id)
+        steps.update({k.config_id: 0 for k in ctl.add})
+        if coord.queued_ids():
+            assert len(steps) == slots, "a slot stayed free while configs were queued"
+    done = {c.config_id: {"status": "done", "steps": c.max_steps} for c in cs}
+    assert coord.on_job_finished(spec.job_id, outcome(spec.job_id, done)) == []
+    assert coord.is_done() and len(coord.job_rows) == 1
+    refills = [d for d in coord.decisions if d.kind is Decision.REFILL]
+    assert len(refills) == len(cs) - slots

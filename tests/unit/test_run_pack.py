@@ -32,8 +32,9 @@ class Script:
         self.metrics = []
         self.steps_seen = 0
 
-    def on_metrics(self, metrics) -> None:
-        self.metrics.extend(metrics)
+    def on_step(self, report) -> None:
+        assert report.profile.adapters == len(report.metrics)
+        self.metrics.extend(report.metrics)
         self.steps_seen += 1
 
     def poll(self) -> Control:
@@ -130,3 +131,46 @@ def test_time_based_checkpoints(tmp_path, every_s, expect_mid_run):
     with pytest.raises(ConfigError, match="checkpoint_every_s"):
         run_pack(model="tiny-qwen2", configs=[_cfg("x")], dataset=DATA, out_dir=tmp_path,
                  checkpoint_every_s=-1.0)  # fmt: skip
+
+
+def test_resident_session_serves_successive_packs_with_one_load(tmp_path):
+    """One PackSession (a resident worker's engine) trains two packs on one model load; the
+    second pack's adapters equal the same configs trained by a fresh one-shot run_pack (the
+    first pack left nothing behind on the shared base)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from plora.config import ModelRef
+    from plora.engine import EngineSpec, PackRequest, PackSession
+
+    session = PackSession(EngineSpec(model=ModelRef(name_or_path="tiny-qwen2"), dataset=DATA))
+    first = session.run(
+        PackRequest(
+            job_id="j1", configs=(_cfg("a"), _cfg("bb", rank=8)), out_dir=str(tmp_path / "s")
+        )
+    )
+    second = session.run(
+        PackRequest(job_id="j2", configs=(_cfg("ccc", lr=1e-2),), out_dir=str(tmp_path / "s"))
+    )
+    assert session.model_loads == 1
+    assert first.timings.load_s > 0 and second.timings.load_s == 0.0  # charged to the first job
+    assert second.timings.model_loads == 1 and second.timings.train_s > 0
+    assert sorted(first.results) == ["a", "bb"] and list(second.results) == ["ccc"]
+    assert all(
+        r.eval_s > 0 and r.export_s > 0 for r in [*first.results.values(), *second.results.values()]
+    )
+    from plora.engine import lora
+
+    assert all(not layer.specs for layer in lora.packed_layers(session.model).values())
+
+    alone = run_pack(
+        model="tiny-qwen2", configs=[_cfg("ccc", lr=1e-2)], dataset=DATA, out_dir=tmp_path / "alone"
+    )
+    got = load_file(tmp_path / "s" / "adapters" / "ccc" / "adapter_model.safetensors")
+    want = load_file(tmp_path / "alone" / "adapters" / "ccc" / "adapter_model.safetensors")
+    assert got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-6, atol=1e-7)
+    assert second.results["ccc"].eval_loss == pytest.approx(
+        alone.results["ccc"].eval_loss, rel=1e-6
+    )

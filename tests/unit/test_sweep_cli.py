@@ -99,7 +99,7 @@ def test_status_and_progress_read_a_sweep_dir(tmp_path) -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from runtime_fakes import AffineCost, GreedyPlanner, lora
+    from runtime_fakes import AffineCost, GreedyPlanner, lora, outcome
 
     from plora.runtime.coordinator import Coordinator
     from plora.runtime.progress import Progress
@@ -118,7 +118,7 @@ def test_status_and_progress_read_a_sweep_dir(tmp_path) -> None:
     spec = launches[0]
     res = {c.config_id: {"status": "completed", "steps": 10, "eval_metric": 0.25 + i / 10, "eval_loss": 1.0}
            for i, c in enumerate(spec.configs)}  # fmt: skip
-    coord.on_job_finished(spec.job_id, {"results": res, "profile": {}})
+    coord.on_job_finished(spec.job_id, outcome(spec.job_id, res))
     result = run("status", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert (

@@ -1,0 +1,198 @@
+"""The typed boundary between the engine and the runtime: what a worker is asked, what it returns.
+
+A resident worker holds one :class:`PackEngine` for the whole sweep: built once from an
+:class:`EngineSpec` (the base model is loaded onto its GPU then), it serves successive
+:class:`PackRequest` s -- one per job -- and answers each with a :class:`PackOutcome`. Between
+steps the engine calls its :class:`PackHooks`: per-adapter :class:`StepMetrics` out, a
+:class:`Control` (stop some adapters, add queued configs to free slots, abort) in.
+
+Every type here is a frozen dataclass (or an enum) and crosses Ray as it is: no dicts, no
+entry-point strings. This module imports neither torch nor Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from plora.config import ConfigError, DatasetSpec, LoRAConfig, ModelRef
+from plora.engine.records import Control, PackProfile, StepMetrics, StepProfile
+
+
+class ConfigStatus(StrEnum):
+    """How a config's training ended inside a pack."""
+
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConfigResult:
+    """The outcome of one config of a pack."""
+
+    config_id: str
+    status: ConfigStatus
+    steps: int
+    tokens: int
+    final_train_loss: float | None
+    eval_loss: float | None = None
+    eval_metric: float | None = None
+    adapter_path: str | None = None
+    eval_s: float = 0.0
+    """Wall seconds of this adapter's share of the (packed) evaluation."""
+    export_s: float = 0.0
+    """Wall seconds of its PEFT export."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "status": str(self.status)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ConfigResult:
+        return cls(**{**data, "status": ConfigStatus(data["status"])})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineSpec:
+    """What a resident worker loads once: the base model and the dataset."""
+
+    model: ModelRef
+    dataset: DatasetSpec
+    gradient_checkpointing: bool = False
+    """Recompute the frozen base's activations in backward."""
+    device: str | None = None
+    """``"cuda"`` / ``"cpu"``; None: CUDA when available."""
+    max_rows: int | None = None
+    """Most sequences per forward (gradient accumulation beyond)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointPolicy:
+    """Where and how often a job writes its train-state."""
+
+    dir: str | None = None
+    """The job's checkpoint directory (None: no checkpoints, no resume)."""
+    every_steps: int | None = None
+    """Every this many packed steps (None: only at the end)."""
+    every_s: float | None = None
+    """Also when this many seconds passed since the last one (None: never by time)."""
+
+    def __post_init__(self) -> None:
+        if self.every_steps is not None and self.every_steps < 1:
+            raise ConfigError(
+                "must be >= 1 or null", key="checkpoint_every", value=self.every_steps
+            )
+        if self.every_s is not None and not self.every_s >= 0:
+            raise ConfigError(
+                "must be >= 0 seconds or null", key="checkpoint_every_s", value=self.every_s
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackRequest:
+    """One job for a resident engine: train ``configs`` packed until each ends."""
+
+    job_id: str
+    configs: tuple[LoRAConfig, ...]
+    out_dir: str
+    """Adapters go to ``out_dir/adapters/<config_id>/`` (PEFT format)."""
+    checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    resume: bool = True
+    """Continue from ``checkpoint.dir`` when it holds a train-state."""
+    evaluate: bool = True
+    """Evaluate every completed adapter on the eval split."""
+    poll_every_s: float = 0.0
+    """How often the worker asks for control (0: before every step)."""
+
+    def __post_init__(self) -> None:
+        ids = [c.config_id for c in self.configs]
+        if len(set(ids)) != len(ids):
+            raise ConfigError("duplicate config ids in one pack", key="configs", value=ids)
+
+
+class OutcomeStatus(StrEnum):
+    """How a job ended on its worker."""
+
+    OK = "ok"
+    OOM = "oom"
+    """``torch.OutOfMemoryError``: the worker stays up (its cache emptied); split the pack."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobTimings:
+    """Where a job's wall seconds went on its worker (``jobs.parquet``, the cost model)."""
+
+    load_s: float = 0.0
+    """Base model load charged to this job (0 on a warm worker that already held it)."""
+    start_s: float = 0.0
+    """Set-up of the pack on the resident model (trainer, resume)."""
+    train_s: float = 0.0
+    """Packed steps."""
+    eval_s: float = 0.0
+    export_s: float = 0.0
+    checkpoint_s: float = 0.0
+    checkpoints: int = 0
+    model_loads: int = 0
+    """Base-model loads this worker has done so far (1 for a resident worker, ever)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackOutcome:
+    """A job's answer: every config's result, the measured profile and the timings."""
+
+    job_id: str
+    status: OutcomeStatus = OutcomeStatus.OK
+    results: Mapping[str, ConfigResult] = field(default_factory=dict)
+    profile: PackProfile | None = None
+    timings: JobTimings = field(default_factory=JobTimings)
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepReport:
+    """One packed step as the runtime sees it: every active adapter's metrics and the step's
+    measurements (the coordinator refits its cost model from these while the job runs)."""
+
+    metrics: tuple[StepMetrics, ...]
+    profile: StepProfile
+    device: str = "cpu"
+    """Where the step ran (``"cuda:0"``, ``"cpu"``)."""
+
+    @property
+    def config_ids(self) -> tuple[str, ...]:
+        return tuple(m.config_id for m in self.metrics)
+
+
+@runtime_checkable
+class PackHooks(Protocol):
+    """Callbacks of a running pack (the runtime relays them to the coordinator)."""
+
+    def on_step(self, report: StepReport) -> None: ...
+
+    def poll(self) -> Control: ...
+
+
+@runtime_checkable
+class PackEngine(Protocol):
+    """A resident engine: ``cls(spec)`` loads the base model once; ``run`` trains one pack."""
+
+    def run(self, request: PackRequest, hooks: PackHooks | None = None) -> PackOutcome: ...
+
+
+__all__ = [
+    "CheckpointPolicy",
+    "ConfigResult",
+    "ConfigStatus",
+    "Control",
+    "EngineSpec",
+    "JobTimings",
+    "OutcomeStatus",
+    "PackEngine",
+    "PackHooks",
+    "PackOutcome",
+    "PackRequest",
+    "StepMetrics",
+    "StepReport",
+]

@@ -1,0 +1,157 @@
+"""Resident worker groups: a placement group of d GPU bundles, one worker per GPU, kept for the
+sweep.
+
+A group is started on the GPUs the coordinator booked for a job, loads the base model once
+(:meth:`PackWorker.load`) and then serves every later job booked on the same GPUs: a job is a
+call of ``run`` on the group's workers, not a process. The driver tears a group down only when its
+GPUs are wanted by a job of another shape, when a worker died, or at the end of the sweep.
+
+``d > 1`` groups need a model-parallel engine (``tp``, ``fsdp``, ``pp``): until ``plora.parallel``
+provides one they are refused with a clear error rather than replicated silently (the cost model
+lists no strategies, so the planner only makes d = 1 jobs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from plora.config import ConfigError
+from plora.engine.api import EngineSpec, PackEngine, PackRequest
+from plora.runtime.worker import PackWorker, WorkerInfo
+
+#: Strategies a group's workers can run for d > 1 (none until plora.parallel's engine lands).
+RUNTIME_STRATEGIES: frozenset[str] = frozenset()
+
+
+class UnsupportedJobError(RuntimeError):
+    """A job asks for something the engine cannot run yet (d > 1 without a parallel strategy)."""
+
+
+def check_strategies(strategies: Any) -> None:
+    """ConfigError, before anything starts, when the plan may use d > 1 strategies the runtime
+    cannot run (``planner.strategies`` set, or ``plora.parallel`` listing more than the runtime)."""
+    bad = sorted(str(s) for s in strategies if str(s) not in RUNTIME_STRATEGIES)
+    if bad:
+        raise ConfigError(
+            f"planner.strategies: {', '.join(bad)} cannot run yet: plora's runtime trains only "
+            "d = 1 jobs (one GPU each); remove planner.strategies from the sweep"
+        )
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class WorkerGroup:
+    """A started group: its GPUs (the coordinator's logical ids), placement group and workers."""
+
+    gpu_ids: tuple[int, ...]
+    strategy: str | None
+    name: str
+    pg: Any
+    workers: list[Any]
+    load_refs: list[Any]
+    """``PackWorker.load`` of every rank (resolves to :class:`WorkerInfo`)."""
+    started_at: float
+    """``time.monotonic()`` when the group was asked for."""
+    info: WorkerInfo | None = None
+    """Rank 0's, once loaded."""
+    ready_s: float | None = None
+    """Seconds from the request to the loaded model (worker start + model load)."""
+    jobs: int = 0
+    """Jobs this group was given."""
+
+    @property
+    def node(self) -> str | None:
+        return None if self.info is None else f"{self.info.host}:{self.info.node_id[:8]}"
+
+    def run(self, request: PackRequest) -> list[Any]:
+        """Start ``request`` on every rank; rank 0's ref carries the outcome."""
+        self.jobs += 1
+        return [w.run.remote(request) for w in self.workers]
+
+
+def start_group(
+    gpu_ids: tuple[int, ...],
+    *,
+    strategy: str | None,
+    relay: Any,
+    engine: type[PackEngine],
+    spec: EngineSpec,
+    name: str,
+    cpus_per_worker: float = 1.0,
+    parallel_strategies: frozenset[str] = RUNTIME_STRATEGIES,
+) -> WorkerGroup:
+    """Reserve ``len(gpu_ids)`` GPU bundles (STRICT_PACK, one node), start a worker on each and
+    ask them to load the engine; returns at once (loading resolves on ``load_refs``).
+
+    Raises:
+        UnsupportedJobError: more than one GPU and the strategy is not supported.
+    """
+    d = len(gpu_ids)
+    if d > 1 and (strategy is None or strategy not in parallel_strategies):
+        raise UnsupportedJobError(
+            f"{name}: d={d} GPUs with strategy {strategy!r}, but plora's engine runs only d = 1 "
+            "jobs until tp/fsdp/pp land in plora.parallel; plan with planner.strategies: [] "
+            "(the default) so every job is d = 1"
+        )
+    started = time.monotonic()
+    pg = placement_group([{"GPU": 1, "CPU": cpus_per_worker} for _ in range(d)],
+                         strategy="STRICT_PACK", name=name)  # fmt: skip
+    workers = [
+        _worker_cls()
+        .options(
+            name=f"{name}-r{r}",
+            num_gpus=1,
+            num_cpus=cpus_per_worker,
+            max_restarts=0,
+            max_concurrency=2,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=r
+            ),
+        )
+        .remote(rank=r, world_size=d, relay=relay, engine=engine, spec=spec)
+        for r in range(d)
+    ]
+    if d > 1:
+        port = ray.get(workers[0].free_port.remote())
+        addr = ray.get(workers[0].node_info.remote()).ip
+        ray.get([w.init_group.remote(addr, port) for w in workers])
+    return WorkerGroup(
+        gpu_ids=tuple(gpu_ids),
+        strategy=strategy,
+        name=name,
+        pg=pg,
+        workers=workers,
+        load_refs=[w.load.remote() for w in workers],
+        started_at=started,
+    )
+
+
+@functools.cache
+def _worker_cls() -> Any:
+    return ray.remote(PackWorker)
+
+
+def stop_group(group: WorkerGroup) -> None:
+    """Kill the group's workers and free its placement group (idempotent)."""
+    for w in group.workers:
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(w, no_restart=True)
+    with contextlib.suppress(Exception):  # already removed
+        remove_placement_group(group.pg)
+
+
+__all__ = [
+    "RUNTIME_STRATEGIES",
+    "UnsupportedJobError",
+    "WorkerGroup",
+    "check_strategies",
+    "start_group",
+    "stop_group",
+]

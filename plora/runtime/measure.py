@@ -1,0 +1,129 @@
+"""What a sweep measured while it ran: packed steps and the seconds around them.
+
+:class:`Measurements` collects, from the step reports workers stream and the outcomes of finished
+jobs, the two kinds of evidence the coordinator refits its cost model from:
+
+* **steps** -- per job and pack composition, the measured packed steps (each job's first step,
+  the warm-up, is skipped): ``{"job_id", "config_ids", "gpus", "strategy", "device", "steps":
+  [{"time_s", "seq_len", "peak_memory_bytes"}]}``, what :func:`plora.runtime.costview.refit_cost`
+  takes;
+* **overheads** -- ``{"kind", "seconds", "count"}`` samples: ``worker_start`` and ``model_load``
+  per worker group, ``job_start`` per job, ``eval`` per config (count = eval rows), ``export`` per
+  config, ``checkpoint`` per train-state write.
+
+Calibration: once ``calibration_steps`` steps have been measured the coordinator refits and
+re-plans, so the plan a user watches is made from this machine's speed, not from defaults.
+Everything here is JSON (it is saved in ``state.json`` for ``--resume``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from plora.engine.api import PackOutcome, StepReport
+
+
+class Measurements:
+    """Step and overhead samples of one sweep.
+
+    Args:
+        calibration_steps: Measured steps after which :meth:`add_reports` says "calibrate now"
+            (once per sweep; 0 disables it).
+        max_steps_per_pack: Steps kept per (job, pack composition).
+    """
+
+    def __init__(self, *, calibration_steps: int = 3, max_steps_per_pack: int = 16) -> None:
+        self.calibration_steps = calibration_steps
+        self.max_steps_per_pack = max_steps_per_pack
+        self.steps: list[dict[str, Any]] = []
+        self.overheads: list[dict[str, Any]] = []
+        self.calibrated = calibration_steps <= 0
+        self._seen: dict[str, int] = {}
+        self._index: dict[tuple[str, tuple[str, ...]], int] = {}
+
+    @property
+    def num_steps(self) -> int:
+        return sum(len(m["steps"]) for m in self.steps)
+
+    def add_reports(
+        self, job_id: str, reports: Sequence[StepReport], *, gpus: int, strategy: str | None
+    ) -> bool:
+        """Record a job's streamed steps; True when the sweep should calibrate now (once)."""
+        for report in reports:
+            seen = self._seen.get(job_id, 0) + 1
+            self._seen[job_id] = seen
+            if seen == 1:
+                continue  # warm-up: allocations, kernel compilation, autotuning
+            ids = tuple(sorted(report.config_ids))
+            key = (job_id, ids)
+            if key not in self._index:
+                self._index[key] = len(self.steps)
+                self.steps.append(
+                    {
+                        "job_id": job_id,
+                        "config_ids": list(ids),
+                        "gpus": gpus,
+                        "strategy": strategy,
+                        "device": report.device,
+                        "steps": [],
+                    }
+                )
+            entry = self.steps[self._index[key]]
+            if len(entry["steps"]) < self.max_steps_per_pack:
+                p = report.profile
+                entry["steps"].append(
+                    {
+                        "time_s": float(p.time_s),
+                        "seq_len": int(p.seq_len),
+                        "peak_memory_bytes": int(p.peak_memory_bytes),
+                    }
+                )
+        if not self.calibrated and self.num_steps >= self.calibration_steps:
+            self.calibrated = True
+            return True
+        return False
+
+    def add_group_ready(self, *, ready_s: float, load_s: float) -> None:
+        """A worker group came up: ``ready_s`` from request to loaded model, ``load_s`` of it
+        in the engine's load."""
+        self._add("worker_start", max(0.0, ready_s - load_s))
+        self._add("model_load", load_s)
+
+    def add_outcome(self, outcome: PackOutcome, *, eval_rows: int) -> None:
+        """A finished job's timings: its set-up, and each config's evaluation and export."""
+        t = outcome.timings
+        self._add("job_start", t.start_s)
+        for r in outcome.results.values():
+            if r.eval_s > 0 and eval_rows > 0:
+                self._add("eval", r.eval_s, count=eval_rows)
+            if r.export_s > 0:
+                self._add("export", r.export_s)
+        if t.checkpoints:
+            self._add("checkpoint", t.checkpoint_s, count=t.checkpoints)
+
+    def _add(self, kind: str, seconds: float, *, count: int = 1) -> None:
+        self.overheads.append({"kind": kind, "seconds": float(seconds), "count": int(count)})
+
+    def overhead_samples(self) -> list[dict[str, Any]]:
+        """The overhead samples, for the cost model's ``refit_overheads``."""
+        return list(self.overheads)
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "overheads": self.overheads,
+            "calibrated": self.calibrated,
+        }
+
+    def set_state(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        if not isinstance(state, Mapping):  # sweeps saved before overheads were measured
+            state = {"steps": state, "calibrated": True}
+        self.steps = [dict(m) for m in state.get("steps", ())]
+        self.overheads = [dict(o) for o in state.get("overheads", ())]
+        self.calibrated = bool(state.get("calibrated", self.calibrated))
+        self._index = {(m["job_id"], tuple(m["config_ids"])): i for i, m in enumerate(self.steps)}
+        self._seen = {}
+
+
+__all__ = ["Measurements"]
