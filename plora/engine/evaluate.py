@@ -12,15 +12,19 @@ For eval examples ``x`` with target positions ``T(x)`` (labels != -100 after the
   (ties: the first). Accuracy is the fraction of predictions equal to the example's label.
 
 :func:`evaluate` takes any callable causal LM -- a plain HF model, a PEFT model, or a model with
-plora's packed layers inside ``plora.engine.lora.use_slot(model, slot)``, which is exactly what
-:func:`evaluate_adapters` does for each slot of a pack. The model is put in eval mode (and
-restored afterwards) and run without gradients.
+plora's packed layers inside ``plora.engine.lora.use_slot(model, slot)``. :func:`evaluate_adapters`
+scores many slots of a pack: by default in packed forwards, every slot's rows side by side
+(:mod:`plora.engine.evaluate_packed`, same numbers up to fp32 summation order); with
+``packed=False`` one slot at a time through :func:`evaluate` (the reference the tests compare
+against). The model is put in eval mode (and restored afterwards) and run without gradients.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +43,15 @@ class EvalResult:
         metric_name: ``"exact_match"``, ``"accuracy"`` or ``"none"``.
         metric_value: in [0, 1]; ``None`` when ``metric_name == "none"`` or no examples.
         num_examples: eval examples scored.
+        seconds: wall seconds spent on this adapter; in a packed evaluation, the whole
+            evaluation's wall time split by the adapter's share of the rows.
     """
 
     loss: float
     metric_name: str
     metric_value: float | None
     num_examples: int
+    seconds: float = 0.0
 
 
 def evaluate(
@@ -69,30 +76,25 @@ def evaluate(
         batch_size: rows per forward.
         max_new_tokens: generation budget for exact match.
     """
-    if metric not in ("exact_match", "accuracy", "none"):
-        raise ValueError(f"unknown metric {metric!r}; use exact_match, accuracy or none")
-    if metric == "accuracy" and not labels:
-        raise ValueError("accuracy needs the label options (labels=[...])")
+    check_metric(metric, labels)
     examples = list(examples)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
-        with torch.no_grad():
-            loss = eval_loss(model, examples, pad_id=_pad_id(tokenizer), batch_size=batch_size)
-            value: float | None = None
-            if examples and metric == "exact_match":
-                value = exact_match(
-                    model, tokenizer, examples, batch_size=batch_size, max_new_tokens=max_new_tokens
-                )
-            elif examples and metric == "accuracy":
-                value = label_accuracy(
-                    model, tokenizer, examples, labels or [], batch_size=batch_size
-                )
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
-    return EvalResult(loss=loss, metric_name=metric, metric_value=value, num_examples=len(examples))
+    start = time.perf_counter()
+    with eval_mode(model):
+        loss = eval_loss(model, examples, pad_id=_pad_id(tokenizer), batch_size=batch_size)
+        value: float | None = None
+        if examples and metric == "exact_match":
+            value = exact_match(
+                model, tokenizer, examples, batch_size=batch_size, max_new_tokens=max_new_tokens
+            )
+        elif examples and metric == "accuracy":
+            value = label_accuracy(model, tokenizer, examples, labels or [], batch_size=batch_size)
+    return EvalResult(
+        loss=loss,
+        metric_name=metric,
+        metric_value=value,
+        num_examples=len(examples),
+        seconds=time.perf_counter() - start,
+    )
 
 
 def evaluate_adapters(
@@ -104,22 +106,59 @@ def evaluate_adapters(
     batch_size: int = 32,
     max_new_tokens: int = 8,
     max_examples: int | None = None,
+    packed: bool = True,
+    max_tokens: int | None = None,
 ) -> dict[int | None, EvalResult]:
-    """Evaluate each slot of a packed model alone on ``dataset.eval``.
+    """Evaluate slots of a packed model on ``dataset.eval``, each as if it ran alone.
 
     Args:
         model: a model with plora packed LoRA layers (``plora.engine.lora.inject``).
-        slots: slots to evaluate; ``None`` evaluates the frozen base model.
+        tokenizer: its tokenizer.
+        dataset: the eval split, its metric and label options.
+        slots: slots to evaluate (duplicates are scored once); ``None`` is the frozen base model.
+        batch_size: rows per forward.
+        max_new_tokens: generation budget for exact match.
         max_examples: score only the first ``max_examples`` eval examples.
+        packed: score all slots together in packed forwards
+            (:func:`plora.engine.evaluate_packed.evaluate_packed`); ``False`` scores one slot
+            after the other with :func:`evaluate` under ``use_slot`` (the reference).
+        max_tokens: packed path only: also cap the padded tokens of a forward (rows x width,
+            generation budget included); ``None``: rows only.
 
     Returns:
-        ``{slot: EvalResult}``.
-    """
-    from plora.engine.lora import use_slot
+        ``{slot: EvalResult}`` in the order of ``slots``.
 
+    Raises:
+        ValueError: a slot holds no adapter in ``model``, an unknown metric, or accuracy
+            without label options.
+    """
+    from plora.engine.lora import packed_layers, use_slot
+
+    wanted = list(dict.fromkeys(slots))
+    present = set().union(*(layer.specs for layer in packed_layers(model).values()))
+    missing = [s for s in wanted if s is not None and s not in present]
+    if missing:
+        raise ValueError(
+            f"evaluate_adapters: slots {missing} hold no adapter in this model "
+            f"(present: {sorted(present)}); add them first or leave them out of slots"
+        )
     examples = dataset.eval[:max_examples] if max_examples is not None else dataset.eval
+    if packed:
+        from plora.engine.evaluate_packed import evaluate_packed
+
+        return evaluate_packed(
+            model,
+            tokenizer,
+            examples,
+            wanted,
+            metric=dataset.metric,
+            labels=dataset.labels,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            max_tokens=max_tokens,
+        )
     out: dict[int | None, EvalResult] = {}
-    for slot in slots:
+    for slot in wanted:
         with use_slot(model, slot):
             out[slot] = evaluate(
                 model,
@@ -131,6 +170,28 @@ def evaluate_adapters(
                 max_new_tokens=max_new_tokens,
             )
     return out
+
+
+def check_metric(metric: str, labels: Sequence[str] | None) -> None:
+    """Raise ``ValueError`` for an unknown metric or accuracy without label options."""
+    if metric not in ("exact_match", "accuracy", "none"):
+        raise ValueError(f"unknown metric {metric!r}; use exact_match, accuracy or none")
+    if metric == "accuracy" and not labels:
+        raise ValueError("accuracy needs the label options (labels=[...])")
+
+
+@contextlib.contextmanager
+def eval_mode(model: Any) -> Iterator[None]:
+    """Eval mode (no dropout) and no gradients inside; the training flag is restored after."""
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
 
 
 # ---------------------------------------------------------------------------- pieces
@@ -174,12 +235,9 @@ def generate_greedy(
     """
     device = _device(model)
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):
-        if p:
-            ids[r, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-            mask[r, width - len(p) :] = 1
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    ids, mask = ids.to(device), mask.to(device)
     stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     out = torch.empty((len(prompts), 0), dtype=torch.long, device=device)
@@ -296,11 +354,8 @@ def _right_pad(
     seqs: Sequence[Sequence[int]], pad: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)] = torch.tensor(list(s), dtype=torch.long)
-        mask[r, : len(s)] = 1
+    ids = torch.tensor([list(s) + [pad] * (width - len(s)) for s in seqs], dtype=torch.long)
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], dtype=torch.long)
     return ids.to(device), mask.to(device)
 
 
@@ -338,7 +393,9 @@ def _newline_ids(tokenizer: Any) -> list[int]:
 
 __all__ = [
     "EvalResult",
+    "check_metric",
     "eval_loss",
+    "eval_mode",
     "evaluate",
     "evaluate_adapters",
     "exact_match",

@@ -1,0 +1,340 @@
+"""Packed evaluation: the eval loss and task metric of many adapters in shared forwards.
+
+The per-adapter math is that of :mod:`plora.engine.evaluate` (loss, exact match, accuracy);
+only the batching changes. The rows of a forward are ``(slot, example)`` pairs --
+``(slot, example, option)`` for accuracy -- ordered by slot, so each slot's rows are
+contiguous, at most ``batch_size`` rows (and ``max_tokens`` padded tokens) per forward, and
+routed with :func:`plora.engine.lora.packed_segments`. In every packed layer, a row ``x_r`` of
+slot ``i`` computes ::
+
+    y_r = x_r·Wᵀ + b + s_i·(x_r·A_iᵀ)·B_iᵀ          (slot None, the base model: y_r = x_r·Wᵀ + b)
+
+in eval mode (no dropout) and without gradients. A row attends only to its own tokens (causal
+attention, padding masked; left padding and mask-derived position ids for generation), so a
+slot's numbers equal the slot evaluated alone (``evaluate_adapters(..., packed=False)``) up to
+floating-point summation order; greedy decoding keeps every row in place across decode steps,
+so the per-row routing holds with the KV cache.
+
+Order. Within a slot, examples run in length order -- ascending for slots at even positions,
+descending at odd ones -- so a forward straddling two slots joins rows of similar length.
+Per-slot sums do not depend on the order.
+
+Host work. A forward's tensors (ids, mask, and for every scored token the flat index of the
+logit that predicts it, the token and the sum it goes to) are built on the host in one go and
+copied once; log-probabilities are summed on the device (``index_add_``) and read back once.
+Greedy decoding syncs once per decode step (its all-done test), as
+:func:`~plora.engine.evaluate.generate_greedy` does.
+
+Time. ``EvalResult.seconds`` is the wall time of the whole packed evaluation split by each
+slot's share of the rows; every slot scores the same examples, so the shares are equal.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from plora.engine.data import IGNORE_INDEX, Example
+from plora.engine.evaluate import (
+    EvalResult,
+    _device,
+    _eos_ids,
+    _logits,
+    _newline_ids,
+    _pad_id,
+    check_metric,
+    eval_mode,
+    generate_greedy,
+)
+from plora.engine.lora import packed_segments
+
+Slot = int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One row of a packed forward.
+
+    Attributes:
+        group: position of the row's slot in the evaluated slots.
+        slot: the slot whose adapter the row goes through (``None``: base model only).
+        ids: the row's tokens (unpadded).
+        scored: positions ``p`` whose token ``ids[p]`` is scored (by the logits at ``p - 1``).
+        dest: index of the sum the row's log-probabilities are added to.
+    """
+
+    group: int
+    slot: Slot
+    ids: Sequence[int]
+    scored: Sequence[int] = ()
+    dest: int = 0
+
+
+def evaluate_packed(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    slots: Iterable[Slot],
+    *,
+    metric: str,
+    labels: Sequence[str] | None,
+    batch_size: int = 32,
+    max_new_tokens: int = 8,
+    max_tokens: int | None = None,
+) -> dict[Slot, EvalResult]:
+    """Eval loss and task metric of every slot in ``slots``, all slots in the same forwards.
+
+    Args:
+        model: a model with plora packed LoRA layers (``plora.engine.lora.inject``).
+        tokenizer: its tokenizer (pad/eos ids; decoding; label option encoding).
+        examples: eval examples, the same for every slot.
+        slots: slots to evaluate (duplicates are scored once); ``None`` is the base model.
+        metric: ``"exact_match"``, ``"accuracy"`` or ``"none"``.
+        labels: the label options (required for accuracy).
+        batch_size: rows per forward (rows of several slots share a forward).
+        max_new_tokens: generation budget for exact match.
+        max_tokens: also cap the padded tokens of a forward (rows x width, the generation
+            budget included); ``None``: rows only.
+
+    Returns:
+        ``{slot: EvalResult}`` in the order of ``slots``.
+    """
+    check_metric(metric, labels)
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    wanted = list(dict.fromkeys(slots))
+    examples = list(examples)
+    start = time.perf_counter()
+    losses = [math.nan] * len(wanted)
+    values: list[float | None] = [None] * len(wanted)
+    budget = {"batch_size": batch_size, "max_tokens": max_tokens}
+    with eval_mode(model):
+        if examples and wanted:
+            losses = packed_loss(model, examples, wanted, pad_id=_pad_id(tokenizer), **budget)
+            if metric == "exact_match":
+                values = packed_exact_match(
+                    model, tokenizer, examples, wanted, max_new_tokens=max_new_tokens, **budget
+                )
+            elif metric == "accuracy":
+                values = packed_accuracy(model, tokenizer, examples, wanted, labels or [], **budget)
+    share = (time.perf_counter() - start) / max(len(wanted), 1)
+    return {
+        slot: EvalResult(
+            loss=losses[g],
+            metric_name=metric,
+            metric_value=values[g],
+            num_examples=len(examples),
+            seconds=share,
+        )
+        for g, slot in enumerate(wanted)
+    }
+
+
+def packed_loss(
+    model: Any,
+    examples: Sequence[Example],
+    slots: Sequence[Slot],
+    *,
+    pad_id: int,
+    batch_size: int = 32,
+    max_tokens: int | None = None,
+) -> list[float]:
+    """Per slot, the token-weighted mean NLL over the examples' target tokens (NaN if none)."""
+    scored = [
+        [
+            p
+            for p in range(1, min(len(ex.input_ids), len(ex.labels)))
+            if ex.labels[p] != IGNORE_INDEX
+        ]
+        for ex in examples
+    ]
+    count = sum(map(len, scored))
+    if not count:
+        return [math.nan] * len(slots)
+    order = _length_order([len(ex.input_ids) for ex in examples])
+    rows = [
+        _Row(group=g, slot=slot, ids=examples[i].input_ids, scored=scored[i], dest=g)
+        for g, slot in enumerate(slots)
+        for i in order[g % 2]
+        if scored[i]
+    ]
+    sums = _score_rows(
+        model, rows, size=len(slots), pad_id=pad_id, batch_size=batch_size, max_tokens=max_tokens
+    )
+    return [-s / count for s in sums.tolist()]
+
+
+def packed_accuracy(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    slots: Sequence[Slot],
+    options: Sequence[str],
+    *,
+    batch_size: int = 32,
+    max_tokens: int | None = None,
+) -> list[float]:
+    """Per slot, the fraction of examples whose best-scoring option is their label.
+
+    An option's score is ``sum log p(tok(option) + eos | prompt)``, the arg-max the prediction
+    (ties: the first option), as :func:`plora.engine.evaluate.label_accuracy`.
+    """
+    eos = _eos_ids(tokenizer)[:1]
+    encoded = [list(tokenizer(o, add_special_tokens=False)["input_ids"]) + eos for o in options]
+    prompts = [ex.input_ids[: ex.context_len()] for ex in examples]
+    seqs = [[p + o for o in encoded] for p in prompts]
+    n, k = len(examples), len(options)
+    order = _length_order([len(p) for p in prompts])
+    rows = [
+        _Row(
+            group=g,
+            slot=slot,
+            ids=seqs[i][j],
+            scored=range(max(len(prompts[i]), 1), len(seqs[i][j])),
+            dest=(g * n + i) * k + j,
+        )
+        for g, slot in enumerate(slots)
+        for i in order[g % 2]
+        for j in range(k)
+    ]
+    rows = [r for r in rows if r.scored]  # a row with nothing to score adds 0
+    scores = _score_rows(
+        model,
+        rows,
+        size=len(slots) * n * k,
+        pad_id=_pad_id(tokenizer),
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+    )
+    pred = scores.view(len(slots), n, k).argmax(dim=-1).tolist()
+    truth = [ex.label if ex.label is not None else ex.answer for ex in examples]
+    return [sum(options[p] == t for p, t in zip(pg, truth, strict=True)) / n for pg in pred]
+
+
+def packed_exact_match(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    slots: Sequence[Slot],
+    *,
+    batch_size: int = 32,
+    max_new_tokens: int = 8,
+    max_tokens: int | None = None,
+) -> list[float]:
+    """Per slot, the fraction of examples whose greedy answer equals ``example.answer``.
+
+    Greedy decoding of all slots' rows together (left padding, KV cache, each row through its
+    own adapter); stop and comparison rules of :func:`plora.engine.evaluate.exact_match`.
+    """
+    stop_ids = set(_eos_ids(tokenizer)) | set(_newline_ids(tokenizer))
+    prompts = [ex.input_ids[: ex.context_len()] for ex in examples]
+    answers = [(ex.answer or "").strip() for ex in examples]
+    order = _length_order([len(p) for p in prompts])
+    rows = [
+        _Row(group=g, slot=slot, ids=prompts[i], dest=i)
+        for g, slot in enumerate(slots)
+        for i in order[g % 2]
+    ]
+    hits = [0] * len(slots)
+    texts: dict[tuple[int, ...], str] = {}  # adapters often agree: decode each answer once
+    for chunk in _forwards(rows, batch_size, max_tokens, extra=max_new_tokens):
+        with packed_segments(model, _segments(chunk)):
+            gens = generate_greedy(
+                model,
+                [r.ids for r in chunk],
+                pad_id=_pad_id(tokenizer),
+                stop_ids=stop_ids,
+                max_new_tokens=max_new_tokens,
+            )
+        for row, gen in zip(chunk, gens, strict=True):
+            key = tuple(gen)
+            if key not in texts:
+                texts[key] = tokenizer.decode(gen, skip_special_tokens=True).split("\n")[0].strip()
+            hits[row.group] += texts[key] == answers[row.dest]
+    return [h / len(examples) for h in hits]
+
+
+# ---------------------------------------------------------------------------- pieces
+
+
+def _score_rows(
+    model: Any,
+    rows: Sequence[_Row],
+    *,
+    size: int,
+    pad_id: int,
+    batch_size: int,
+    max_tokens: int | None,
+) -> torch.Tensor:
+    """``sums[d] = Σ log p(ids[p] | ids[:p])`` over the scored tokens of the rows with ``dest == d``.
+
+    Returns:
+        float64 ``[size]`` on the model's device.
+    """
+    device = _device(model)
+    sums = torch.zeros(size, dtype=torch.float64, device=device)
+    for chunk in _forwards(rows, batch_size, max_tokens):
+        width = max(len(r.ids) for r in chunk)
+        ids = [list(r.ids) + [pad_id] * (width - len(r.ids)) for r in chunk]
+        mask = [[1] * len(r.ids) + [0] * (width - len(r.ids)) for r in chunk]
+        inputs = torch.tensor([ids, mask], dtype=torch.long).to(device)
+        index = torch.tensor(
+            [
+                [j * width + p - 1 for j, r in enumerate(chunk) for p in r.scored],
+                [r.ids[p] for r in chunk for p in r.scored],
+                [r.dest for r in chunk for _ in r.scored],
+            ],
+            dtype=torch.long,
+        ).to(device)
+        with packed_segments(model, _segments(chunk)):
+            logits = _logits(model(input_ids=inputs[0], attention_mask=inputs[1]))
+        picked = logits.reshape(-1, logits.shape[-1]).index_select(0, index[0]).float()
+        nll = F.cross_entropy(picked, index[1], reduction="none")
+        sums.index_add_(0, index[2], nll.double(), alpha=-1)
+    return sums
+
+
+def _forwards(
+    rows: Sequence[_Row], batch_size: int, max_tokens: int | None, *, extra: int = 0
+) -> Iterator[list[_Row]]:
+    """Consecutive runs of rows, one per forward: at most ``batch_size`` rows and, when set,
+    ``rows x (longest row + extra) <= max_tokens`` (at least one row)."""
+    chunk: list[_Row] = []
+    width = 0
+    for row in rows:
+        grown = max(width, len(row.ids) + extra)
+        full = len(chunk) >= batch_size
+        if chunk and (full or (max_tokens is not None and grown * (len(chunk) + 1) > max_tokens)):
+            yield chunk
+            chunk, grown = [], len(row.ids) + extra
+        chunk.append(row)
+        width = grown
+    if chunk:
+        yield chunk
+
+
+def _segments(chunk: Sequence[_Row]) -> list[tuple[int, int, int]]:
+    """``(slot, start, stop)`` of each run of adapter rows in ``chunk`` (base rows: none)."""
+    segments, start = [], 0
+    for (_, slot), run in itertools.groupby(chunk, key=lambda r: (r.group, r.slot)):
+        stop = start + sum(1 for _ in run)
+        if slot is not None:
+            segments.append((slot, start, stop))
+        start = stop
+    return segments
+
+
+def _length_order(lengths: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Example indices by ascending and by descending length (stable)."""
+    ascending = sorted(range(len(lengths)), key=lengths.__getitem__)
+    return ascending, ascending[::-1]
+
+
+__all__ = ["evaluate_packed", "packed_accuracy", "packed_exact_match", "packed_loss"]
