@@ -365,21 +365,13 @@ def _evaluate(
     from plora.engine.evaluate import evaluate_adapters
 
     slots = {trainer.adapter(c).slot: c for c in config_ids}
-    was_training = trainer.model.training
-    trainer.model.eval()
-    t0 = time.perf_counter()
-    try:
-        with torch.no_grad():
-            res = evaluate_adapters(trainer.model, tokenizer, data, list(slots))
-    finally:
-        trainer.model.train(was_training)
-    share = (time.perf_counter() - t0) / len(slots)
+    res = evaluate_adapters(trainer.model, tokenizer, data, list(slots))  # packed forwards
     out = {}
     for slot, cid in slots.items():
         r = res[slot]
         loss = None if math.isnan(r.loss) else float(r.loss)
         metric = None if r.metric_value is None else float(r.metric_value)
-        out[cid] = (loss, metric, float(getattr(r, "seconds", share)))
+        out[cid] = (loss, metric, float(r.seconds))
     return out
 
 
