@@ -33,7 +33,13 @@ from typing import Any
 
 from plora.config import LoRAConfig
 from plora.engine.api import Control, PackOutcome, StepReport
-from plora.runtime.costview import cost_strategy, describe_cost, job_memory, refit_cost
+from plora.runtime.costview import (
+    cost_strategy,
+    describe_cost,
+    job_memory,
+    refit_cost,
+    remaining_job_time,
+)
 from plora.runtime.ledger import (
     config_status,
     job_row,
@@ -650,6 +656,7 @@ class Coordinator:
         if new is None:
             return
         self.cost = new
+        self._retime_running()
         self._decide(
             Decision.REFIT,
             job_id=job_id,
@@ -660,6 +667,23 @@ class Coordinator:
             cost_after=describe_cost(self.cost),
         )
         self._need_plan = True
+
+    def _retime_running(self) -> None:
+        """Predicted ends of the running jobs from the current cost model and their progress
+        (what the re-plan and the ETA build on)."""
+        now = self.now()
+        for run in self.running.values():
+            if run.plan_job is None:
+                continue
+            live = [
+                self.configs[c]
+                for c in run.config_ids
+                if self.status.get(c) is ConfigStatus.RUNNING and c not in run.stop_sent
+            ]
+            left = remaining_job_time(
+                self.cost, live, self.progress, run.spec.gpus, run.spec.strategy
+            )
+            run.plan_job = dataclasses.replace(run.plan_job, end_s=now + left)
 
     # -- records ----------------------------------------------------------------------------
     def _new_job_id(self) -> str:

@@ -28,6 +28,32 @@ def job_memory(
     return float(used), float(cost.capacity(d))
 
 
+def remaining_job_time(
+    cost: Any,
+    pack: Sequence[LoRAConfig],
+    progress: Mapping[str, int],
+    d: int,
+    strategy: str | Strategy | None,
+) -> float:
+    """Predicted seconds a running job still needs: its per-step overhead until its longest
+    config is done, each config's own steps left, and everything else the cost model charges a
+    job beyond its steps (evaluation, export, checkpoints) -- what ``job_time`` charges, with the
+    steps already done taken off."""
+    if not pack:
+        return 0.0
+    s = cost_strategy(d, strategy)
+    steps = {c.config_id: max(1, int(cost.steps(c))) for c in pack}
+    left = {c.config_id: max(0, steps[c.config_id] - progress.get(c.config_id, 0)) for c in pack}
+    stepped = [cost.config_time(c, d, s) for c in pack]
+    longest = max(steps.values())
+    rest = cost.job_time(pack, d, s) - cost.fixed_time(longest, d, s) - sum(stepped)
+    fixed = cost.fixed_time(max(left.values()), d, s)
+    own = sum(
+        t * left[c.config_id] / steps[c.config_id] for c, t in zip(pack, stepped, strict=True)
+    )
+    return float(fixed + own + max(0.0, rest))
+
+
 def describe_cost(cost: Any) -> dict[str, Any]:
     """A JSON view of the cost model's fitted coefficients (what a refit changes)."""
     for name in ("coefficients", "describe", "to_json_dict", "to_dict"):
@@ -123,6 +149,7 @@ __all__ = [
     "job_memory",
     "record_profile",
     "refit_cost",
+    "remaining_job_time",
     "step_samples",
 ]
 

@@ -480,3 +480,16 @@ def test_no_config_waits_for_a_new_job_while_a_slot_is_free() -> None:
     assert coord.is_done() and len(coord.job_rows) == 1
     refills = [d for d in coord.decisions if d.kind is Decision.REFILL]
     assert len(refills) == len(cs) - slots
+
+
+def test_remaining_job_time_takes_the_steps_done_off() -> None:
+    from plora.runtime.costview import remaining_job_time
+
+    cost = AffineCost(t0=1.0, sec_per_sample=0.01)
+    pack = [lora(0, steps=10, batch=2), lora(1, steps=20, batch=2)]
+    full = remaining_job_time(cost, pack, {}, 1, None)
+    assert full == pytest.approx(cost.job_time(pack, 1, None))
+    half = remaining_job_time(cost, pack, {"c00": 5, "c01": 10}, 1, None)
+    assert half == pytest.approx(1.0 + 0.01 * 2 * (5 + 10))
+    done = remaining_job_time(cost, pack, {"c00": 10, "c01": 20}, 1, None)
+    assert done == pytest.approx(1.0)  # AffineCost charges t0 per job, whatever the steps
