@@ -26,7 +26,7 @@ def packed_loss(
     labels: torch.Tensor,
     segments: Sequence[Any],
     denoms: dict[int, int],
-) -> tuple[torch.Tensor, dict[int, float]]:
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """``Σ_i Σ_{t ∈ rows_i} CE_t / N_i`` over target tokens only.
 
     Args:
@@ -37,7 +37,8 @@ def packed_loss(
         denoms: ``N_i`` per slot (target tokens of the slot's whole step batch).
 
     Returns:
-        The scalar loss (fp32) and each slot's detached CE sum in this micro-batch.
+        The scalar loss (fp32) and each slot's detached CE sum in this micro-batch (a 0-d
+        float64 tensor on ``hidden``'s device: read it once the step is done, no sync here).
     """
     targets = labels[:, 1:]
     valid = targets != _IGNORE
@@ -58,7 +59,7 @@ def packed_loss(
     loss, ce = _weighted_ce(head, h, t, row_w[rows])
     per_slot = torch.zeros(len(slots), dtype=torch.float64, device=labels.device)
     per_slot.index_add_(0, row_slot[rows], ce.detach().to(torch.float64))
-    return loss, dict(zip(slots, per_slot.tolist(), strict=True))
+    return loss, dict(zip(slots, per_slot.unbind(), strict=True))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
