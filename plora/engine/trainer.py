@@ -26,6 +26,7 @@ gradient norms stay device tensors) and synchronises once, at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import resource
 import time
@@ -39,7 +40,7 @@ from torch import nn
 from plora.config import ConfigError, LoRAConfig
 from plora.engine import lora, optim
 from plora.engine.lora import _mix
-from plora.engine.loss import packed_loss
+from plora.engine.loss import _to_device, packed_loss
 from plora.engine.packed_optim import PackedAdamW
 from plora.engine.records import AdapterStatus, PackProfile, StepMetrics, StepProfile
 
@@ -327,7 +328,12 @@ class PackedTrainer:
         rows = [micro[s][1] if s in micro else [] for s in range(width)]
         pb = pack_batch(rows, self.pad_id)
         keys = {s: (step_of[s], micro[s][0]) for s in micro}
-        return pb.to(self.device), keys
+        # Inputs go over pinned and non-blocking; the labels stay on the host, where
+        # packed_loss finds the target positions without a device sync.
+        inputs = {
+            k: _to_device(getattr(pb, k), self.device) for k in ("input_ids", "attention_mask")
+        }
+        return dataclasses.replace(pb, **inputs), keys
 
     def _forward_loss(
         self, pb: Any, denoms: dict[int, int]
@@ -482,8 +488,6 @@ def _n_targets(ex: Any) -> int:
 def _truncate(ex: Any, n: int) -> Any:
     if len(ex.input_ids) <= n:
         return ex
-    import dataclasses
-
     return dataclasses.replace(ex, input_ids=list(ex.input_ids[:n]), labels=list(ex.labels[:n]))
 
 
