@@ -12,7 +12,9 @@ same order and float32 roundings as torch's single-tensor implementation::
     p ← p + (-η_i / (1 - β1^t_i)) · m / (sqrt(v) / sqrt(1 - β2^t_i) + ε)
 
 ``‖g‖_i`` is the L2 norm of all of slot ``i``'s gradients (every layer, A and B), before
-clipping, as ``torch.nn.utils.clip_grad_norm_`` computes it; it is returned per slot. Rows of
+clipping, and is returned per slot: row norms squared and summed in float64 per slot (one
+deterministic segmented reduction, no atomics), equal to ``clip_grad_norm_``'s up to the last
+float32 bit; the clip factor is then computed in ``clip_grad_norm_``'s float32 operations. Rows of
 slots that take no step (finished, stopped, not registered) are frozen: clip factor 0, and
 factors that leave ``p``, ``m`` and ``v`` bitwise unchanged. Pad rows (ranks padded to
 ``RANK_ALIGN``) have zero parameters and zero gradients, and stay zero.
@@ -23,8 +25,8 @@ Layout. The optimizer adopts the layers' packed parameters (``A`` and ``Bt`` of 
 its ``.grad`` become row-range views of their group's buffers, so autograd accumulates straight
 into them, and the moments live in matching buffers. Every row belongs to one slot
 (``row_slot``). A step builds one per-slot table on the host (O(slots) floats, one small
-host-to-device copy), gathers it per row, and runs ~15 tensor ops per group, whatever the
-number of layers and slots.
+host-to-device copy), gathers it per row, and runs ~12 tensor ops per group, whatever the
+number of layers and slots; its one temporary is the size of the largest group.
 
 When layers gain or lose slots (their ``version`` changes) the next :meth:`PackedAdamW.sync`
 re-adopts them and carries each live slot's moment rows over; a slot added to the optimizer
@@ -44,10 +46,10 @@ from plora.engine.optim import ADAM_BETAS, ADAM_EPS
 
 # Columns of the per-slot host table; on the device, column _COEF (the clip factor) replaces
 # the last three.
-_DECAY, _W1, _B2, _C2, _BC2, _NEG_STEP, _MAX_NORM, _CLIP, _ACTIVE = range(9)
+_DECAY, _W1, _B2, _BC2, _NEG_STEP, _MAX_NORM, _CLIP, _ACTIVE = range(8)
 _COEF = _MAX_NORM
 #: A frozen slot's row of the table: no decay, no moment update, no parameter step.
-_FROZEN = (1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0)
+_FROZEN = (1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0)
 #: ``clip_grad_norm_``'s guard against division by zero.
 _CLIP_EPS = 1e-6
 
@@ -262,7 +264,7 @@ class PackedAdamW:
             bc1, bc2 = 1 - b1**st.step, 1 - b2**st.step
             clip = st.max_grad_norm
             table[slot] = (
-                1 - lr * st.weight_decay, 1 - b1, b2, 1 - b2, bc2**0.5, -(lr / bc1),
+                1 - lr * st.weight_decay, 1 - b1, b2, bc2**0.5, -(lr / bc1),
                 0.0 if clip is None else clip, float(clip is not None), 1.0,
             )  # fmt: skip
         host = torch.tensor(table, dtype=torch.float64).to(torch.float32)
@@ -283,15 +285,13 @@ class PackedAdamW:
         return norm
 
     def _update(self, g: _Group, f: torch.Tensor) -> None:
-        """The AdamW update of one group with per-row factors ``f`` (rows, 7)."""
+        """The AdamW update of one group with per-row factors ``f`` (rows, 6)."""
         p, grad, m, v = g.param, g.grad, g.exp_avg, g.exp_avg_sq
         grad.mul_(f[:, _COEF : _COEF + 1])  # clip factor (0 on frozen rows)
         p.mul_(f[:, _DECAY : _DECAY + 1])
         m.lerp_(grad, f[:, _W1 : _W1 + 1])
-        v.mul_(f[:, _B2 : _B2 + 1])
-        tmp = grad * f[:, _C2 : _C2 + 1]
-        v.addcmul_(tmp, grad)
-        torch.sqrt(v, out=tmp)
+        v.mul_(f[:, _B2 : _B2 + 1]).addcmul_(grad, grad, value=1 - self.betas[1])  # g = 0: frozen
+        tmp = torch.sqrt(v)  # the step's one temporary, the size of the group
         tmp.div_(f[:, _BC2 : _BC2 + 1]).add_(self.eps)
         torch.mul(m, f[:, _NEG_STEP : _NEG_STEP + 1], out=grad)
         grad.div_(tmp)
