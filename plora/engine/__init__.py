@@ -3,6 +3,8 @@
 * :mod:`plora.engine.lora` -- :class:`PackedLoRALinear`, :func:`inject`, slot routing contexts.
 * :mod:`plora.engine.trainer` -- :class:`PackedTrainer` (one forward/backward per step over
   every active adapter, per-adapter loss, AdamW, schedule and clipping).
+* :mod:`plora.engine.packed_optim` -- :class:`PackedAdamW` (one AdamW step over every adapter's
+  rows of the packed parameters, per-adapter lr, weight decay, step count and clipping).
 * :mod:`plora.engine.checkpoint` -- PEFT-format export, exact train-state checkpoints.
 * :mod:`plora.engine.api` -- the typed engine/runtime boundary (request, outcome, hooks).
 * :class:`PackSession` -- a resident base model serving successive packs (a worker's engine);
@@ -23,6 +25,7 @@ _EXPORTS = {
     "use_slot": "plora.engine.lora",
     "base_only": "plora.engine.lora",
     "PackedTrainer": "plora.engine.trainer",
+    "PackedAdamW": "plora.engine.packed_optim",
     "StepMetrics": "plora.engine.records",
     "StepProfile": "plora.engine.records",
     "PackProfile": "plora.engine.records",

@@ -10,6 +10,7 @@ reference in :mod:`plora.engine.lora`.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -46,25 +47,23 @@ def kernel():
 def fused_forward(fn, layer, x, pieces, *, seed: int) -> torch.Tensor:
     """One fused call ``y = base(x) + Σ_i delta_i`` over all rows.
 
-    Rows between pieces (slots without factors here) become a filler slot of rank 1 and scale
-    0 (one zero block of ``RANK_ALIGN`` rows), so the segment table is gap-free. Dropout runs
+    The kernels get the layer's packed parameters themselves whenever the rows allow it: the
+    table lists every slot of the layer in row order, slots without rows in this forward as empty
+    segments. Only rows *between* pieces (rows of slots without factors here) need a filler slot
+    of rank 1 and scale 0 (one zero block of ``RANK_ALIGN`` rows) to keep the segment table
+    gap-free; then the factors are gathered once (:meth:`PackedLoRALinear.packed`). Dropout runs
     inside the kernel from a Philox seed keyed by (step nonce, module key): deterministic under
     recomputation, statistically the same as the CPU path's keyed masks.
     """
-    slots: list[int | None] = []
-    seg_rows = [pieces[0][1]]
-    for slot, start, stop in pieces:
-        if start > seg_rows[-1]:
-            slots.append(None)
-            seg_rows.append(start)
-        slots.append(slot)
-        seg_rows.append(stop)
-    a_cat, b_cat, rank_offsets = layer.packed(slots)
-    specs = [layer.specs[s] if s is not None else None for s in slots]
-    ranks = [sp.rank if sp else 1 for sp in specs]
-    scales = [sp.scale if sp else 0.0 for sp in specs]
-    drops = [sp.dropout if sp and layer.training else 0.0 for sp in specs]
     per_row = math.prod(x.shape[1:-1])
+    key = ("kernel", tuple(pieces), layer.training, per_row)
+    table = layer.memo.get(key)
+    if table is None:
+        if len(layer.memo) > 64:  # many distinct row tables (sequence lengths): start over
+            layer.memo.clear()
+        table = layer.memo[key] = _slot_table(layer, pieces, per_row)
+    slots, seg_starts, ranks, scales, drops = table
+    a_cat, b_cat, rank_offsets = layer.packed(slots)
     autocast = torch.is_autocast_enabled(x.device.type)
     dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
     bias = layer.base_layer.bias
@@ -74,12 +73,41 @@ def fused_forward(fn, layer, x, pieces, *, seed: int) -> torch.Tensor:
         None if bias is None else bias.to(dtype),
         a_cat.to(dtype),
         b_cat.to(dtype),  # a transposed view of a contiguous Bᵀ: the kernels' native layout
-        [r * per_row for r in seg_rows],
+        seg_starts,
         rank_offsets,
         ranks,
         scales,
         drops,
         seed,
+    )
+
+
+def _slot_table(layer, pieces, per_row: int):
+    """``(slots, seg_starts, ranks, scales, dropout_p)`` of the kernel call for ``pieces``."""
+    order = layer.slots
+    where = {s: k for k, s in enumerate(order)}
+    ordered = all(where[a[0]] < where[b[0]] for a, b in itertools.pairwise(pieces))
+    entries: list[tuple[int | None, int, int]] = []
+    cursor, k = pieces[0][1], 0
+    for slot in order if ordered else [p[0] for p in pieces]:
+        if k < len(pieces) and pieces[k][0] == slot:
+            _, start, stop = pieces[k]
+            if start > cursor:
+                entries.append((None, cursor, start))
+            entries.append((slot, start, stop))
+            cursor, k = stop, k + 1
+        else:  # a slot of this layer without rows in this forward: an empty segment
+            entries.append((slot, cursor, cursor))
+    specs = [layer.specs[s] if s is not None else None for s, _, _ in entries]
+    return (
+        tuple(s for s, _, _ in entries),
+        tuple(r * per_row for r in [entries[0][1], *(stop for _, _, stop in entries)]),
+        tuple(sp.rank if sp else 1 for sp in specs),
+        tuple(sp.scale if sp else 0.0 for sp in specs),
+        tuple(
+            sp.dropout if sp and layer.training and stop > start else 0.0
+            for sp, (_, start, stop) in zip(specs, entries, strict=True)
+        ),
     )
 
 

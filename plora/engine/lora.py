@@ -10,12 +10,15 @@ with ``A_i`` (r_i x in), ``B_i`` (out x r_i), ``s_i = alpha_i / r_i`` (``alpha_i
 for rsLoRA). Rows of slots that do not target this module get the base output only. This is
 PEFT's ``result + lora_B(lora_A(dropout(x))) * scaling`` evaluated per segment.
 
-Storage. Each slot owns two fp32 ``nn.Parameter`` s (``A_i``, ``B_i``) at its true rank, so a
-per-adapter ``torch.optim.AdamW`` holds exactly that adapter's state and follows it when slots
-join and leave between steps (no model rebuild). The rank-concatenated layout the CUDA kernels
-want -- ``A`` (Σ r_pad x in) and ``B`` (out x Σ r_pad), each rank zero-padded to a multiple of
-:data:`RANK_ALIGN` -- is a differentiable view built per forward (:meth:`PackedLoRALinear.packed`);
-the padding is not a parameter, so it stays zero and is never trained.
+Storage. Per layer, two fp32 parameters hold every slot: ``A`` (Σ r_pad x in) and ``Bt``
+(Σ r_pad x out, i.e. ``B`` stored transposed), slots stacked in ascending slot order, each rank
+zero-padded to a multiple of :data:`RANK_ALIGN` -- the kernels' rank-concatenated layout, so the
+fused path passes the parameters themselves and its weight gradients land in them without a
+copy. Pad rows of ``A`` and pad columns of ``B`` start at zero and get zero gradient (slot ``i``
+only reads its first ``r_i`` rows), so AdamW keeps them at zero. Adding or removing a slot
+(between steps) reallocates both and bumps :attr:`PackedLoRALinear.version`;
+:class:`plora.engine.packed_optim.PackedAdamW` then moves its state rows along.
+:meth:`PackedLoRALinear.factors` gives one slot's ``(A_i, B_i)`` as views (export, state dicts).
 
 Routing. The segment table is set per step with :func:`packed_segments`; :func:`use_slot`
 applies one slot to all rows (evaluation, export checks) and :func:`base_only` none. Routing is
@@ -133,12 +136,37 @@ class Routing:
 _BASE_ONLY = Routing()
 
 
+def _padded(rank: int) -> int:
+    """``rank`` rounded up to a multiple of :data:`RANK_ALIGN`."""
+    return -(-rank // RANK_ALIGN) * RANK_ALIGN
+
+
+def _insert_rows(t: torch.Tensor, at: int, n: int) -> torch.Tensor:
+    """A copy of ``t`` (rows, w) with ``n`` zero rows inserted before row ``at``."""
+    t = t.detach()
+    out = t.new_zeros(t.shape[0] + n, t.shape[1])
+    out[:at] = t[:at]
+    out[at + n :] = t[at:]
+    return out
+
+
 class PackedLoRALinear(nn.Module):
     """A frozen ``nn.Linear`` plus the LoRA factors of every slot that targets it.
 
     Args:
         base_layer: the frozen linear (weight ``(out, in)``, optional bias); kept as is.
         key: :func:`module_key` of this module (seeds init and dropout).
+
+    Attributes:
+        A: fp32 parameter ``(Σ r_pad, in)``: the slots' ``A_i`` stacked in ascending slot order,
+            slot ``i`` in rows ``[o_i, o_i + r_i)`` of its block ``[o_i, o_i + r_pad_i)``.
+        Bt: fp32 parameter ``(Σ r_pad, out)``: the ``B_iᵀ`` in the same rows.
+        specs: ``{slot: SlotSpec}``.
+        offsets: ``{slot: o_i}``.
+        version: bumped whenever ``A``/``Bt`` are replaced (slots added or removed, the module
+            moved); optimizers over these parameters re-sync on a new version.
+        memo: per-version memo of host-side tables (gather indices, kernel slot tables);
+            cleared with every new version.
 
     Shapes: input ``(R, ..., in)`` (rows first), output ``(R, ..., out)``.
     """
@@ -149,17 +177,28 @@ class PackedLoRALinear(nn.Module):
         self.key = key
         self.in_features = base_layer.in_features
         self.out_features = base_layer.out_features
-        self.lora_A = nn.ParameterDict()
-        self.lora_B = nn.ParameterDict()
+        device = base_layer.weight.device
+        self.A = nn.Parameter(torch.zeros(0, self.in_features, device=device), False)
+        self.Bt = nn.Parameter(torch.zeros(0, self.out_features, device=device), False)
         self.specs: dict[int, SlotSpec] = {}
+        self.offsets: dict[int, int] = {}
+        self.version = 0
         self.routing: Routing | None = None
+        self._order: tuple[int, ...] = ()
+        self._splits: list[int] = []
+        self.memo: dict = {}
         base_layer.requires_grad_(False)
 
     # ------------------------------------------------------------------ slots
     @property
     def slots(self) -> list[int]:
-        """Slots that have factors in this layer, ascending."""
-        return sorted(self.specs)
+        """Slots that have factors in this layer, ascending (their row order)."""
+        return list(self._order)
+
+    @property
+    def rows(self) -> int:
+        """``Σ r_pad``: rows of ``A`` and ``Bt``."""
+        return self.A.shape[0]
 
     def add_slot(
         self,
@@ -170,57 +209,120 @@ class PackedLoRALinear(nn.Module):
         dropout: float = 0.0,
         seed: int = 0,
     ) -> None:
-        """Create slot ``slot``'s factors: A kaiming-uniform from ``(seed, key)``, B zeros."""
+        """Create slot ``slot``'s factors: A kaiming-uniform from ``(seed, key)``, B zeros.
+
+        Reallocates ``A`` and ``Bt`` (new parameters, old rows copied): call between steps.
+        """
         if slot in self.specs:
             raise ValueError(f"slot {slot} already present in layer {self.key}")
         gen = torch.Generator().manual_seed(_mix(seed, self.key, 0x10A))
         a = torch.empty(rank, self.in_features, dtype=torch.float32)
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=gen)
-        device = self.base_layer.weight.device
-        self.lora_A[str(slot)] = nn.Parameter(a.to(device))
-        # B (out, r) is stored transposed (strides (1, out)): Bᵀ rows of all slots concatenate
-        # into the kernels' contiguous (Σ r_pad, out) layout, and its gradient slices back into
-        # each slot without a copy.
-        self.lora_B[str(slot)] = nn.Parameter(
-            torch.zeros(rank, self.out_features, dtype=torch.float32, device=device).t()
-        )
         self.specs[slot] = SlotSpec(rank=rank, scale=float(scale), dropout=dropout, seed=seed)
+        at = sum(_padded(self.specs[s].rank) for s in self._order if s < slot)
+        pad = _padded(rank)
+        with torch.no_grad():
+            new_a = _insert_rows(self.A, at, pad)
+            new_a[at : at + rank] = a.to(new_a.device)
+            self._replace(new_a, _insert_rows(self.Bt, at, pad))
 
     def remove_slot(self, slot: int) -> None:
-        """Drop slot ``slot``'s factors (no-op when absent)."""
-        if self.specs.pop(slot, None) is not None:
-            del self.lora_A[str(slot)]
-            del self.lora_B[str(slot)]
+        """Drop slot ``slot``'s factors (no-op when absent); reallocates ``A`` and ``Bt``."""
+        if slot not in self.specs:
+            return
+        start, stop = self.offsets[slot], self.offsets[slot] + _padded(self.specs.pop(slot).rank)
+        with torch.no_grad():
+            a, bt = self.A.detach(), self.Bt.detach()
+            self._replace(torch.cat([a[:start], a[stop:]]), torch.cat([bt[:start], bt[stop:]]))
 
-    def factors(self, slot: int) -> tuple[nn.Parameter, nn.Parameter]:
-        """``(A, B)`` of ``slot``: ``(r, in)`` and ``(out, r)``."""
-        return self.lora_A[str(slot)], self.lora_B[str(slot)]
+    def _replace(self, a: torch.Tensor, bt: torch.Tensor) -> None:
+        trainable = bool(self.specs)
+        self.A = nn.Parameter(a, requires_grad=trainable)
+        self.Bt = nn.Parameter(bt, requires_grad=trainable)
+        self._order = tuple(sorted(self.specs))
+        self.offsets, self._splits, row = {}, [], 0
+        for s in self._order:
+            rank = self.specs[s].rank
+            self.offsets[s] = row
+            self._splits += [rank, _padded(rank) - rank]
+            row += _padded(rank)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.version += 1
+        self.memo.clear()
+
+    def _apply(self, fn, recurse=True):  # .to() / .cuda() / .float() replace the parameters
+        self._changed()
+        return super()._apply(fn, recurse)
+
+    def block(self, slot: int) -> slice:
+        """Rows ``[o_i, o_i + r_i)`` of ``slot`` in ``A`` / ``Bt`` (and their gradients)."""
+        start = self.offsets[slot]
+        return slice(start, start + self.specs[slot].rank)
+
+    def factors(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A_i, B_i)`` of ``slot``: views ``(r, in)`` and ``(out, r)`` of the packed parameters.
+
+        For export, state dicts and tests; training goes through ``A`` and ``Bt``.
+        """
+        rows = self.block(slot)
+        return self.A[rows], self.Bt[rows].t()
+
+    def split_factors(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """``{slot: (A_i (r, in), B_iᵀ (r, out))}``: one differentiable split per parameter.
+
+        The backward of a split is one concatenation, so a forward that uses several slots
+        produces one gradient per packed parameter (pad rows zero), not one per slot.
+        """
+        a_parts = self.A.split(self._splits)
+        bt_parts = self.Bt.split(self._splits)
+        return {s: (a_parts[2 * k], bt_parts[2 * k]) for k, s in enumerate(self._order)}
 
     def packed(self, slots: Sequence[int | None]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """Rank-concatenated, zero-padded factors of ``slots`` (differentiable view).
+        """Rank-concatenated, zero-padded factors of ``slots`` (differentiable).
 
-        A ``None`` entry is a filler: a zero block of ``RANK_ALIGN`` rows.
+        When ``slots`` are this layer's slots in row order (:attr:`slots`), these are the
+        parameters themselves (``A`` and ``Btᵀ``, no copy). Otherwise one gather: a ``None``
+        entry is a filler (a zero block of ``RANK_ALIGN`` rows), the others their padded blocks.
 
         Returns:
             ``A`` (Σ r_pad, in), ``B`` (out, Σ r_pad) and the padded offsets (len + 1), where
             ``r_pad = ceil(r / RANK_ALIGN) · RANK_ALIGN``; padding rows/cols are zeros. ``B`` is
             the transpose of a contiguous ``Bᵀ`` (strides ``(1, out)``).
         """
-        a_parts, bt_parts, offsets = [], [], [0]
+        slots = tuple(slots)
+        key = ("gather", slots, self.A.device)
+        plan = self.memo.get(key)
+        if plan is None:
+            plan = self.memo[key] = self._gather_plan(slots)
+        offsets, index = plan
+        if index is None:
+            return self.A, self.Bt.t(), list(offsets)
+        src, dst = index
+        out = []
+        for p in (self.A, self.Bt):
+            rows = p.index_select(0, src)
+            if dst is not None:
+                rows = p.new_zeros(offsets[-1], p.shape[1]).index_copy(0, dst, rows)
+            out.append(rows)
+        return out[0], out[1].t(), list(offsets)
+
+    def _gather_plan(self, slots: tuple[int | None, ...]):
+        """Offsets and (source rows, destination rows or None) of :meth:`packed`'s gather."""
+        offsets, src, dst = [0], [], []
         for slot in slots:
-            if slot is None:
-                w = self.base_layer.weight
-                a_parts.append(w.new_zeros(RANK_ALIGN, self.in_features, dtype=torch.float32))
-                bt_parts.append(w.new_zeros(RANK_ALIGN, self.out_features, dtype=torch.float32))
-                offsets.append(offsets[-1] + RANK_ALIGN)
-                continue
-            a, b = self.factors(slot)
-            bt = b.t()
-            pad = -a.shape[0] % RANK_ALIGN
-            a_parts.append(nn.functional.pad(a, (0, 0, 0, pad)) if pad else a)
-            bt_parts.append(nn.functional.pad(bt, (0, 0, 0, pad)) if pad else bt)
-            offsets.append(offsets[-1] + a.shape[0] + pad)
-        return torch.cat(a_parts, 0), torch.cat(bt_parts, 0).t(), offsets
+            size = RANK_ALIGN if slot is None else _padded(self.specs[slot].rank)
+            if slot is not None:
+                src.extend(range(self.offsets[slot], self.offsets[slot] + size))
+                dst.extend(range(offsets[-1], offsets[-1] + size))
+            offsets.append(offsets[-1] + size)
+        if slots == self._order:
+            return tuple(offsets), None
+        device = self.A.device
+        src_t = torch.tensor(src, dtype=torch.long, device=device)
+        dst_t = None if None not in slots else torch.tensor(dst, dtype=torch.long, device=device)
+        return tuple(offsets), (src_t, dst_t)
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -295,15 +397,17 @@ def _lora_delta(
     """Torch reference: ``s_i · (dropout(x_i) A_iᵀ) B_iᵀ`` for each ``(slot, start, stop)``.
 
     Two matmuls per slot, in PEFT's order (``lora_B(lora_A(dropout(x))) * scaling``), with
-    keyed dropout masks; exact per-adapter training on CPU.
+    keyed dropout masks, on views of the packed parameters (one split each, so the backward
+    writes one gradient per packed parameter); exact per-adapter training on CPU.
     """
     autocast = torch.is_autocast_enabled(x.device.type)
     xl = x if autocast else x.to(torch.float32)
+    parts = layer.split_factors()
     out = []
     for slot, start, stop in pieces:
-        a, b = layer.factors(slot)
+        a, bt = parts[slot]
         xs = _dropped_input(layer, xl, slot, start, stop, routing)
-        delta = (xs @ a.t()) @ b.t() * layer.specs[slot].scale
+        delta = (xs @ a.t()) @ bt * layer.specs[slot].scale
         out.append(delta if autocast else delta.to(x.dtype))
     return out
 
@@ -369,8 +473,8 @@ def packed_layers(model: nn.Module) -> dict[str, PackedLoRALinear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, PackedLoRALinear)}
 
 
-def add_adapter(model: nn.Module, slot: int, config: LoRAConfig) -> list[nn.Parameter]:
-    """Give ``slot`` factors for ``config`` in every targeted layer; return its parameters."""
+def add_adapter(model: nn.Module, slot: int, config: LoRAConfig) -> list[torch.Tensor]:
+    """Give ``slot`` factors for ``config`` in every targeted layer; return its factor views."""
     for name, layer in packed_layers(model).items():
         if name.rsplit(".", 1)[-1] in config.target_modules:
             layer.add_slot(
@@ -395,9 +499,11 @@ def remove_adapter(model: nn.Module, slot: int) -> None:
         layer.remove_slot(slot)
 
 
-def adapter_parameters(model: nn.Module, slot: int) -> list[nn.Parameter]:
-    """Slot ``slot``'s parameters in a fixed order: module order, A then B."""
-    params: list[nn.Parameter] = []
+def adapter_parameters(model: nn.Module, slot: int) -> list[torch.Tensor]:
+    """Slot ``slot``'s factors in a fixed order (module order, A then B): views of the packed
+    parameters (:meth:`PackedLoRALinear.factors`), for reading and copying, not for an optimizer.
+    """
+    params: list[torch.Tensor] = []
     for layer in packed_layers(model).values():
         if slot in layer.specs:
             params.extend(layer.factors(slot))
@@ -410,9 +516,14 @@ def adapter_state_dict(model: nn.Module, slot: int) -> dict[str, torch.Tensor]:
     for name, layer in packed_layers(model).items():
         if slot in layer.specs:
             a, b = layer.factors(slot)
-            out[f"base_model.model.{name}.lora_A.weight"] = a.detach()
-            out[f"base_model.model.{name}.lora_B.weight"] = b.detach()
+            out[peft_key(name, "A")] = a.detach()
+            out[peft_key(name, "B")] = b.detach()
     return out
+
+
+def peft_key(module: str, factor: str) -> str:
+    """PEFT's state-dict key of factor ``"A"`` or ``"B"`` of the packed layer named ``module``."""
+    return f"base_model.model.{module}.lora_{factor}.weight"
 
 
 def load_adapter_state_dict(model: nn.Module, slot: int, state: Mapping[str, torch.Tensor]) -> None:
@@ -499,6 +610,7 @@ __all__ = [
     "module_key",
     "packed_layers",
     "packed_segments",
+    "peft_key",
     "remove_adapter",
     "set_kernel_backend",
     "uninject",

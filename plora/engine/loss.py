@@ -26,18 +26,22 @@ def packed_loss(
     labels: torch.Tensor,
     segments: Sequence[Any],
     denoms: dict[int, int],
-) -> tuple[torch.Tensor, dict[int, float]]:
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """``Σ_i Σ_{t ∈ rows_i} CE_t / N_i`` over target tokens only.
 
     Args:
         head: the LM head (hidden -> vocab logits).
         hidden: ``(R, S, H)`` final hidden states.
         labels: ``(R, S)`` aligned labels (-100 = ignore); position ``t`` predicts ``t+1``.
+            On the host (CPU) while ``hidden`` is on an accelerator, the target positions and
+            weights are found on the host and copied over without a device sync; on
+            ``hidden``'s device they are found there (a sync on CUDA).
         segments: ``(slot, start, stop)`` rows of each slot.
         denoms: ``N_i`` per slot (target tokens of the slot's whole step batch).
 
     Returns:
-        The scalar loss (fp32) and each slot's detached CE sum in this micro-batch.
+        The scalar loss (fp32) and each slot's detached CE sum in this micro-batch (a 0-d
+        float64 tensor on ``hidden``'s device: read it once the step is done, no sync here).
     """
     targets = labels[:, 1:]
     valid = targets != _IGNORE
@@ -52,13 +56,26 @@ def packed_loss(
         row_w[start:stop] = 1.0 / denoms[slot]
         row_slot[start:stop] = k
         slots.append(slot)
-    rows = valid.nonzero()[:, 0]
-    h = hidden[:, :-1][valid]
-    t = targets[valid]
-    loss, ce = _weighted_ce(head, h, t, row_w[rows])
-    per_slot = torch.zeros(len(slots), dtype=torch.float64, device=labels.device)
-    per_slot.index_add_(0, row_slot[rows], ce.detach().to(torch.float64))
-    return loss, dict(zip(slots, per_slot.tolist(), strict=True))
+    rows, cols = valid.nonzero(as_tuple=True)
+    # (row, col) of each target -> its hidden state's row in hidden viewed as (R·S, H)
+    where = rows * labels.shape[1] + cols
+    t, w, owner = targets[rows, cols], row_w[rows], row_slot[rows]
+    if labels.device != hidden.device:
+        where, t, w, owner = (_to_device(x, hidden.device) for x in (where, t, w, owner))
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, where)
+    loss, ce = _weighted_ce(head, h, t, w)
+    per_slot = torch.zeros(len(slots), dtype=torch.float64, device=hidden.device)
+    per_slot.index_add_(0, owner, ce.detach().to(torch.float64))
+    return loss, dict(zip(slots, per_slot.unbind(), strict=True))
+
+
+def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor ``x`` on ``device`` without waiting for it (pinned, non-blocking on CUDA)."""
+    if x.device == device:
+        return x
+    if device.type == "cuda":
+        x = x.pin_memory()
+    return x.to(device, non_blocking=True)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -64,6 +64,9 @@ class StepProfile:
     micro_batches: int
     peak_memory_bytes: int
     """``torch.cuda.max_memory_allocated`` during the step on GPU; process max RSS on CPU."""
+    host_s: float | None = None
+    """Step start until the step's last kernel was enqueued (before the synchronize): the
+    host's share. On CPU, where kernels run as they are issued, about ``time_s``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

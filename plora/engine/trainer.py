@@ -10,7 +10,9 @@ The loss is::
 with ``N_i`` the number of target tokens of ``b_i`` (labels shifted by one; prompt and padding
 are -100). Since slot ``i``'s parameters only touch its own rows, ``∂L/∂θ_i`` is exactly the
 gradient of adapter ``i``'s own mean token loss. Each adapter then clips by its own L2 norm and
-steps its own AdamW and schedule (:mod:`plora.engine.optim`).
+takes its own AdamW step with its own lr schedule, weight decay and step count -- all adapters in
+one :class:`~plora.engine.packed_optim.PackedAdamW` step over the packed parameters
+(:mod:`plora.engine.optim` for the schedules).
 
 When the packed rows exceed ``max_rows`` they are split into micro-batches (rows of one adapter
 may straddle two); each micro-batch backpropagates its share ``Σ_{t ∈ micro} CE / N_i`` so the
@@ -18,14 +20,17 @@ accumulated gradient equals the full batch's. Logits are computed only at target
 chunks, recomputed in backward when large (never ``R × S × V`` at once).
 
 GPU: bf16 autocast, fp32 master LoRA weights, fused kernels via the layer's hook; CPU: fp32.
+The host queues a whole step without waiting for the device (the per-adapter losses and
+gradient norms stay device tensors) and synchronises once, at the end.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,10 +40,13 @@ from torch import nn
 from plora.config import ConfigError, LoRAConfig
 from plora.engine import lora, optim
 from plora.engine.lora import _mix
-from plora.engine.loss import packed_loss
+from plora.engine.loss import _to_device, packed_loss
+from plora.engine.packed_optim import PackedAdamW
 from plora.engine.records import AdapterStatus, PackProfile, StepMetrics, StepProfile
 
 _IGNORE = -100
+#: Format of :meth:`PackedTrainer.state_dict` (2: packed optimizer moments, PEFT-keyed).
+TRAIN_STATE_VERSION = 2
 
 
 @dataclass(slots=True)
@@ -47,9 +55,8 @@ class _Adapter:
     slot: int
     total_steps: int
     stream: Any
-    params: list[nn.Parameter]
-    optimizer: torch.optim.Optimizer | None
-    scheduler: Any
+    lr_lambda: Callable[[int], float]
+    """The schedule's multiplier of ``config.lr`` at an optimizer step (0-based)."""
     step: int = 0
     tokens: int = 0
     last_loss: float | None = None
@@ -125,6 +132,7 @@ class PackedTrainer:
         self._decoder = getattr(model, model.base_model_prefix)
         self._head = model.get_output_embeddings()
         self.adapters: dict[str, _Adapter] = {}
+        self.optimizer = PackedAdamW(self.layers)
         self.global_step = 0
         self.profile_steps = profile_steps
         self._profile: list[StepProfile] = []
@@ -168,17 +176,17 @@ class PackedTrainer:
             slot = next(i for i in range(len(used) + 1) if i not in used)
         elif slot in used:
             raise ValueError(f"slot {slot} is taken")
-        params = lora.add_adapter(self.model, slot, config)
+        lora.add_adapter(self.model, slot, config)
         steps = optim.total_steps(config, len(self.train_examples))
-        opt = optim.make_optimizer(params, config)
+        self.optimizer.add_slot(
+            slot, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm
+        )
         self.adapters[config.config_id] = _Adapter(
             config=config,
             slot=slot,
             total_steps=steps,
             stream=AdapterStream(len(self.train_examples), config.batch_size, config.seed),
-            params=params,
-            optimizer=opt,
-            scheduler=optim.make_schedule(opt, config, steps),
+            lr_lambda=optim.lr_lambda(config, steps),
         )
         return slot
 
@@ -191,15 +199,13 @@ class PackedTrainer:
     def release(self, config_id: str) -> None:
         """Forget a finished or stopped adapter and free its slot."""
         ad = self.adapters.pop(config_id)
+        self.optimizer.remove_slot(ad.slot)
         lora.remove_adapter(self.model, ad.slot)
 
     def _retire(self, ad: _Adapter, status: AdapterStatus) -> None:
+        """Stop training ``ad``: its rows freeze (no update, no state) until released."""
         ad.status = status
-        ad.optimizer = None
-        ad.scheduler = None
-        for p in ad.params:
-            p.grad = None
-            p.requires_grad_(False)
+        self.optimizer.remove_slot(ad.slot)
 
     # ----------------------------------------------------------------- step
     def step(self) -> list[StepMetrics]:
@@ -211,11 +217,12 @@ class PackedTrainer:
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()
+        self.optimizer.sync()  # after adapters joined or left: adopt the new packed parameters
         batches = {ad.slot: self._draw(ad) for ad in active}
         denoms = {s: max(1, sum(_n_targets(ex) for ex in exs)) for s, exs in batches.items()}
         while True:
             try:
-                ce_sums, micros, rows, padded, seq_len = self._accumulate(batches, denoms, active)
+                ce_parts, micros, rows, padded, seq_len = self._accumulate(batches, denoms, active)
                 break
             except torch.OutOfMemoryError:
                 total = sum(len(b) for b in batches.values())
@@ -225,27 +232,29 @@ class PackedTrainer:
             # Out of memory (the exception and its frames are released by now): gradient
             # accumulation on demand -- same batches, half the rows per forward. The result is
             # unchanged since each micro-batch carries its share of every adapter's loss.
-            for ad in active:
-                ad.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad()
             if cuda:
                 torch.cuda.empty_cache()
             self.max_rows = max(1, current // 2)
             self.oom_splits += 1
-        metrics = []
-        elapsed = None
-        updates = []
-        for ad in active:
-            norm = optim.clip_and_norm(ad.params, ad.config.max_grad_norm)
-            lr = float(ad.scheduler.get_last_lr()[0])
-            ad.optimizer.step()
-            ad.scheduler.step()
-            ad.optimizer.zero_grad(set_to_none=True)
-            updates.append((ad, norm, lr))
+        lrs = {ad.slot: ad.config.lr * ad.lr_lambda(ad.step) for ad in active}
+        norms = self.optimizer.step(lrs)
+        # one device -> host read per step: every slot's grad norm, then the micro-batches' CE sums
+        readback = torch.cat([norms.double(), *(sums for _, sums in ce_parts)])
+        host_s = time.perf_counter() - t0
         if cuda:
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - t0
+        values = readback.tolist()
+        ce_sums = dict.fromkeys(batches, 0.0)
+        cursor = norms.shape[0]
+        for slots, _ in ce_parts:
+            for slot in slots:
+                ce_sums[slot] += values[cursor]
+                cursor += 1
+        metrics = []
         tokens_total = 0
-        for ad, norm, lr in updates:
+        for ad in active:
             exs = batches[ad.slot]
             tokens = sum(len(ex.input_ids) for ex in exs)
             tokens_total += tokens
@@ -258,9 +267,9 @@ class PackedTrainer:
                     config_id=ad.config.config_id,
                     step=ad.step,
                     loss=ad.last_loss,
-                    lr=lr,
+                    lr=lrs[ad.slot],
                     tokens=tokens,
-                    grad_norm=float(norm),
+                    grad_norm=values[ad.slot],
                     time_s=elapsed,
                 )
             )
@@ -270,6 +279,7 @@ class PackedTrainer:
         self.last_step = StepProfile(
             step=self.global_step,
             time_s=elapsed,
+            host_s=host_s,
             adapters=len(active),
             rows=rows,
             seq_len=seq_len,
@@ -283,8 +293,12 @@ class PackedTrainer:
         return metrics
 
     def _accumulate(self, batches, denoms, active):
-        """Forward + backward of the step's rows in micro-batches of ``max_rows``."""
-        ce_sums = dict.fromkeys(batches, 0.0)
+        """Forward + backward of the step's rows in micro-batches of ``max_rows``.
+
+        Returns ``(ce_parts, micros, rows, padded, seq_len)`` where ``ce_parts`` holds, per
+        micro-batch, its slots and their CE sums (a float64 device tensor, read after the step).
+        """
+        ce_parts = []
         micros = _plan_micro_batches(batches, self.max_rows)
         rows = padded = seq_len = 0
         for m, micro in enumerate(micros):
@@ -297,9 +311,9 @@ class PackedTrainer:
                 loss, sums = self._forward_loss(pb, denoms)
                 loss.backward()
             del loss
-            for slot, value in sums.items():
-                ce_sums[slot] += value
-        return ce_sums, micros, rows, padded, seq_len
+            if sums:
+                ce_parts.append((list(sums), torch.stack(list(sums.values()))))
+        return ce_parts, micros, rows, padded, seq_len
 
     def _draw(self, ad: _Adapter) -> list[Any]:
         exs = [self.train_examples[i] for i in ad.stream.next_batch()]
@@ -315,11 +329,16 @@ class PackedTrainer:
         rows = [micro[s][1] if s in micro else [] for s in range(width)]
         pb = pack_batch(rows, self.pad_id)
         keys = {s: (step_of[s], micro[s][0]) for s in micro}
-        return pb.to(self.device), keys
+        # Inputs go over pinned and non-blocking; the labels stay on the host, where
+        # packed_loss finds the target positions without a device sync.
+        inputs = {
+            k: _to_device(getattr(pb, k), self.device) for k in ("input_ids", "attention_mask")
+        }
+        return dataclasses.replace(pb, **inputs), keys
 
     def _forward_loss(
         self, pb: Any, denoms: dict[int, int]
-    ) -> tuple[torch.Tensor, dict[int, float]]:
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         ctx = (
             torch.autocast(self.device.type, dtype=self.autocast_dtype)
             if self.autocast_dtype is not None
@@ -375,21 +394,34 @@ class PackedTrainer:
                 "status": str(ad.status),
                 "stream": ad.stream.get_state(),
                 "weights": lora.adapter_state_dict(self.model, ad.slot),
-                "optimizer": ad.optimizer.state_dict() if ad.optimizer else None,
-                "scheduler": ad.scheduler.state_dict() if ad.scheduler else None,
+                "optimizer": (
+                    self.optimizer.slot_state(ad.slot)
+                    if ad.status is AdapterStatus.ACTIVE
+                    else None
+                ),
             }
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        state = {"version": 1, "global_step": self.global_step, "adapters": adapters, "rng": rng}
+        state = {
+            "version": TRAIN_STATE_VERSION,
+            "global_step": self.global_step,
+            "adapters": adapters,
+            "rng": rng,
+        }
         return _detached_copy(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` into this trainer (which must hold no adapters)."""
+        """Restore :meth:`state_dict` into this trainer (which must hold no adapters).
+
+        Reads version 2 (moments per adapter, PEFT-keyed; the schedule follows from the step)
+        and version 1 (one ``torch.optim.AdamW`` and ``LambdaLR`` state dict per adapter).
+        """
         if self.adapters:
             raise RuntimeError("load_state_dict needs a trainer without adapters")
-        if state.get("version") != 1:
-            raise ValueError(f"unknown train-state version {state.get('version')!r}")
+        version = state.get("version")
+        if version not in (1, TRAIN_STATE_VERSION):
+            raise ValueError(f"unknown train-state version {version!r}")
         for cid, st in sorted(state["adapters"].items(), key=lambda kv: kv[1]["slot"]):
             self.add(LoRAConfig.from_dict(st["config"]), slot=st["slot"])
             ad = self.adapters[cid]
@@ -400,8 +432,12 @@ class PackedTrainer:
             ad.stream.set_state(st["stream"])
             status = AdapterStatus(st["status"])
             if status is AdapterStatus.ACTIVE:
-                ad.optimizer.load_state_dict(st["optimizer"])
-                ad.scheduler.load_state_dict(st["scheduler"])
+                opt = st["optimizer"]
+                if version == 1:
+                    keys = list(lora.adapter_state_dict(self.model, ad.slot))
+                    opt = _from_torch_adamw(opt, keys)
+                if opt is not None:
+                    self.optimizer.load_slot_state(ad.slot, opt)
             else:
                 self._retire(ad, status)
         self.global_step = state["global_step"]
@@ -412,6 +448,22 @@ class PackedTrainer:
 
 
 # --------------------------------------------------------------- helpers
+def _from_torch_adamw(state: dict[str, Any], keys: list[str]) -> dict[str, Any] | None:
+    """A version-1 ``torch.optim.AdamW`` state dict as :meth:`PackedAdamW.slot_state` output.
+
+    Its parameters were the adapter's factors in ``keys`` order (module order, A then B);
+    None when it took no step yet.
+    """
+    per = state["state"]
+    if not per:
+        return None
+    return {
+        "step": int(per[0]["step"]),
+        "exp_avg": {k: per[i]["exp_avg"] for i, k in enumerate(keys)},
+        "exp_avg_sq": {k: per[i]["exp_avg_sq"] for i, k in enumerate(keys)},
+    }
+
+
 def _plan_micro_batches(
     batches: dict[int, list[Any]], max_rows: int | None
 ) -> list[dict[int, tuple[int, list[Any]]]]:
@@ -437,8 +489,6 @@ def _n_targets(ex: Any) -> int:
 def _truncate(ex: Any, n: int) -> Any:
     if len(ex.input_ids) <= n:
         return ex
-    import dataclasses
-
     return dataclasses.replace(ex, input_ids=list(ex.input_ids[:n]), labels=list(ex.labels[:n]))
 
 

@@ -123,3 +123,35 @@ def test_resume_after_an_adapter_completed(tmp_path):
     again = adapter_state_dict(resumed.model, resumed.slot_of("x"))
     assert all(torch.equal(done[k], again[k]) for k in done)
     assert [m.step for m in resumed.step()] == [7]
+
+
+def test_resume_from_a_version_1_train_state(tmp_path):
+    """Train-states written before the packed optimizer (one torch AdamW state dict per
+    adapter, version 1) still resume exactly."""
+    base = tiny_model("qwen2")
+    data = toy_dataset()
+    straight = _trained(base, data, steps=7)
+    state = _trained(base, data, steps=4).state_dict()
+    assert state["version"] == 2
+    for st in state["adapters"].values():  # rewrite as version 1 would have stored it
+        opt = st.pop("optimizer")
+        per = {
+            i: {"step": torch.tensor(float(opt["step"])), "exp_avg": opt["exp_avg"][k],
+                "exp_avg_sq": opt["exp_avg_sq"][k]}
+            for i, k in enumerate(st["weights"])
+        }  # fmt: skip
+        st["optimizer"] = {"state": per, "param_groups": [{"params": list(per)}]}
+        st["scheduler"] = {"last_epoch": st["step"]}
+    state["version"] = 1
+    save_train_state(tmp_path / "v1", state)
+    resumed = PackedTrainer(copy.deepcopy(base), TOKENIZER, data, device="cpu")
+    resumed.load_state_dict(load_train_state(tmp_path / "v1"))
+    for _ in range(3):
+        resumed.step()
+    for cfg in CFGS:
+        a = adapter_state_dict(straight.model, straight.slot_of(cfg.config_id))
+        b = adapter_state_dict(resumed.model, resumed.slot_of(cfg.config_id))
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    fresh = PackedTrainer(copy.deepcopy(base), TOKENIZER, data, device="cpu")
+    with pytest.raises(ValueError, match="train-state version"):
+        fresh.load_state_dict({"version": 3})

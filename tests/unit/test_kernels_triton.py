@@ -262,3 +262,46 @@ def test_delta_and_degenerate_tables():
     torch.testing.assert_close(ye, torch.nn.functional.linear(xe, we, be))
     (ga,) = torch.autograd.grad(ye.sum(), (ae,))
     assert torch.count_nonzero(ga) == 0
+
+
+@child
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_engine_layer_gradients_land_in_the_packed_parameters(dtype):
+    """The engine's call (``fused_forward``) with the Triton kernels: the layer's ``A``/``Bt`` go
+    in as they are (slots without rows as empty segments) or gathered once (rows between
+    pieces need a filler), and dA/dBᵀ accumulate into the optimizer's gradient buffers."""
+    import functools
+
+    from plora.engine import fused, lora
+    from plora.engine.packed_optim import PackedAdamW
+
+    torch.manual_seed(0)
+    layer = lora.PackedLoRALinear(torch.nn.Linear(24, 20), key=3)
+    for slot, rank in [(0, 5), (2, 16), (4, 3)]:
+        layer.add_slot(slot, rank=rank, scale=2.0 / rank, seed=slot)
+        with torch.no_grad():
+            layer.factors(slot)[1].normal_()
+    opt = PackedAdamW({"m": layer})
+    opt.sync()
+    grads = (layer.A.grad, layer.Bt.grad)  # views of the optimizer's buffers
+    fn = functools.partial(packed_lora_linear, backend="triton")
+    layer.base_layer.to(dtype)
+    for pieces in ([(0, 1, 3), (4, 3, 6)], [(0, 0, 2), (4, 4, 7)]):  # no gap / a gap (rows 2..4)
+        x = torch.randn(8, 3, 24).to(dtype)
+        dy = torch.randn(8, 3, 20).to(dtype)
+        y = fused.fused_forward(fn, layer, x, pieces, seed=5)
+        y.backward(dy)
+        got = [g.clone() for g in grads]
+        opt.zero_grad()
+        routing = lora.Routing(segments=tuple(pieces))
+        xr, base = x.float(), layer.base_layer.float()
+        ref = lora._add_rows(base(xr), lora._lora_delta(layer, xr, pieces, routing), pieces)
+        ref.backward(dy.float())
+        layer.base_layer.to(dtype)
+        tol = 1e-5 if dtype == torch.float32 else 3e-3
+        assert rel_err(y.detach().float(), ref.detach()) < tol
+        assert layer.A.grad is grads[0] and layer.Bt.grad is grads[1]
+        for g, r in zip(got, grads, strict=True):
+            assert rel_err(g, r) < tol
+        assert torch.count_nonzero(got[0][16:32]) == 0  # slot 2 has no rows
+        opt.zero_grad()

@@ -34,10 +34,12 @@ def _layer(in_f=24, out_f=20, bias=True, key=3) -> PackedLoRALinear:
 
 
 def _randomize(layer: PackedLoRALinear) -> None:
+    """Random values in every slot's factors (pad rows stay zero)."""
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
-        for p in [*layer.lora_A.values(), *layer.lora_B.values()]:
-            p.copy_(torch.randn(p.shape, generator=g))
+        for slot in layer.slots:
+            for p in layer.factors(slot):
+                p.copy_(torch.randn(p.shape, generator=g))
 
 
 def _expected(layer, x, table):
@@ -94,11 +96,13 @@ def test_gradients_reach_only_own_rows():
     with packed_segments(holder, [(0, 0, 2), (1, 2, 4)]):
         loss = layer(x)[2:].pow(2).sum()  # only slot 1's rows
         loss.backward()
-    a0, b0 = layer.factors(0)
-    a1, b1 = layer.factors(1)
-    assert a0.grad is None or float(a0.grad.abs().max()) == 0.0
-    assert b0.grad is None or float(b0.grad.abs().max()) == 0.0
-    assert float(b1.grad.abs().max()) > 0 and float(a1.grad.abs().max()) > 0
+    # one gradient per packed parameter; slot 0's rows and every pad row get zero
+    grad_a, grad_bt = layer.A.grad, layer.Bt.grad
+    assert grad_a.shape == layer.A.shape and grad_bt.shape == layer.Bt.shape
+    own = torch.zeros(layer.rows, dtype=torch.bool)
+    own[layer.block(1)] = True
+    assert float(grad_a[~own].abs().max()) == 0.0 and float(grad_bt[~own].abs().max()) == 0.0
+    assert float(grad_a[own].abs().min()) > 0 and float(grad_bt[own].abs().max()) > 0
     assert layer.base_layer.weight.grad is None
 
 
@@ -121,15 +125,18 @@ def test_init_is_peft_distribution_and_pack_independent():
 
 def test_packed_layout_pads_ranks_with_zeros():
     layer = _layer()
-    layer.add_slot(0, rank=4, scale=1.0)
     layer.add_slot(1, rank=16, scale=1.0)
     layer.add_slot(2, rank=20, scale=1.0)
+    layer.add_slot(0, rank=4, scale=1.0)  # joins in front: rows of 1 and 2 move, values kept
     _randomize(layer)
+    assert layer.slots == [0, 1, 2] and layer.offsets == {0: 0, 1: 16, 2: 32}
+    assert layer.A.shape == (64, 24) and layer.Bt.shape == (64, 20)
+    before = {s: [t.detach().clone() for t in layer.factors(s)] for s in (1, 2)}
     a_cat, b_cat, offsets = layer.packed([0, 1, 2])
+    # the layer's own slots in order: the parameters themselves, no copy
+    assert a_cat is layer.A and b_cat._base is layer.Bt
+    assert offsets == [0, 16, 32, 64] and all(o % RANK_ALIGN == 0 for o in offsets)
     a_view, b_view = a_cat.detach(), b_cat.detach()
-    assert offsets == [0, 16, 32, 64]
-    assert a_cat.shape == (64, 24) and b_cat.shape == (20, 64)
-    assert all(o % RANK_ALIGN == 0 for o in offsets)
     for k, slot in enumerate([0, 1, 2]):
         a, b = layer.factors(slot)
         r = a.shape[0]
@@ -139,14 +146,30 @@ def test_packed_layout_pads_ranks_with_zeros():
         assert float(b_view[:, offsets[k] + r : offsets[k + 1]].abs().sum()) == 0.0
     # B is stored transposed so that the concatenation is the kernels' contiguous Bᵀ layout
     assert b_cat.t().is_contiguous() and layer.factors(1)[1].t().is_contiguous()
-    (a_cat.sum() + (2 * b_cat).sum()).backward()
-    a0, b0 = layer.factors(0)
-    assert a0.grad.shape == (4, 24)  # padding is not a parameter
-    assert b0.grad.shape == (20, 4) and b0.grad.stride() == b0.stride()
-    assert torch.equal(b0.grad, torch.full((20, 4), 2.0))
-    filler_a, filler_b, off = layer.packed([0, None, 2])
-    assert float(filler_b[:, 16:32].abs().sum()) == 0.0
-    assert off == [0, 16, 32, 64] and float(filler_a[16:32].abs().sum()) == 0.0
+    layer.remove_slot(0)
+    for slot in (1, 2):
+        assert all(
+            torch.equal(x, y) for x, y in zip(layer.factors(slot), before[slot], strict=True)
+        )
+    assert layer.offsets == {1: 0, 2: 16} and layer.rows == 48
+
+
+def test_packed_gathers_subsets_and_fillers():
+    """Slots other than the layer's own in order: one gather, gradients back to their rows."""
+    layer = _layer()
+    for slot, rank in [(0, 4), (1, 16), (2, 20)]:
+        layer.add_slot(slot, rank=rank, scale=1.0)
+    _randomize(layer)
+    a_cat, b_cat, off = layer.packed([2, None, 0])
+    assert off == [0, 32, 48, 64] and a_cat.shape == (64, 24) and b_cat.shape == (20, 64)
+    assert torch.equal(a_cat[:32].detach(), layer.A[32:64].detach())
+    assert torch.equal(b_cat[:, 48:].detach(), layer.Bt[0:16].t().detach())
+    assert not a_cat[32:48].detach().any() and not b_cat[:, 32:48].detach().any()
+    wa, wb = torch.randn(64, 24), torch.randn(20, 64)
+    ((a_cat * wa).sum() + (b_cat * wb).sum()).backward()
+    assert torch.equal(layer.A.grad[32:64], wa[:32]) and torch.equal(layer.A.grad[:16], wa[48:])
+    assert torch.equal(layer.Bt.grad[:16], wb[:, 48:].t())
+    assert float(layer.A.grad[16:32].abs().sum()) == 0.0  # slot 1 was not asked for
 
 
 def test_kernel_hook_matches_torch_path_with_filler_slots():
@@ -169,10 +192,43 @@ def test_kernel_hook_matches_torch_path_with_filler_slots():
     )
     torch.testing.assert_close(y_kernel, y_torch, rtol=1e-5, atol=1e-5)
     g = torch.randn_like(y_torch)
-    grads_k = torch.autograd.grad(y_kernel, [x, *adapter_parameters(nn.ModuleList([layer]), 2)], g)
-    grads_t = torch.autograd.grad(y_torch, [x, *adapter_parameters(nn.ModuleList([layer]), 2)], g)
+    grads_k = torch.autograd.grad(y_kernel, [x, layer.A, layer.Bt], g)
+    grads_t = torch.autograd.grad(y_torch, [x, layer.A, layer.Bt], g)
     for gk, gt in zip(grads_k, grads_t, strict=True):
         torch.testing.assert_close(gk, gt, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_hook_passes_the_packed_parameters_without_gaps():
+    """Rows only of this layer's slots (some absent: empty segments): the kernel gets ``A`` and
+    ``Bt`` themselves, and its weight gradients land in them."""
+    from plora.kernels import packed_lora_reference
+
+    layer = _layer()
+    for slot, rank in [(0, 5), (2, 16), (4, 3)]:
+        layer.add_slot(slot, rank=rank, scale=3.0 / rank, seed=slot)
+    _randomize(layer)
+    seen = {}
+
+    def spy(x, w, b, a_cat, b_cat, segs, offs, ranks, scales, drops, seed):
+        seen.update(a=a_cat, b=b_cat, segs=segs, offs=offs, ranks=ranks)
+        return packed_lora_reference(x, w, b, a_cat, b_cat, segs, offs, ranks, scales, drops, seed)
+
+    x = torch.randn(7, 3, 24, requires_grad=True)
+    pieces = [(0, 1, 3), (4, 3, 6)]  # slot 2 has no rows; row 0 and row 6 get the base only
+    routing = lora.Routing(segments=tuple(pieces))
+    y_kernel = fused.fused_forward(spy, layer, x, pieces, seed=0)
+    assert seen["a"] is layer.A and seen["b"]._base is layer.Bt
+    assert seen["segs"] == (3, 9, 9, 18) and seen["offs"] == [0, 16, 32, 48]
+    y_torch = lora._add_rows(
+        layer.base_layer(x), lora._lora_delta(layer, x, pieces, routing), pieces
+    )
+    torch.testing.assert_close(y_kernel, y_torch, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(y_torch)
+    grads_k = torch.autograd.grad(y_kernel, [x, layer.A, layer.Bt], g)
+    grads_t = torch.autograd.grad(y_torch, [x, layer.A, layer.Bt], g)
+    for gk, gt in zip(grads_k, grads_t, strict=True):
+        torch.testing.assert_close(gk, gt, rtol=1e-5, atol=1e-5)
+    assert float(grads_k[1][16:32].abs().sum()) == 0.0  # slot 2: no rows, no gradient
 
 
 def test_dropout_mask_rate_scale_determinism_and_prefix():
