@@ -84,6 +84,7 @@ def rebalance(
         )
         tails = {i for i in last_on.values() if all(last_on[g] == i for g in starts[i].gpu_ids)}
         others = max((e for i, e in enumerate(end) if i != a), default=0.0)
+        after, without_a = _groups_after(init, starts, last_on, a) if init.track else ({}, {})
         best: tuple[float, int, int | None, Pack | None, Start | None] | None = None
         for c, t in enumerate(starts[a].pack.take):
             if not t:
@@ -105,7 +106,12 @@ def rebalance(
                     continue
                 single = make_pack(table, opt, [int(k == c) for k in range(len(table.members))])
                 block = tuple(sorted(ids))
-                wait = _wait(table, init, starts, block, skip=a if shrunk is None else None)
+                left = {**after, **without_a} if shrunk is None else after
+                warm = init.track and not init.never_warm
+                if not init.track or (warm and all(left[g] == block for g in block)):
+                    wait = 0.0
+                else:
+                    wait = table.startup.get(len(block), 0.0)
                 new = max(a_end, others, begin + wait + single.time)
                 if new < span * (1 - 1e-9) and (best is None or new < best[0]):
                     best = (new, c, None, single, Start(single, begin, block, wait))
@@ -124,27 +130,24 @@ def rebalance(
     return starts
 
 
-def _wait(
-    table: ClassTable,
-    init: Groups,
-    starts: Sequence[Start],
-    block: tuple[int, ...],
-    *,
-    skip: int | None,
-) -> float:
-    """Start-up of a new job on ``block`` after every job of ``starts`` (but ``skip``): 0 when
-    the last job on each of its GPUs (or the initial state) left exactly that group."""
-    if not init.track:
-        return 0.0
-    if not init.never_warm:
-        last: dict[int, Start] = {}
-        for i, s in enumerate(starts):
-            for g in s.gpu_ids:
-                if i != skip and g in block and (g not in last or s.start >= last[g].start):
-                    last[g] = s
-        if all((last[g].gpu_ids if g in last else init.of[g]) == block for g in block):
-            return 0.0
-    return table.startup.get(len(block), 0.0)
+def _groups_after(
+    init: Groups, starts: Sequence[Start], last_on: dict[int, int], a: int
+) -> tuple[dict[int, tuple[int, ...] | None], dict[int, tuple[int, ...] | None]]:
+    """The worker group each GPU holds after every job of ``starts`` (its last job's GPUs,
+    else its initial group), and for job ``a``'s GPUs the same without job ``a``."""
+    after = {g: starts[last_on[g]].gpu_ids if g in last_on else init.of[g]
+             for g in range(init.num_gpus)}  # fmt: skip
+    before: dict[int, Start] = {}
+    for i, s in enumerate(starts):
+        for g in s.gpu_ids:
+            if (
+                i != a
+                and g in starts[a].gpu_ids
+                and (g not in before or s.start >= before[g].start)
+            ):
+                before[g] = s
+    without_a = {g: before[g].gpu_ids if g in before else init.of[g] for g in starts[a].gpu_ids}
+    return after, without_a
 
 
 def to_jobs(table: ClassTable, started: Sequence[Start], *, prefix: str = "j") -> tuple[Job, ...]:
