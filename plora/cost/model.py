@@ -116,8 +116,9 @@ class SweepCostModel:
         self._strategies = tuple(Strategy(s) for s in strategies)
         self.profile = profile
         self.last_refit: RefitReport | None = None
-        self._use(SweepOverheads(overheads=overheads or Overheads.zero(), eval_rows=eval_rows,
-                                 eval_metric=eval_metric, checkpoint_every=checkpoint_every))  # fmt: skip
+        given = overheads if overheads is not None else Overheads.zero()  # defaults below
+        self._use(SweepOverheads(overheads=given, eval_rows=eval_rows, eval_metric=eval_metric,
+                                 checkpoint_every=checkpoint_every))  # fmt: skip
         coef = coefficients or DEFAULT_COEFFICIENTS
         self.timer = StepTimeModel(
             spec,
@@ -344,7 +345,7 @@ class SweepCostModel:
         allowed = {"eval_rows", "eval_metric", "checkpoint_every"}
         if set(changes) - allowed:
             raise TypeError(f"with_overheads: unexpected {sorted(set(changes) - allowed)}")
-        return self._copy(overheads=overheads or self.overheads, **changes)
+        return self._copy(overheads=self.overheads if overheads is None else overheads, **changes)
 
     def refit_overheads(self, samples: Sequence[OverheadSample]) -> SweepCostModel:
         """A new model whose measured overhead kinds come from ``samples`` (median per unit);

@@ -52,7 +52,11 @@ class Groups:
         self.track = resident is not None or never_warm
         self.never_warm = never_warm
         self.of: list[tuple[int, ...] | None] = [None] * num_gpus
+        seen: set[int] = set()
         for group in resident or ():
+            if seen & set(group):
+                raise ValueError(f"resident groups overlap on GPU(s) {sorted(seen & set(group))}")
+            seen |= set(group)
             self.set(tuple(group))
 
     @classmethod

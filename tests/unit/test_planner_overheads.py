@@ -128,6 +128,10 @@ def test_a_group_rebuilt_at_another_degree_pays_again() -> None:
     assert groups.cost((0, 1)) == 0.0 and groups.cost((1,)) == 10.0
     assert groups.occupy((2,)) == 10.0 and groups.cold_gpus(range(4)) == [3]
     assert Groups(4, {1: 10.0}, None).cost((0,)) == 0.0  # not tracked: never charged
+    with pytest.raises(ValueError, match="overlap"):
+        Groups(4, {1: 10.0}, resident=[(0, 1), (1,)])
+    with pytest.raises(ValueError, match="distinct"):
+        Groups(4, {1: 10.0}, resident=[(4,)])
     never = Groups.never(4, {1: 10.0})
     assert never.occupy((0,)) == 10.0 and never.occupy((0,)) == 10.0
 
