@@ -118,6 +118,7 @@ class BaselineOption(StrEnum):
 
     MIN_GPU = "min-gpu"
     MAX_GPU = "max-gpu"
+    TUNE = "tune"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,6 +132,9 @@ class PlanReport:
     baselines: dict[str, Plan]
     skipped: dict[str, str]
     seconds: float
+    overheads: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The cost model's per-unit overheads (``Overheads.to_dict``) and, under ``totals``, the
+    plan's seconds by kind summed over its jobs (:func:`time_terms`)."""
 
     @property
     def plan_name(self) -> str:
@@ -152,6 +156,7 @@ class PlanReport:
                 **{k: {"makespan_s": None, "skipped": why} for k, why in self.skipped.items()},
             },
             "plora_makespan_s": self.plora.makespan_s,
+            "overheads": self.overheads,
             "configs": [c.to_dict() for c in self.configs],
         }  # fmt: skip
 
@@ -182,7 +187,7 @@ def make_plan(
         plora = plan_sweep(configs, cost, g, solver=sweep.planner.solver)
         baselines: dict[str, Plan] = {}
         skipped: dict[str, str] = {}
-        for b in (Baseline.MIN_GPU, Baseline.MAX_GPU):
+        for b in (Baseline.MIN_GPU, Baseline.MAX_GPU, Baseline.TUNE):
             try:
                 baselines[str(b)] = baseline_plan(configs, cost, g, b)
             except NoFeasibleJobError:
@@ -209,8 +214,28 @@ def make_plan(
             raise ConfigError(f"cannot build this baseline: {skipped[name]}", key="--baseline",
                               value=str(baseline), file=sweep.source, fix="choose the other baseline")  # fmt: skip
         chosen = baselines[name]
+    overheads = {**cost.overheads.to_dict(), "totals": time_terms(chosen, configs, cost)}
     return PlanReport(sweep=sweep, configs=tuple(configs), plan=chosen, plora=plora, baselines=baselines,
-                      skipped=skipped, seconds=time.perf_counter() - t0)  # fmt: skip
+                      skipped=skipped, seconds=time.perf_counter() - t0, overheads=overheads)  # fmt: skip
+
+
+def time_terms(plan: Plan, configs: Any, cost: Any) -> dict[str, float]:
+    """GPU-group seconds of ``plan`` by kind, summed over its jobs: ``startup_s`` (cold worker
+    groups; ``startups`` counts them), then ``job_start_s``, ``train_s``, ``eval_s``,
+    ``export_s``, ``checkpoint_s`` (``SweepCostModel.job_terms``)."""
+    from plora.planner.types import call_strategy
+
+    by_id = {c.config_id: c for c in configs}
+    out = {"startups": 0.0, "startup_s": 0.0, "job_start_s": 0.0, "train_s": 0.0,
+           "eval_s": 0.0, "export_s": 0.0, "checkpoint_s": 0.0}  # fmt: skip
+    for job in plan.jobs:
+        out["startups"] += job.startup_s > 0
+        out["startup_s"] += job.startup_s
+        pack = [by_id[c] for c in job.config_ids]
+        terms = cost.job_terms(pack, job.gpus, call_strategy(job.gpus, job.strategy))
+        for key in ("job_start_s", "train_s", "eval_s", "export_s", "checkpoint_s"):
+            out[key] += getattr(terms, key)
+    return out
 
 
 def print_plan(report: PlanReport) -> None:
@@ -249,7 +274,14 @@ def print_plan(report: PlanReport) -> None:
     name = "PLoRA" if plan is report.plora else f"baseline {report.plan_name}"
     console.print(f"{name} makespan: [bold]{fmt_duration(plan.makespan_s)}[/bold] "
                   f"({len(plan.jobs)} jobs, solver {plan.solver}, planned in {report.seconds:.2f}s)")  # fmt: skip
-    for key in ("min_gpu", "max_gpu"):
+    if report.overheads:
+        o, t = report.overheads, report.overheads["totals"]
+        console.print(f"  in it: start-up {fmt_duration(o['worker_start_s'] + o['model_load_s'])} x{t['startups']:.0f} "
+                      f"(worker {fmt_duration(o['worker_start_s'])} + model load {fmt_duration(o['model_load_s'])}, {o['source']}), "
+                      f"job start {fmt_duration(o['job_start_s'])} x{len(plan.jobs)}, eval {fmt_duration(t['eval_s'])}, "
+                      f"export {fmt_duration(t['export_s'])}, checkpoints {fmt_duration(t['checkpoint_s'])}, "
+                      f"steps {fmt_duration(t['train_s'])} (GPU-group time)", soft_wrap=True)  # fmt: skip
+    for key in ("min_gpu", "max_gpu", "tune"):
         label = key.replace("_", "-")
         if key in report.skipped:
             console.print(f"  vs {label}: n/a ({report.skipped[key]})", soft_wrap=True)

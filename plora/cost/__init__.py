@@ -1,8 +1,10 @@
 """Cost model: how much memory and time a job takes.
 
 The planner sees the cost model only through :class:`CostModel`; ``plora.cost.memory``,
-``plora.cost.throughput`` and ``plora.cost.profile`` implement it from the paper's App. A
-memory model and a FLOPs/bytes step-time model fitted from measured steps.
+``plora.cost.throughput``, ``plora.cost.overheads`` and ``plora.cost.profile`` implement it
+from the paper's App. A memory model, a FLOPs/bytes step-time model fitted from measured
+steps, and the measured seconds outside steps (worker start, model load, job start,
+evaluation, export, checkpoints) -- ``plora.cost.model.SweepCostModel``.
 
 Pure: no Ray, no I/O, no printing (``plora.cost.profile`` reads/writes profile files only
 through explicit ``load``/``save`` calls made by the CLI or the coordinator).
@@ -49,23 +51,33 @@ class CostModel(Protocol):
         ...
 
     def fixed_time(self, steps: int, d: int, strategy: Strategy) -> float:
-        """Per-job overhead for a job whose longest config runs ``steps`` steps (no tokens)."""
+        """What a job whose longest config runs ``steps`` steps pays whatever its pack: its
+        start on a warm group, per-step overhead, checkpoint writes. Non-decreasing in steps."""
         ...
 
     def config_time(self, config: LoRAConfig, d: int, strategy: Strategy) -> float:
-        """Seconds the config's own tokens add to any job it is packed into."""
+        """Seconds the config adds to any job it is packed into: its tokens' share of the
+        steps, its evaluation and its export."""
         ...
 
     def job_time(self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy) -> float:
-        """T(pack, d, strategy): wall time to train every config of the pack to completion.
+        """T(pack, d, strategy): wall time of the job on a warm group, from its start until
+        every config of the pack is trained, evaluated and exported.
 
         Always ``fixed_time(max(steps(k) for k in pack), d, strategy) + sum(config_time(k, ...))``
         so that for a fixed longest config T is affine in the pack (what the exact ILP needs).
         """
         ...
 
+    def startup_time(self, d: int) -> float:
+        """Seconds a cold group of d GPUs needs before its first job (worker start + model
+        load); a warm (resident) group serves later jobs without it. The planner charges it
+        once per group; cost models without this method are treated as 0."""
+        ...
+
     def config_work(self, config: LoRAConfig) -> float:
-        """Single-GPU seconds one config would take alone at full efficiency (lower-bound work)."""
+        """Single-GPU seconds one config would take alone at full efficiency, without job
+        overheads: lower-bound work (every schedule pays at least this for it)."""
         ...
 
     def strategies(self) -> Sequence[Strategy]:

@@ -4,41 +4,54 @@
 
 * memory per GPU: ``base_memory(d, s) + Σ_k config_memory(k, d, s) <= capacity(d)``
   (:mod:`plora.cost.memory`);
-* time: ``job_time = fixed_time(max_k steps_k, d, s) + Σ_k config_time(k, d, s)`` with
-  ``fixed_time(n) = n·t_fixed(d, s)`` and ``config_time(k) = steps_k·t_k(d, s)`` from
-  :class:`~plora.cost.throughput.StepTimeModel`: a config pays for its own tokens for the
-  steps it trains, the job pays its per-step overhead until its longest config is done.
+* time, every second of it (:mod:`plora.cost.overheads` for the terms outside steps)::
 
-Every per-config answer is cached by the config's shape (rank, targets, batch size, dropout)
-and ``(d, strategy)``: the planner asks thousands of times, and configs differing only in
-lr, alpha, schedule or seed share an entry. :meth:`SweepCostModel.refit` returns a new model
-whose coefficients (and activation scale, when peaks were measured) come from measured steps,
-with a :class:`RefitReport`.
+      job_time = fixed_time(n_max, d, s) + Σ_k config_time(k, d, s)
+      fixed_time(n)  = job_start_s + n·t_fixed(d, s) + checkpoint_writes(n)·checkpoint_s
+      config_time(k) = n_k·t_k(d, s) + R·(eval_s_per_row [+ generate_s_per_row])
+                       + export_s + 4·P_k·w + active_checkpoints(n_k)·12·P_k·w
+
+  with ``n_max = max_k n_k`` (steps), ``t_fixed``/``t_k`` from
+  :class:`~plora.cost.throughput.StepTimeModel`, ``R`` eval rows, ``P_k`` LoRA parameters and
+  ``w`` write seconds per byte: a config pays for its own tokens for the steps it trains and
+  for its evaluation and export, the job pays its start, its per-step overhead until its longest
+  config is done and its checkpoint writes. ``fixed_time`` is non-decreasing in ``n`` and
+  ``config_time`` depends on the config alone, so T stays affine in the pack for a fixed
+  longest config (what the planner's exact ILP needs). A cold worker group first pays
+  :meth:`SweepCostModel.startup_time` (worker start + model load), once per group: the
+  planner charges it (:mod:`plora.planner.groups`), not ``job_time``.
+
+Every per-config answer is cached by the config's shape (rank, targets, batch size, dropout,
+steps) and ``(d, strategy)``: the planner asks thousands of times, and configs differing only
+in lr, alpha, schedule or seed share an entry. :meth:`SweepCostModel.refit` returns a new
+model whose coefficients (and activation scale, when peaks were measured) come from measured
+steps, with a :class:`RefitReport`; :meth:`SweepCostModel.refit_overheads` does the same for
+the overheads from :class:`~plora.cost.overheads.OverheadSample` s.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from plora.config import ConfigError, LoRAConfig
 from plora.cost import Strategy
+from plora.cost.jobterms import JobTimeTerms, SweepOverheads
 from plora.cost.memory import (
-    FULL_FP32,
     GIB,
-    Loss,
     MemoryOptions,
     adapter_memory,
     base_memory,
     base_weight_bytes,
     check_parallel,
 )
-from plora.cost.profile import MemoryFit, Profile, ProfileStore, fit_memory
+from plora.cost.overheads import EvalMetric, Overheads, OverheadSample
+from plora.cost.profile import Profile
+from plora.cost.refit import RefitReport, activation_scale
 from plora.cost.throughput import (
     DEFAULT_COEFFICIENTS,
     AdapterLoad,
@@ -52,40 +65,6 @@ from plora.cost.throughput import (
 )
 from plora.model_spec import ModelSpec
 
-#: Bounds of the activation scale a memory refit may set.
-_SCALE_RANGE = (0.25, 4.0)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RefitReport:
-    """What a refit changed (for the coordinator's log)."""
-
-    old: Coefficients
-    new: Coefficients
-    num_samples: int
-    error_before: float
-    """Mean |relative error| of step times under the old coefficients."""
-    error_after: float
-    """The same under the new coefficients."""
-    activation_scale_old: float
-    activation_scale_new: float
-    memory_fit: MemoryFit | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary."""
-        return {
-            "num_samples": self.num_samples,
-            "old": self.old.to_dict(),
-            "new": self.new.to_dict(),
-            "step_time_rel_error_before": self.error_before,
-            "step_time_rel_error_after": self.error_after,
-            "activation_scale_old": self.activation_scale_old,
-            "activation_scale_new": self.activation_scale_new,
-            "memory_fit": None
-            if self.memory_fit is None
-            else {"b0": self.memory_fit.b0, "b1": self.memory_fit.b1, "b2": self.memory_fit.b2},
-        }
-
 
 class SweepCostModel:
     """:class:`plora.cost.CostModel` of one sweep: one base model, one GPU type.
@@ -95,13 +74,18 @@ class SweepCostModel:
         seq_len: the padded sequence length every row is planned at.
         dataset_size: training examples (for ``epochs`` configs).
         hardware: a ``plora.config.HardwareConfig`` (``gpu_type``, ``gpu_memory_gib``,
-            ``load_factor``).
+            ``load_factor``, ``is_cpu``).
         gpu: speed of the GPU; default from ``hardware.gpu_type``.
         coefficients: step-time coefficients; default the H200-derived defaults, or the
             profile's when ``profile`` holds samples.
-        profile: measured steps of this model on this GPU type (refit on construction).
+        profile: measured steps (and overheads) of this model on this GPU type.
         memory: memory options (precision, checkpointing, loss kernel, ZeRO stage).
         strategies: strategies the runtime supports for d > 1 (empty: only d = 1).
+        overheads: seconds outside steps; default :meth:`Overheads.default` for this model,
+            GPU and metric, refit with the profile's overhead samples when it has some.
+        eval_rows: eval rows each config is evaluated on after training (0: no evaluation).
+        eval_metric: the task metric (:class:`~plora.cost.overheads.EvalMetric`).
+        checkpoint_every: train-state checkpoint every this many steps (None: at the end only).
     """
 
     def __init__(
@@ -116,6 +100,10 @@ class SweepCostModel:
         profile: Profile | None = None,
         memory: MemoryOptions = MemoryOptions(),
         strategies: Sequence[Strategy] = (),
+        overheads: Overheads | None = None,
+        eval_rows: int = 0,
+        eval_metric: EvalMetric | str = EvalMetric.NONE,
+        checkpoint_every: int | None = None,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"cost model: seq_len={seq_len!r} must be an integer >= 1")
@@ -128,6 +116,9 @@ class SweepCostModel:
         self._strategies = tuple(Strategy(s) for s in strategies)
         self.profile = profile
         self.last_refit: RefitReport | None = None
+        given = overheads if overheads is not None else Overheads.zero()  # defaults below
+        self._use(SweepOverheads(overheads=given, eval_rows=eval_rows, eval_metric=eval_metric,
+                                 checkpoint_every=checkpoint_every))  # fmt: skip
         coef = coefficients or DEFAULT_COEFFICIENTS
         self.timer = StepTimeModel(
             spec,
@@ -146,9 +137,26 @@ class SweepCostModel:
             self.memory = fitted.memory
             self.last_refit = fitted.last_refit
             self._clear()
+        if overheads is None:  # physics defaults, then what the profile measured
+            default = Overheads.default(
+                spec,
+                self.timer,
+                seq_len=seq_len,
+                metric=self.eval_metric,
+                weight_bytes=base_weight_bytes(spec, self.memory.precision),
+                cpu=bool(getattr(hardware, "is_cpu", False)),
+            )
+            measured = default.refit(profile.overhead_samples if profile is not None else ())
+            self._use(replace(self.sweep_overheads, overheads=measured))
+
+    def _use(self, terms: SweepOverheads) -> None:
+        self.sweep_overheads = terms
+        self.overheads, self.eval_rows = terms.overheads, terms.eval_rows
+        self.eval_metric, self.checkpoint_every = terms.eval_metric, terms.checkpoint_every
+        self._clear()
 
     def _clear(self) -> None:
-        self._cache: dict[tuple, float] = {}
+        self._cache: dict[tuple, Any] = {}
 
     @property
     def coefficients(self) -> Coefficients:
@@ -227,16 +235,27 @@ class SweepCostModel:
             return config.max_steps
         return max(1, math.ceil(float(config.epochs) * self.dataset_size / config.batch_size))
 
-    def fixed_time(self, steps: int, d: int, strategy: Strategy | None = None) -> float:
-        """``steps · t_fixed(d, strategy)``: the job's per-step overhead until its longest config ends."""
+    def step_fixed_time(self, steps: int, d: int, strategy: Strategy | None = None) -> float:
+        """``steps · t_fixed(d, strategy)``: the job's per-step overhead (training steps only)."""
         strat = self._key(d, strategy)
         key = ("fixed", d, strat)
         if key not in self._cache:
             self._cache[key] = self.timer.fixed_step_time(d, strat)
         return steps * self._cache[key]
 
-    def config_time(self, config: LoRAConfig, d: int, strategy: Strategy | None = None) -> float:
-        """``steps_k · t_k(d, strategy)``: what config k's rows add to any job it is in."""
+    def job_overhead_time(self, steps: int) -> float:
+        """``job_start_s + checkpoint_writes(steps) · checkpoint_s``: a job's own overheads."""
+        return self.sweep_overheads.per_job(steps).total_s
+
+    def fixed_time(self, steps: int, d: int, strategy: Strategy | None = None) -> float:
+        """What a job whose longest config runs ``steps`` steps pays regardless of its pack:
+        :meth:`job_overhead_time` + :meth:`step_fixed_time` (non-decreasing in ``steps``)."""
+        return self.job_overhead_time(steps) + self.step_fixed_time(steps, d, strategy)
+
+    def config_step_time(
+        self, config: LoRAConfig, d: int, strategy: Strategy | None = None
+    ) -> float:
+        """``steps_k · t_k(d, strategy)``: what config k's rows add to the steps of its job."""
         strat = self._key(d, strategy)
         key = ("step", config.rank, config.target_modules, config.batch_size, d, strat)
         if key not in self._cache:
@@ -244,10 +263,29 @@ class SweepCostModel:
             self._cache[key] = self.timer.adapter_step_time(load, self.seq_len, d, strat)
         return self.steps(config) * self._cache[key]
 
+    def config_overhead_time(self, config: LoRAConfig) -> float:
+        """Config k's evaluation, PEFT export and share of checkpoint bytes (any d: the group
+        evaluates and writes at the single-GPU rate, an upper estimate for d > 1)."""
+        return self.config_terms(config).total_s
+
+    def config_terms(self, config: LoRAConfig) -> JobTimeTerms:
+        """The terms of :meth:`config_overhead_time` one by one."""
+        steps = self.steps(config)
+        key = ("over", config.rank, config.target_modules, steps)
+        if key not in self._cache:
+            params = self.spec.lora_params(config.rank, config.target_modules)
+            self._cache[key] = self.sweep_overheads.per_config(params, steps)
+        return self._cache[key]
+
+    def config_time(self, config: LoRAConfig, d: int, strategy: Strategy | None = None) -> float:
+        """Everything config k adds to any job it is in: :meth:`config_step_time` +
+        :meth:`config_overhead_time`."""
+        return self.config_step_time(config, d, strategy) + self.config_overhead_time(config)
+
     def job_time(
         self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy | None = None
     ) -> float:
-        """``fixed_time(max steps) + Σ config_time``; 0 for an empty pack."""
+        """``fixed_time(max steps) + Σ config_time`` on a warm group; 0 for an empty pack."""
         if not pack:
             return 0.0
         longest = max(self.steps(k) for k in pack)
@@ -255,8 +293,27 @@ class SweepCostModel:
             self.config_time(k, d, strategy) for k in pack
         )
 
+    def job_terms(
+        self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy | None = None
+    ) -> JobTimeTerms:
+        """:meth:`job_time` split by kind (the terms sum to it)."""
+        if not pack:
+            return JobTimeTerms()
+        longest = max(self.steps(k) for k in pack)
+        train = self.step_fixed_time(longest, d, strategy)
+        train += sum(self.config_step_time(k, d, strategy) for k in pack)
+        terms = self.sweep_overheads.per_job(longest) + JobTimeTerms(train_s=train)
+        return sum((self.config_terms(k) for k in pack), terms)
+
+    def startup_time(self, d: int) -> float:
+        """A cold group of d GPUs before its first job: ``worker_start_s + model_load_s``
+        (the workers start and load in parallel, so the same for every d)."""
+        self.capacity(d)  # validates d
+        return self.overheads.startup_s
+
     def config_work(self, config: LoRAConfig) -> float:
-        """Single-GPU seconds of the config's own rows (no job overhead): lower-bound work."""
+        """Single-GPU seconds of the config's own rows, evaluation and export (no job overhead):
+        what every schedule pays for it (lower-bound work)."""
         return self.config_time(config, 1, None)
 
     def strategies(self) -> Sequence[Strategy]:
@@ -264,6 +321,37 @@ class SweepCostModel:
         return self._strategies
 
     # ---------------------------------------------------------------- refit
+    def _copy(self, **changes: Any) -> SweepCostModel:
+        args: dict[str, Any] = {
+            "gpu": self.gpu,
+            "coefficients": self.coefficients,
+            "profile": self.profile,
+            "memory": self.memory,
+            "strategies": self._strategies,
+            "overheads": self.overheads,
+            "eval_rows": self.eval_rows,
+            "eval_metric": self.eval_metric,
+            "checkpoint_every": self.checkpoint_every,
+        }
+        new = SweepCostModel(
+            self.spec, self.seq_len, self.dataset_size, self.hardware, **{**args, **changes}
+        )
+        new.last_refit = self.last_refit
+        return new
+
+    def with_overheads(self, overheads: Overheads | None = None, **changes: Any) -> SweepCostModel:
+        """A new model with ``overheads`` (default: these) and any of ``eval_rows``,
+        ``eval_metric``, ``checkpoint_every`` changed; step times and memory unchanged."""
+        allowed = {"eval_rows", "eval_metric", "checkpoint_every"}
+        if set(changes) - allowed:
+            raise TypeError(f"with_overheads: unexpected {sorted(set(changes) - allowed)}")
+        return self._copy(overheads=self.overheads if overheads is None else overheads, **changes)
+
+    def refit_overheads(self, samples: Sequence[OverheadSample]) -> SweepCostModel:
+        """A new model whose measured overhead kinds come from ``samples`` (median per unit);
+        the rest keep this model's values (:meth:`Overheads.refit`)."""
+        return self.with_overheads(self.overheads.refit(samples))
+
     def refit(
         self, measurements: Sequence[StepSample], *, prior_weight: float = 1e-3
     ) -> SweepCostModel:
@@ -272,24 +360,15 @@ class SweepCostModel:
         Step times refit every coefficient the samples identify; measured peaks (d = 1)
         rescale the activation memory by the smallest factor that covers every measured peak
         (mLoRA's ``β0 + β1·B·L + β2·B·L²`` fit of the peaks goes into the report).
+        Overheads, eval rows and checkpoint interval carry over unchanged.
         The result's :attr:`last_refit` says what changed.
         """
         samples = list(measurements)
         if not samples:
             raise ConfigError("cost-model refit: no measurements")
         new_coef = fit(samples, self.timer, prior_weight=prior_weight)
-        new = SweepCostModel(
-            self.spec,
-            self.seq_len,
-            self.dataset_size,
-            self.hardware,
-            gpu=self.gpu,
-            coefficients=new_coef,
-            profile=self.profile,
-            memory=self.memory,
-            strategies=self._strategies,
-        )
-        scale, mfit = self._refit_activation_scale(samples)
+        new = self._copy(coefficients=new_coef)
+        scale, mfit = activation_scale(self.spec, self.memory, samples)
         if scale is not None:
             new.memory = replace(self.memory, activation_scale=scale)
             new._clear()
@@ -305,105 +384,14 @@ class SweepCostModel:
         )
         return new
 
-    def _refit_activation_scale(
-        self, samples: Sequence[StepSample]
-    ) -> tuple[float | None, MemoryFit | None]:
-        unit = replace(self.memory, activation_scale=1.0, reserved_bytes=0.0)
-        points, measured, predicted = [], [], []
-        for s in samples:
-            if s.peak_memory_bytes is None or s.d != 1:
-                continue
-            static = base_memory(self.spec, options=unit).total
-            act = 0.0
-            for a in s.adapters:
-                m = adapter_memory(
-                    self.spec,
-                    rank=a.rank,
-                    targets=a.targets,
-                    batch_size=a.sequences,
-                    seq_len=s.seq_len,
-                    dropout=a.dropout,
-                    options=unit,
-                ).components
-                static += (
-                    m["lora_params"] + m["lora_grads"] + m["optimizer"] + m["lora_activations"]
-                )
-                act += m["base_activations"] + m["logits"]
-            seqs = sum(a.sequences for a in s.adapters)
-            points.append((seqs, s.seq_len, float(s.peak_memory_bytes) - static))
-            measured.append(float(s.peak_memory_bytes) - static)
-            predicted.append(act)
-        if not points:
-            return None, None
-        try:  # mLoRA's fit, reported for the log
-            mfit: MemoryFit | None = fit_memory(points)
-        except ConfigError:  # a single batch x length size
-            mfit = None
-        # Conservative: the smallest scale under which every measured peak is covered. A
-        # least-squares scale would under-predict half of the jobs, and under-predicting
-        # memory means OOM, over-predicting only a smaller pack.
-        scale = max(
-            (m / p for m, p in zip(measured, predicted, strict=True) if p > 0), default=None
-        )
-        if scale is None:
-            return None, mfit
-        return float(min(max(scale, _SCALE_RANGE[0]), _SCALE_RANGE[1])), mfit
+
+def __getattr__(name: str) -> Any:
+    # ``build_cost_model`` lives in :mod:`plora.cost.build` (it imports this module).
+    if name == "build_cost_model":
+        from plora.cost.build import build_cost_model
+
+        return build_cost_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _runtime_strategies() -> tuple[Strategy, ...]:
-    """Strategies ``plora.parallel`` implements (``SUPPORTED_STRATEGIES``), if it says."""
-    try:
-        import plora.parallel as parallel
-    except ImportError:  # pragma: no cover
-        return ()
-    return tuple(Strategy(s) for s in getattr(parallel, "SUPPORTED_STRATEGIES", ()))
-
-
-def build_cost_model(
-    sweep: Any,
-    *,
-    dataset_size: int | None = None,
-    profile_dir: str | Path | None = None,
-    use_profile: bool = True,
-    memory: MemoryOptions | None = None,
-) -> SweepCostModel:
-    """The cost model of a ``plora.config.SweepConfig``.
-
-    Args:
-        sweep: the sweep (model, dataset, hardware, planner options).
-        dataset_size: training examples; default ``dataset.num_examples`` (the training
-            rows; held-out rows come on top).
-        profile_dir: profile store directory (default ``~/.cache/plora/profiles``).
-        use_profile: read the stored (model, GPU type) profile, if any, and plan from it.
-        memory: memory options; default: plora's engine (bf16 autocast with fp32 LoRA state
-            on GPUs, fp32 on CPU; chunked recomputed cross-entropy; activation checkpointing
-            as ``training.gradient_checkpointing`` says).
-    """
-    hw = sweep.hardware
-    spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
-    gpu = gpu_spec(hw.gpu_type, peak_tflops=getattr(hw, "peak_tflops", None))
-    if dataset_size is None:
-        dataset_size = int(sweep.dataset.num_examples)
-    if memory is None:
-        fp32 = getattr(hw, "is_cpu", False) or sweep.model.dtype == "float32"
-        ckpt = bool(getattr(getattr(sweep, "training", None), "gradient_checkpointing", False))
-        memory = MemoryOptions(
-            loss=Loss.FUSED, checkpointing=ckpt, **({"precision": FULL_FP32} if fp32 else {})
-        )
-    strategies = tuple(sweep.planner.strategies) or _runtime_strategies()
-    profile = None
-    if use_profile:
-        profile = ProfileStore(profile_dir).load(sweep.model.name_or_path, hw.gpu_type)
-    return SweepCostModel(
-        spec,
-        int(sweep.seq_len),
-        int(dataset_size),
-        hw,
-        gpu=gpu,
-        profile=profile,
-        memory=memory,
-        strategies=strategies,
-    )
-
-
-__all__ = ["RefitReport", "SweepCostModel", "build_cost_model"]
+__all__ = ["RefitReport", "SweepCostModel"]

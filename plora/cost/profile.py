@@ -2,7 +2,10 @@
 
 A :class:`Profile` holds measured :class:`~plora.cost.throughput.StepSample` s of one base
 model on one GPU type, for any parallel degree ``d`` and strategy (each sample records its
-own), plus the coefficients last fitted from them. :class:`ProfileStore` keeps one JSON file
+own), plus the coefficients last fitted from them, and measured
+:class:`~plora.cost.overheads.OverheadSample` s (worker start, model load, job start, eval,
+export, checkpoint writes) that ``build_cost_model`` fits over its defaults. Files written
+before overheads were recorded load with none. :class:`ProfileStore` keeps one JSON file
 per (model, GPU type) under a directory (default ``~/.cache/plora/profiles/``, or
 ``$PLORA_PROFILE_DIR``); reads and writes happen only in explicit :meth:`ProfileStore.load` /
 :meth:`ProfileStore.save` calls (atomic, via :mod:`plora.utils`), so a second sweep on the same
@@ -25,12 +28,15 @@ import numpy as np
 
 from plora.config import ConfigError
 from plora.cost import Strategy
+from plora.cost.overheads import OverheadSample
 from plora.cost.throughput import Coefficients, StepSample
 from plora.utils import atomic_write_json
 
 PROFILE_FORMAT = 1
 #: Samples kept per profile (newest win): bounds the file and the refit's cost.
 MAX_SAMPLES = 2000
+#: Overhead samples kept per profile (newest win).
+MAX_OVERHEAD_SAMPLES = 500
 
 
 def default_profile_dir() -> Path:
@@ -93,10 +99,19 @@ class Profile:
     """The coefficients last fitted from ``samples`` (None: not fitted yet)."""
     memory_fit: MemoryFit | None = field(default=None)
     """mLoRA memory fit of the d = 1 peaks, when they allow one."""
+    overhead_samples: tuple[OverheadSample, ...] = ()
+    """Measured seconds outside steps (fitted by ``Overheads.refit``, median per kind)."""
 
-    def add(self, samples: Iterable[StepSample]) -> Profile:
-        """A copy with ``samples`` appended (the newest :data:`MAX_SAMPLES` kept)."""
-        return replace(self, samples=(*self.samples, *samples)[-MAX_SAMPLES:])
+    def add(
+        self, samples: Iterable[StepSample] = (), overheads: Iterable[OverheadSample] = ()
+    ) -> Profile:
+        """A copy with ``samples`` and ``overheads`` appended (the newest :data:`MAX_SAMPLES`
+        and :data:`MAX_OVERHEAD_SAMPLES` kept)."""
+        return replace(
+            self,
+            samples=(*self.samples, *samples)[-MAX_SAMPLES:],
+            overhead_samples=(*self.overhead_samples, *overheads)[-MAX_OVERHEAD_SAMPLES:],
+        )
 
     def select(self, d: int | None = None, strategy: Strategy | None = None) -> list[StepSample]:
         """Samples with degree ``d`` (and ``strategy`` for d > 1); all when ``d`` is None."""
@@ -115,6 +130,7 @@ class Profile:
             if self.memory_fit is None
             else {"b0": self.memory_fit.b0, "b1": self.memory_fit.b1, "b2": self.memory_fit.b2},
             "samples": [s.to_dict() for s in self.samples],
+            "overhead_samples": [s.to_dict() for s in self.overhead_samples],
         }
 
     @classmethod
@@ -131,8 +147,11 @@ class Profile:
                 samples=tuple(StepSample.from_dict(s) for s in data.get("samples", [])),
                 coefficients=None if coef is None else Coefficients(**coef),
                 memory_fit=None if mem is None else MemoryFit(**mem),
+                overhead_samples=tuple(
+                    OverheadSample.from_dict(o) for o in data.get("overhead_samples") or ()
+                ),
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, ConfigError) as err:
             raise ConfigError(
                 f"{where}: malformed profile ({err}); delete the file to re-profile"
             ) from None
@@ -168,14 +187,22 @@ class ProfileStore:
         atomic_write_json(path, profile.to_dict())
         return path
 
-    def record(self, model: str, gpu_type: str, samples: Sequence[StepSample]) -> Profile:
-        """Load, append ``samples``, save, and return the updated profile."""
-        profile = self.load(model, gpu_type).add(samples)
+    def record(
+        self,
+        model: str,
+        gpu_type: str,
+        samples: Sequence[StepSample] = (),
+        *,
+        overheads: Sequence[OverheadSample] = (),
+    ) -> Profile:
+        """Load, append step ``samples`` and ``overheads``, save, and return the profile."""
+        profile = self.load(model, gpu_type).add(samples, overheads)
         self.save(profile)
         return profile
 
 
 __all__ = [
+    "MAX_OVERHEAD_SAMPLES",
     "MAX_SAMPLES",
     "MemoryFit",
     "Profile",

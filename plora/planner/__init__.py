@@ -8,14 +8,16 @@ Three layers, after the paper's §6:
 * :mod:`plora.planner.schedule` -- Alg. 2, the job planner: simulates completions into a
   :class:`Plan` (:func:`plan_sweep`, and :func:`replan` for the online coordinator);
 
-plus :mod:`.bounds` (lower bound, Thm 6.1) and :mod:`.baselines` (Min GPU, Max GPU,
-Sequential). Pure: no Ray, no I/O, no printing. Costs come only through
-:class:`plora.cost.CostModel`.
+plus :mod:`.bounds` (lower bound, Thm 6.1), :mod:`.baselines` (Min GPU, Max GPU,
+Sequential, Tune), :mod:`.groups` (resident worker groups: who pays a start-up) and
+:mod:`.guard` (:func:`choose_plan`: never adopt a re-plan predicted slower than continuing).
+Pure: no Ray, no I/O, no printing. Costs come only through :class:`plora.cost.CostModel`.
 """
 
 from __future__ import annotations
 
 from plora.planner.baselines import baseline_plan
+from plora.planner.guard import PlanChoice, PlanChoiceKind, choose_plan, continue_plan
 from plora.planner.schedule import plan_sweep, replan
 from plora.planner.types import Baseline, Job, NoFeasibleJobError, Objective, Plan
 
@@ -25,7 +27,11 @@ __all__ = [
     "NoFeasibleJobError",
     "Objective",
     "Plan",
+    "PlanChoice",
+    "PlanChoiceKind",
     "baseline_plan",
+    "choose_plan",
+    "continue_plan",
     "plan_sweep",
     "replan",
 ]

@@ -11,6 +11,14 @@
   adapters computed one after another without the fused kernels -- which a cost model of
   that engine passed to :func:`plora.planner.plan_sweep` reproduces.) Needs a multi-GPU
   strategy when G > 1.
+* **Tune** -- Ray Tune with one trial per config: Min GPU's jobs, list-scheduled the same way,
+  but every trial is a new process that starts its workers and loads the model.
+
+Every baseline is charged by the same cost model as the planner: each job its ``job_time``
+(job start, steps, evaluation, export, checkpoints). Min GPU, Max GPU and Sequential run on
+plora's resident workers, so a worker group pays ``cost.startup_time(d)`` once (``resident``
+as in :func:`plora.planner.plan_sweep`: by default every GPU starts cold); Tune pays it for
+every job.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from collections.abc import Sequence
 from plora.config import ConfigError, LoRAConfig
 from plora.cost import CostModel
 from plora.planner.bounds import lower_bound, ratio_bound
+from plora.planner.groups import Groups
 from plora.planner.ilp import (
     ClassTable,
     DegreeCosts,
@@ -29,7 +38,8 @@ from plora.planner.ilp import (
     make_pack,
     solve_pack,
 )
-from plora.planner.schedule import _allocate, _Start, check_feasible, to_jobs
+from plora.planner.schedule import check_feasible
+from plora.planner.timeline import Start, to_jobs
 from plora.planner.types import Baseline, Objective, Plan
 
 
@@ -46,8 +56,12 @@ def _fastest_single(table: ClassTable, c: int, options: Sequence[DegreeCosts]) -
     return min((_single(table, o, c) for o in fits), key=lambda p: p.time)
 
 
-def min_gpu_starts(table: ClassTable, num_gpus: int) -> list[_Start]:
-    """Min GPU: one config per job on its fewest GPUs, list-scheduled longest first."""
+def min_gpu_starts(table: ClassTable, num_gpus: int, groups: Groups | None = None) -> list[Start]:
+    """Min GPU: one config per job on its fewest GPUs, list-scheduled longest first.
+
+    ``groups``: the resident worker groups at time 0 (not modified); None: no start-up.
+    """
+    groups = groups.copy() if groups is not None else Groups(num_gpus, {}, None)
     jobs = []
     for c, members in enumerate(table.members):
         by_d = sorted({o.d for o in table.options if o.d <= num_gpus and o.fits[c]})
@@ -58,9 +72,10 @@ def min_gpu_starts(table: ClassTable, num_gpus: int) -> list[_Start]:
     while waiting:
         for pack in list(waiting):
             if pack.option.d <= len(free):
-                ids = _allocate(free, pack.option.d)
-                started.append(_Start(pack, now, ids))
-                events.append((now + pack.time, ids))
+                ids = groups.allocate(free, pack.option.d)
+                wait = groups.occupy(ids)
+                started.append(Start(pack, now, ids, wait))
+                events.append((now + wait + pack.time, ids))
                 waiting.remove(pack)
         if waiting:
             events.sort()
@@ -83,11 +98,13 @@ def _widest(table: ClassTable, num_gpus: int, kind: Baseline) -> list[DegreeCost
     return options
 
 
-def _one_after_another(packs: Sequence[Pack]) -> list[_Start]:
+def _one_after_another(packs: Sequence[Pack], groups: Groups) -> list[Start]:
     now, started = 0.0, []
     for pack in packs:
-        started.append(_Start(pack, now, tuple(range(pack.option.d))))
-        now += pack.time
+        ids = tuple(range(pack.option.d))
+        wait = groups.occupy(ids)
+        started.append(Start(pack, now, ids, wait))
+        now += wait + pack.time
     return started
 
 
@@ -99,8 +116,12 @@ def baseline_plan(
     *,
     solver: str = "auto",
     objective: Objective = Objective.WORK,
+    resident: Sequence[Sequence[int]] | None = (),
 ) -> Plan:
     """The ``kind`` baseline schedule of ``configs`` on ``num_gpus`` GPUs.
+
+    ``resident``: worker groups already started (default none: every GPU cold); ``None``:
+    start-up not charged (Tune charges it for every job unless ``None``).
 
     Raises:
         NoFeasibleJobError: a config fits no allowed GPU count.
@@ -110,8 +131,12 @@ def baseline_plan(
     table = build_classes(configs, cost, num_gpus, objective=objective)
     check_feasible(table, num_gpus)
     knap = KnapsackSolver(solver)
-    if kind is Baseline.MIN_GPU:
-        started = min_gpu_starts(table, num_gpus)
+    groups = Groups(num_gpus, table.startup, resident)
+    cold = len(groups.cold_gpus(range(num_gpus)))
+    if kind is Baseline.TUNE and resident is not None:
+        groups = Groups.never(num_gpus, table.startup)
+    if kind in (Baseline.MIN_GPU, Baseline.TUNE):
+        started = min_gpu_starts(table, num_gpus, groups)
     elif kind is Baseline.MAX_GPU:
         options = _widest(table, num_gpus, kind)
         packs = []
@@ -120,7 +145,7 @@ def baseline_plan(
             if pack is None:
                 raise ConfigError(f"baseline max_gpu: config {members[0].config_id} does not fit")
             packs.extend([pack] * len(members))
-        started = _one_after_another(packs)
+        started = _one_after_another(packs, groups)
     else:
         options = _widest(table, num_gpus, kind)
         left, packs = table.counts, []
@@ -131,14 +156,14 @@ def baseline_plan(
                 raise ConfigError("baseline sequential: a config fits no job on all GPUs")
             packs.append(pack)
             left = tuple(c - t for c, t in zip(left, pack.take, strict=True))
-        started = _one_after_another(packs)
+        started = _one_after_another(packs, groups)
     jobs = to_jobs(table, started)
     return Plan(
         jobs=jobs,
         num_configs=len(configs),
         num_gpus=num_gpus,
         makespan_s=max((j.end_s for j in jobs), default=0.0),
-        lower_bound_s=lower_bound(table, num_gpus),
+        lower_bound_s=lower_bound(table, num_gpus, cold=cold, startup=groups.min_startup()),
         ratio_bound=ratio_bound(jobs, num_gpus),
         solver=knap.name if kind is Baseline.SEQUENTIAL else "none",
         notes=(f"baseline {kind}",),

@@ -7,7 +7,9 @@ For a job on ``d`` GPUs with strategy ``s`` and a pack ``H ⊆ K``::
                      T(H, d, s) <= time_cap                                  (optional deadline)
 
 ``T(H) = fixed_time(max_{k∈H} steps_k) + Σ_k H_k c_k`` is affine in H once the longest
-config is fixed, so we enumerate the distinct step counts θ as that threshold (only configs
+config is fixed (``fixed_time`` holds every per-job cost -- the job's start on a warm worker
+group, its per-step overhead, its checkpoint writes -- and ``c_k`` every per-config one -- the
+config's tokens, evaluation and export; a per-job cost is what makes bigger packs pay), so we enumerate the distinct step counts θ as that threshold (only configs
 with ``steps <= θ``, overhead ``fixed_time(θ)``; with ``fixed_time`` non-decreasing in steps,
 the max over θ is exactly F) and for each θ solve the 0-1 *linear-fractional* knapsack by
 Dinkelbach's method: for the current ratio λ solve the linear knapsack
@@ -25,13 +27,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from plora.config import ConfigError, LoRAConfig
 from plora.cost import CostModel, Strategy
 from plora.planner import knapsack
+from plora.planner.groups import startup_times
 from plora.planner.types import MEM_RTOL, Objective, call_strategy
 
 SOLVERS = ("auto", "bnb", "highs", "cvxpy", "gurobi")
@@ -76,6 +79,8 @@ class ClassTable:
     """Optimizer steps per class, shape (C,)."""
     options: tuple[DegreeCosts, ...]
     """Every allowed ``(d, s)``: d = 1 (no strategy), and d = 2, 4, ... <= G per strategy."""
+    startup: dict[int, float] = field(default_factory=dict)
+    """``cost.startup_time(d)`` per allowed d: a cold worker group's start (0 if unknown)."""
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -147,6 +152,7 @@ def build_classes(
         work=np.array([rows[k][4] for k in keys], dtype=float),
         steps=np.array([rows[k][1] for k in keys], dtype=np.int64),
         options=tuple(options),
+        startup=startup_times(cost, [d for d, _ in opts]),
     )
 
 

@@ -2,8 +2,17 @@
 
 Alg. 2: while configs are left, whenever GPUs are free run DTM (Alg. 1) on them, start its
 jobs, then jump to the next predicted completion and free its GPUs. Jobs get concrete GPU
-ids (the lowest free block aligned to d when there is one, so a d-GPU job sits on
-neighbouring devices), and never more than G GPUs are busy.
+ids (a free resident worker group of size d when there is one, else the free block aligned
+to d that tears down the fewest warm groups, so a d-GPU job sits on neighbouring devices),
+and never more than G GPUs are busy.
+
+Start-up (resident workers, our extension; :mod:`plora.planner.groups`): a job whose GPUs do
+not already form a worker group of its size first waits ``cost.startup_time(d)`` (worker
+start + model load), recorded as its ``Job.startup_s``; ``end = start + startup + T``. A fresh
+plan (:func:`plan_sweep`) starts with every GPU cold, so its makespan includes one start-up
+per group; a re-plan is told which groups are resident (``resident``) and running jobs' GPUs
+stay warm. DTM chooses packs as before (a start-up shifts a job, it does not change T); the
+deadline search and the Min GPU safety net compare makespans with the start-ups included.
 
 Deadline search (our extension, documented in benchmarks/RESULTS.md): greedy throughput
 maximization packs each job as full as memory allows, which can leave GPUs idle at the end
@@ -14,10 +23,8 @@ config that fits no job before the deadline is packed without it. ``t*`` is sear
 multiples of the lower bound and the plan of least makespan kept; ``t* = inf`` is the paper's
 Alg. 2, which is always among the candidates, so the result is never worse than it.
 
-Tail repair (:func:`rebalance`, also ours): after each simulation, configs move out of the job
-that ends last -- into a job that is last on its GPUs, or into a new job on the GPUs that go
-idle first -- while that lowers the makespan. Only jobs without successors change, so no start
-time moves and every invariant of the simulation holds.
+Tail repair (:func:`plora.planner.timeline.rebalance`, also ours): after each simulation,
+configs move out of the job that ends last while that lowers the makespan.
 """
 
 from __future__ import annotations
@@ -25,24 +32,18 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from plora.config import LoRAConfig
 from plora.cost import CostModel
 from plora.planner.bounds import lower_bound, ratio_bound
 from plora.planner.dtm import DTM
-from plora.planner.ilp import ClassTable, KnapsackSolver, Pack, build_classes, make_pack
-from plora.planner.types import GIB, MEM_RTOL, Job, NoFeasibleJobError, Objective, Plan
+from plora.planner.groups import Groups
+from plora.planner.ilp import ClassTable, KnapsackSolver, build_classes
+from plora.planner.timeline import Start, rebalance, to_jobs
+from plora.planner.types import GIB, Job, NoFeasibleJobError, Objective, Plan
 
 #: Deadlines tried, as multiples of the lower bound (``inf``: the paper's Alg. 2).
 DEADLINE_FACTORS = (math.inf, 1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.6, 2.0)
-
-
-@dataclass(frozen=True, slots=True)
-class _Start:
-    pack: Pack
-    start: float
-    gpu_ids: tuple[int, ...]
 
 
 def check_feasible(table: ClassTable, num_gpus: int) -> None:
@@ -73,20 +74,6 @@ def check_feasible(table: ClassTable, num_gpus: int) -> None:
         raise NoFeasibleJobError(f"{msg}; {fix}")
 
 
-def _allocate(free: list[int], d: int) -> tuple[int, ...]:
-    """Take d GPU ids from ``free`` (sorted): the lowest free block aligned to d, else lowest."""
-    have = set(free)
-    for start in range(0, (max(free) + 1 if free else 0), d):
-        block = tuple(range(start, start + d))
-        if all(i in have for i in block):
-            break
-    else:
-        block = tuple(free[:d])
-    for i in block:
-        free.remove(i)
-    return block
-
-
 def simulate(
     table: ClassTable,
     dtm: DTM,
@@ -96,7 +83,8 @@ def simulate(
     now: float = 0.0,
     busy: Sequence[tuple[float, tuple[int, ...]]] = (),
     deadline: float = math.inf,
-) -> list[_Start]:
+    groups: Groups | None = None,
+) -> list[Start]:
     """Alg. 2 from ``now``: jobs started until every config is placed.
 
     Args:
@@ -106,23 +94,28 @@ def simulate(
         counts: configs left per class, shape (C,).
         now: current time.
         busy: ``(end time, gpu ids)`` of running jobs.
-        deadline: jobs started at t take packs with ``T <= deadline - t`` when any fits.
+        deadline: jobs started at t take packs with ``T <= deadline - t`` when any fits (less
+            the start-up when every free GPU is cold).
+        groups: resident worker groups now (not modified); None: start-up not charged.
     """
+    groups = groups.copy() if groups is not None else Groups(num_gpus, {}, None)
     held = {i for _, ids in busy for i in ids}
     free = [i for i in range(num_gpus) if i not in held]
     events = [(end, ids) for end, ids in busy]
     heapq.heapify(events)
     left = tuple(counts)
-    started: list[_Start] = []
+    started: list[Start] = []
     while any(left):
         if free:
-            policy = dtm.solve(len(free), left, time_cap=deadline - now)
+            lag = groups.min_startup() if len(groups.cold_gpus(free)) == len(free) else 0.0
+            policy = dtm.solve(len(free), left, time_cap=deadline - now - lag)
             if not policy.packs and math.isfinite(deadline):
                 policy = dtm.solve(len(free), left)
             for pack in policy.packs:
-                ids = _allocate(free, pack.option.d)
-                started.append(_Start(pack, now, ids))
-                heapq.heappush(events, (now + pack.time, ids))
+                ids = groups.allocate(free, pack.option.d)
+                wait = groups.occupy(ids)
+                started.append(Start(pack, now, ids, wait))
+                heapq.heappush(events, (now + wait + pack.time, ids))
                 left = tuple(c - t for c, t in zip(left, pack.take, strict=True))
         if not any(left):
             break
@@ -136,114 +129,6 @@ def simulate(
     return started
 
 
-def _with(pack: Pack, c: int, delta: int, table: ClassTable) -> Pack | None:
-    """``pack`` with ``delta`` (+1/-1) configs of class c; None if empty or out of memory."""
-    take = list(pack.take)
-    take[c] += delta
-    if take[c] < 0:
-        return None
-    new = make_pack(table, pack.option, take)
-    if new is None or new.memory > new.option.capacity * (1 + MEM_RTOL):
-        return None
-    return new
-
-
-def rebalance(
-    table: ClassTable,
-    started: list[_Start],
-    num_gpus: int,
-    *,
-    now: float = 0.0,
-    busy: Sequence[tuple[float, tuple[int, ...]]] = (),
-    max_moves: int = 10_000,
-) -> list[_Start]:
-    """Tail repair: move configs out of the job that ends last while that lowers the makespan.
-
-    A config of the last job moves into another job that is last on its GPUs (it grows by the
-    config's time, memory permitting) or into a new one-config job on the GPUs that go idle
-    first. Only jobs with no successor on their GPUs change, so no start time moves.
-    """
-    starts = list(started)
-    for _ in range(max_moves):
-        if not starts:
-            break
-        end = [s.start + s.pack.time for s in starts]
-        a = max(range(len(starts)), key=end.__getitem__)
-        span = end[a]
-        last_on: dict[int, int] = {}
-        for i, s in enumerate(starts):
-            for g in s.gpu_ids:
-                if g not in last_on or s.start >= starts[last_on[g]].start:
-                    last_on[g] = i
-        held = {g: e for e, ids in busy for g in ids}
-        free_from = sorted(
-            (max(now, held.get(g, now), end[last_on[g]] if g in last_on else now), g)
-            for g in range(num_gpus)
-        )
-        tails = {i for i in last_on.values() if all(last_on[g] == i for g in starts[i].gpu_ids)}
-        others = max((e for i, e in enumerate(end) if i != a), default=0.0)
-        best: tuple[float, int, int | None, Pack | None, _Start | None] | None = None
-        for c, t in enumerate(starts[a].pack.take):
-            if not t:
-                continue
-            shrunk = _with(starts[a].pack, c, -1, table)
-            a_end = starts[a].start + shrunk.time if shrunk else 0.0
-            for b in tails - {a}:
-                grown = _with(starts[b].pack, c, +1, table)
-                if grown is not None:
-                    new = max(a_end, others, starts[b].start + grown.time)
-                    if new < span * (1 - 1e-9) and (best is None or new < best[0]):
-                        best = (new, c, b, grown, None)
-            for opt in table.options:
-                if opt.d > num_gpus or not opt.fits[c]:
-                    continue
-                ids = [g for _, g in free_from[: opt.d]]
-                begin = max(f for f, _ in free_from[: opt.d])
-                if any(g in starts[a].gpu_ids for g in ids) and shrunk is not None:
-                    continue
-                single = make_pack(table, opt, [int(k == c) for k in range(len(table.members))])
-                new = max(a_end, others, begin + single.time)
-                if new < span * (1 - 1e-9) and (best is None or new < best[0]):
-                    best = (new, c, None, single, _Start(single, begin, tuple(sorted(ids))))
-        if best is None:
-            break
-        _, c, b, grown, fresh = best
-        shrunk = _with(starts[a].pack, c, -1, table)
-        if b is not None:
-            starts[b] = _Start(grown, starts[b].start, starts[b].gpu_ids)
-        else:
-            starts.append(fresh)
-        if shrunk is None:
-            starts.pop(a)
-        else:
-            starts[a] = _Start(shrunk, starts[a].start, starts[a].gpu_ids)
-    return starts
-
-
-def to_jobs(table: ClassTable, started: Sequence[_Start], *, prefix: str = "j") -> tuple[Job, ...]:
-    """Turn simulated starts into :class:`Job` s with concrete config ids."""
-    pools = [list(m) for m in table.members]
-    jobs = []
-    for n, s in enumerate(sorted(started, key=lambda s: (s.start, s.gpu_ids))):
-        ids: list[str] = []
-        for c, t in enumerate(s.pack.take):
-            ids.extend(cfg.config_id for cfg in pools[c][:t])
-            del pools[c][:t]
-        jobs.append(
-            Job(
-                job_id=f"{prefix}{n:04d}",
-                config_ids=tuple(ids),
-                gpus=s.pack.option.d,
-                strategy=s.pack.option.strategy,
-                start_s=s.start,
-                end_s=s.start + s.pack.time,
-                memory_gib_per_gpu=s.pack.memory / GIB,
-                gpu_ids=s.gpu_ids,
-            )
-        )
-    return tuple(jobs)
-
-
 def _search(
     table: ClassTable,
     solver: KnapsackSolver,
@@ -254,18 +139,20 @@ def _search(
     busy: Sequence[tuple[float, tuple[int, ...]]],
     lb: float,
     node_budget: int,
-) -> tuple[list[_Start], list[str]]:
+    groups: Groups,
+) -> tuple[list[Start], list[str]]:
     """Alg. 2 for every deadline in :data:`DEADLINE_FACTORS`; the least makespan wins."""
     dtm = DTM(table, solver, node_budget=node_budget)
-    best: tuple[float, float, list[_Start]] | None = None
+    best: tuple[float, float, list[Start]] | None = None
     paper = math.inf
     for factor in DEADLINE_FACTORS:
         deadline = now + factor * (lb - now) if math.isfinite(factor) else math.inf
         started = simulate(
-            table, dtm, num_gpus, counts=counts, now=now, busy=busy, deadline=deadline
-        )
-        started = rebalance(table, started, num_gpus, now=now, busy=busy)
-        span = max((s.start + s.pack.time for s in started), default=now)
+            table, dtm, num_gpus, counts=counts, now=now, busy=busy, deadline=deadline,
+            groups=groups,
+        )  # fmt: skip
+        started = rebalance(table, started, num_gpus, now=now, busy=busy, groups=groups)
+        span = max((s.end for s in started), default=now)
         if not math.isfinite(factor):
             paper = span
         if best is None or span < best[0] * (1 - 1e-9):
@@ -290,6 +177,7 @@ def plan_sweep(
     solver: str = "auto",
     objective: Objective = Objective.WORK,
     node_budget: int = 100,
+    resident: Sequence[Sequence[int]] | None = (),
 ) -> Plan:
     """Plan every config of a sweep on ``num_gpus`` GPUs (Alg. 2 over DTM over F(d, K)).
 
@@ -300,13 +188,16 @@ def plan_sweep(
         solver: knapsack backend: ``auto`` | ``bnb`` | ``highs`` | ``cvxpy`` | ``gurobi``.
         objective: the value ``v_k`` in the throughput (default: FLOPs as work seconds).
         node_budget: DTM search nodes per call before following greedy chains.
+        resident: worker groups already started (GPU id tuples); default none: every GPU is
+            cold and the makespan includes each group's ``cost.startup_time(d)``. ``None``:
+            start-up is not charged.
 
     Raises:
         NoFeasibleJobError: a config fits no allowed GPU count.
     """
     return replan(
         configs, num_gpus, (), 0.0, cost, num_gpus,
-        solver=solver, objective=objective, node_budget=node_budget,
+        solver=solver, objective=objective, node_budget=node_budget, resident=resident,
     )  # fmt: skip
 
 
@@ -321,6 +212,7 @@ def replan(
     solver: str = "auto",
     objective: Objective = Objective.WORK,
     node_budget: int = 100,
+    resident: Sequence[Sequence[int]] | None = None,
 ) -> Plan:
     """Re-plan the configs left while ``running`` jobs hold their GPUs until their ``end_s``.
 
@@ -335,6 +227,10 @@ def replan(
         now: current time on the plan's clock.
         cost: the cost model (possibly refitted).
         num_gpus: G.
+        resident: the worker groups resident now (GPU id tuples, running jobs' GPUs count as
+            their groups anyway); a free GPU in none is cold and waits
+            ``cost.startup_time(d)`` before its first job. ``None`` (default): start-up is not
+            charged (every GPU warm at every d).
     """
     if num_gpus < 1 or not 0 <= free_gpus <= num_gpus:
         raise ValueError(f"planner: free_gpus={free_gpus} must be in [0, num_gpus={num_gpus}]")
@@ -342,23 +238,28 @@ def replan(
     table = build_classes(remaining, cost, num_gpus, objective=objective)
     check_feasible(table, num_gpus)
     busy = _busy(running, free_gpus, now, num_gpus)
-    lb = lower_bound(table, num_gpus, now=now, busy=[(end - now, len(ids)) for end, ids in busy])
+    groups = Groups(num_gpus, table.startup, resident)
+    if groups.track:
+        for _, ids in busy[: len(running)]:
+            groups.set(ids)
+    lb = _lower_bound(table, num_gpus, now, busy, groups)
     started, notes = _search(
-        table, knap, num_gpus, table.counts, now=now, busy=busy, lb=lb, node_budget=node_budget
-    )
+        table, knap, num_gpus, table.counts, now=now, busy=busy, lb=lb, node_budget=node_budget,
+        groups=groups,
+    )  # fmt: skip
     if not busy and started:
         # Safety net: packing is predicted to help, but never plan worse than Min GPU.
         from plora.planner.baselines import min_gpu_starts
 
-        alone = min_gpu_starts(table, num_gpus)
-        span = max(s.start + s.pack.time for s in started)
-        alone_span = max(s.start + s.pack.time for s in alone)
+        alone = min_gpu_starts(table, num_gpus, groups)
+        span = max(s.end for s in started)
+        alone_span = max(s.end for s in alone)
         if alone_span < span * (1 - 1e-9):
             notes.append(
                 f"one config per job (Min GPU) is predicted faster ({alone_span:.6g} s vs "
                 f"{span:.6g} s packed): planned that"
             )
-            started = [_Start(s.pack, s.start + now, s.gpu_ids) for s in alone]
+            started = [Start(s.pack, s.start + now, s.gpu_ids, s.startup) for s in alone]
     jobs = to_jobs(table, started)
     makespan = max([j.end_s for j in jobs] + [end for end, _ in busy] + [now])
     return Plan(
@@ -371,6 +272,22 @@ def replan(
         solver=knap.name,
         notes=tuple(notes + knap.notes),
     )
+
+
+def _lower_bound(
+    table: ClassTable,
+    num_gpus: int,
+    now: float,
+    busy: Sequence[tuple[float, tuple[int, ...]]],
+    groups: Groups,
+) -> float:
+    """:func:`lower_bound` with the held GPUs and the free cold GPUs of ``groups``."""
+    held = {g for _, ids in busy for g in ids}
+    cold = groups.cold_gpus([g for g in range(num_gpus) if g not in held])
+    return lower_bound(
+        table, num_gpus, now=now, busy=[(end - now, len(ids)) for end, ids in busy],
+        cold=len(cold), startup=groups.min_startup(),
+    )  # fmt: skip
 
 
 def _busy(

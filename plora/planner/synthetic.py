@@ -9,8 +9,9 @@ Per config k with rank r, batch b, targets t (of 7), steps n, on d GPUs with str
     M_base(d)   = weights / d + base_act
     M_k(d)      = (r · t/7 · adapter_per_rank + b · seq · act_per_token) / d
     c_k(d, s)   = n · b · seq · (sec_per_token + r · t/7 · sec_per_token_rank) / (d · eff_s^log2 d)
-    fixed(n, d) = n · step_overhead · (1 + comm · log2 d)
+    fixed(n, d) = job_start + n · step_overhead · (1 + comm · log2 d)
     work_k      = c_k(1)          (a true lower bound: d · c_k(d) >= c_k(1) since eff <= 1)
+    startup(d)  = startup_s       (a cold worker group; 0 by default)
 
 ``per_config`` overrides ``(M_k(1), c_k(1))`` per config id (random instances in tests).
 """
@@ -52,6 +53,10 @@ class AffineCostModel:
     """Per-step seconds a job pays regardless of its tokens (weights read, launches)."""
     comm: float = 0.1
     """Extra per-step overhead per doubling of d."""
+    job_start_s: float = 0.0
+    """Per-job seconds on a warm worker group (trainer set-up)."""
+    startup_s: float = 0.0
+    """Seconds a cold worker group needs before its first job (worker start + model load)."""
     efficiency: Mapping[Strategy, float] = field(
         default_factory=lambda: {Strategy.TP: 0.85, Strategy.FSDP: 0.9, Strategy.PP: 0.8}
     )
@@ -101,7 +106,10 @@ class AffineCostModel:
         return self._time1(config) / (d * self._eff(d, strategy))
 
     def fixed_time(self, steps: int, d: int, strategy: Strategy) -> float:
-        return steps * self.step_overhead_s * (1 + self.comm * math.log2(d))
+        return self.job_start_s + steps * self.step_overhead_s * (1 + self.comm * math.log2(d))
+
+    def startup_time(self, d: int) -> float:
+        return self.startup_s
 
     def job_time(self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy) -> float:
         longest = max(self.steps(k) for k in pack)

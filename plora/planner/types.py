@@ -25,6 +25,10 @@ class Baseline(StrEnum):
     """One config per job on the fewest GPUs it fits on, as many jobs in parallel as fit."""
     MAX_GPU = "max_gpu"
     """One config per job on all GPUs (largest power of two), one job after another."""
+    TUNE = "tune"
+    """Ray Tune with one trial per config: Min GPU's jobs, but every trial is a new process
+    that starts its workers and loads the model (each job pays ``cost.startup_time(d)``);
+    Min GPU and Max GPU run on plora's resident workers (start-up once per group)."""
     SEQUENTIAL = "sequential"
     """Packed jobs (the planner's F(G, K) packs) run one at a time on all GPUs."""
 
@@ -69,17 +73,20 @@ class Job:
     strategy: Strategy | None
     """How the base model is split over the d GPUs; ``None`` when d = 1."""
     start_s: float
-    """Predicted start, seconds from the plan's time origin."""
+    """Predicted start (the job takes its GPUs), seconds from the plan's time origin."""
     end_s: float
-    """Predicted end: ``start_s + T(pack, d, strategy)``."""
+    """Predicted end: ``start_s + startup_s + T(pack, d, strategy)``."""
     memory_gib_per_gpu: float
     """Predicted peak memory per GPU: ``M_base(d) + Σ M_k(d)``, GiB."""
     gpu_ids: tuple[int, ...] = ()
     """Which of the plan's GPUs (0..G-1) run the job; for the Gantt chart."""
+    startup_s: float = 0.0
+    """Seconds the job first waits for its worker group to start and load the model (0 on a
+    warm, resident group): ``cost.startup_time(d)`` or 0."""
 
     @property
     def duration_s(self) -> float:
-        """``end_s - start_s``."""
+        """``end_s - start_s`` (start-up included)."""
         return self.end_s - self.start_s
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -93,6 +100,7 @@ class Job:
             "end_s": self.end_s,
             "memory_gib_per_gpu": self.memory_gib_per_gpu,
             "gpu_ids": list(self.gpu_ids),
+            "startup_s": self.startup_s,
         }
 
     @classmethod
@@ -108,6 +116,7 @@ class Job:
             end_s=float(data["end_s"]),
             memory_gib_per_gpu=float(data["memory_gib_per_gpu"]),
             gpu_ids=tuple(int(g) for g in data.get("gpu_ids") or ()),
+            startup_s=float(data.get("startup_s") or 0.0),
         )
 
 

@@ -125,6 +125,25 @@ def test_paper_table1_plans_within_5_seconds(tmp_path: Path) -> None:
     assert "makespan" in proc.stdout and "min-gpu" in proc.stdout and "max-gpu" in proc.stdout
 
 
+def test_plan_shows_startup_and_overheads_in_the_makespan(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    result = run(["plan", str(PAPER), "--gpus", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(out.read_text())
+    over, totals = plan["overheads"], plan["overheads"]["totals"]
+    startup = over["worker_start_s"] + over["model_load_s"]
+    assert over["source"] == "default" and startup > 0 and totals["startups"] >= 2
+    assert totals["startup_s"] == pytest.approx(sum(j["startup_s"] for j in plan["jobs"]))
+    # the makespan includes them: every job's span is its start-up plus its terms
+    spans = sum(j["end_s"] - j["start_s"] for j in plan["jobs"])
+    parts = ("startup_s", "job_start_s", "train_s", "eval_s", "export_s", "checkpoint_s")
+    assert spans == pytest.approx(sum(totals[k] for k in parts), rel=1e-9)
+    assert min(j["start_s"] + j["startup_s"] for j in plan["jobs"]) >= startup - 1e-9
+    line = next(x for x in result.stdout.splitlines() if "start-up" in x)
+    assert all(w in line for w in ("model load", "job start", "eval", "export", "checkpoints"))
+    assert plan["baselines"]["tune"]["makespan_s"] >= plan["baselines"]["min_gpu"]["makespan_s"]
+
+
 def test_baseline_output_and_gantt(tmp_path: Path) -> None:
     out, gantt = tmp_path / "min.json", tmp_path / "min.png"
     result = run(

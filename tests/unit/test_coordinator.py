@@ -284,11 +284,13 @@ def test_real_planner_and_cost_model_replan_after_refit(tmp_path) -> None:
     are refit into the model, and the re-plan that follows is made with the refit model."""
     from plora.config import SweepConfig
     from plora.cost.model import build_cost_model
+    from plora.cost.overheads import Overheads
     from plora.space import expand
 
     sweep = SweepConfig.from_yaml("sweeps/quickstart.yaml")
     configs = expand(sweep)
-    cost = build_cost_model(sweep, use_profile=False)
+    # steps only: the refit scales step times, not the overheads (start, eval, export)
+    cost = build_cost_model(sweep, use_profile=False, overheads=Overheads.zero())
     store = SweepStore(tmp_path)
     clock = Clock()
     coord = Coordinator(

@@ -15,6 +15,7 @@ from plora.config import PROJECTIONS, ConfigError, HardwareConfig, LoRAConfig, S
 from plora.cost import CostModel, Strategy
 from plora.cost.memory import GIB, Loss, MemoryOptions, adapter_memory, base_memory
 from plora.cost.model import SweepCostModel, build_cost_model
+from plora.cost.overheads import Overheads
 from plora.cost.profile import ProfileStore
 from plora.cost.throughput import (
     DEFAULT_COEFFICIENTS,
@@ -80,8 +81,9 @@ def test_job_time_is_affine_in_the_pack() -> None:
 
 
 def test_job_time_equals_stepping_the_pack_to_completion() -> None:
-    """Independent reference: simulate each step with the adapters still active."""
-    cm = model()
+    """Independent reference: simulate each step with the adapters still active (pure step
+    time: no overheads; they are tested in test_cost_overheads.py)."""
+    cm = model(overheads=Overheads.zero())
     timer = StepTimeModel(QWEN7B, cm.gpu, cm.coefficients)
     pack = configs(6, seed=3)
     from plora.cost.throughput import AdapterLoad
@@ -236,7 +238,8 @@ def test_build_from_a_sweep_and_plan_from_a_stored_profile(tmp_path) -> None:
     ProfileStore(tmp_path).record("Qwen/Qwen2.5-7B", "H100", samples)
     planned = build_cost_model(sweep, profile_dir=tmp_path)
     assert planned.coefficients != DEFAULT_COEFFICIENTS
-    assert planned.job_time([k], 1, None) == pytest.approx(10 * 0.09, rel=0.05)
+    # the steps of the job (its start, eval, export and checkpoints come on top)
+    assert planned.job_terms([k], 1, None).train_s == pytest.approx(10 * 0.09, rel=0.05)
     assert (
         build_cost_model(sweep, profile_dir=tmp_path, use_profile=False).coefficients
         == DEFAULT_COEFFICIENTS
@@ -269,7 +272,7 @@ def test_checkpointing_trades_memory_for_time(tmp_path) -> None:
     assert ckpt.memory.checkpointing and not plain.memory.checkpointing
     assert ckpt.config_memory(k, 1) < 0.25 * plain.config_memory(k, 1)
     # one more forward of the base: about 4/3 of the frozen-base training FLOPs
-    assert 1.2 < ckpt.config_time(k, 1) / plain.config_time(k, 1) < 1.5
+    assert 1.2 < ckpt.config_step_time(k, 1) / plain.config_step_time(k, 1) < 1.5
     # the paper's batch-8, seq-1024 config of a 7B model fits a 40 GB A100 only with it
     assert plain.base_memory(1) + plain.config_memory(k, 1) > plain.capacity(1)
     assert ckpt.base_memory(1) + ckpt.config_memory(k, 1) < ckpt.capacity(1)
@@ -337,8 +340,13 @@ def test_real_packed_engine_steps(name: str) -> None:
     measured peak covered."""
     hw = HardwareConfig(gpu_type="H200")
     spec = ModelSpec.from_hf_config(name)
-    cm = SweepCostModel(
-        spec, 1024, 1000, hw, memory=MemoryOptions(loss=Loss.FUSED, reserved_bytes=0)
+    cm = SweepCostModel(  # measured step times: compare steps only, no overheads
+        spec,
+        1024,
+        1000,
+        hw,
+        memory=MemoryOptions(loss=Loss.FUSED, reserved_bytes=0),
+        overheads=Overheads.zero(),
     )
     rows = [
         (_engine_pack(label), ms / 1e3, gib * 2**30)

@@ -33,7 +33,8 @@ def make_configs(specs: list[tuple[int, int, int]]) -> list[LoRAConfig]:
 
 @st.composite
 def instances(draw, max_configs: int = 9, duplicates: bool = True):
-    """Random configs with random per-config memory/time and a random affine overhead."""
+    """Random configs with random per-config memory/time, a random per-step overhead and a
+    per-job start cost."""
     n = draw(st.integers(1, max_configs))
     specs = [
         (draw(st.sampled_from([4, 8, 16])), 1, draw(st.sampled_from([50, 100, 200])))
@@ -52,6 +53,7 @@ def instances(draw, max_configs: int = 9, duplicates: bool = True):
         weights_bytes=draw(st.floats(1.0, 20.0)) * GIB,
         base_act_bytes=0.0,
         step_overhead_s=draw(st.floats(0.0, 0.5)),
+        job_start_s=draw(st.sampled_from([0.0, 5.0, 500.0])),  # a per-job cost: in fixed_time
         per_config=per,
     )
     return configs, cost

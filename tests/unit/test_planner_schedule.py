@@ -44,6 +44,8 @@ def sweeps(draw, max_configs: int = 24):
     cost = AffineCostModel(
         capacity_bytes=draw(st.sampled_from([40.0, 80.0, 127.0])) * GIB,
         step_overhead_s=draw(st.floats(0.0, 0.2)),
+        job_start_s=draw(st.sampled_from([0.0, 3.0, 60.0])),
+        startup_s=draw(st.sampled_from([0.0, 40.0, 400.0])),
         allowed=allowed,
     )
     gpus = draw(st.sampled_from([1, 2, 3, 4, 8]))
@@ -65,7 +67,10 @@ def check_plan(plan: Plan, configs, cost, num_gpus: int, *, busy=()) -> None:
         mem = cost.base_memory(job.gpus, s) + sum(cost.config_memory(k, job.gpus, s) for k in pack)
         assert mem <= cost.capacity(job.gpus) * (1 + MEM_RTOL), "memory fits per GPU"
         assert job.memory_gib_per_gpu == pytest.approx(mem / GIB, rel=1e-9)
-        assert job.duration_s == pytest.approx(cost.job_time(pack, job.gpus, s), rel=1e-9)
+        # a job's span is its group's start-up (0 when warm) and then its job_time
+        assert job.startup_s in (0.0, pytest.approx(cost.startup_time(job.gpus)))
+        want = job.startup_s + cost.job_time(pack, job.gpus, s)
+        assert job.duration_s == pytest.approx(want, rel=1e-9)
     # No GPU runs two jobs at once (so never more than G busy), running jobs included.
     intervals = [(j.start_s, j.end_s, g) for j in plan.jobs for g in j.gpu_ids]
     intervals += [(b.start_s, b.end_s, g) for b in busy for g in b.gpu_ids]
@@ -100,6 +105,9 @@ def test_plan_invariants_and_baselines(sweep):
         if kind is Baseline.MIN_GPU:
             assert all(len(j.config_ids) == 1 for j in base.jobs)
             assert plan.makespan_s <= base.makespan_s * (1 + 1e-9)  # the planner's safety net
+        elif kind is Baseline.TUNE:  # Min GPU's jobs, each a new process
+            assert all(len(j.config_ids) == 1 for j in base.jobs)
+            assert all(j.startup_s == cost.startup_s for j in base.jobs)
         else:  # one job at a time on all GPUs
             assert all(j.gpus == 1 << (gpus.bit_length() - 1) for j in base.jobs)
             ends = [j.end_s for j in base.jobs]

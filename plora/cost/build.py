@@ -1,0 +1,97 @@
+"""``build_cost_model``: the :class:`~plora.cost.model.SweepCostModel` of a sweep definition.
+
+Reads the sweep's model shapes, GPU, dataset (training rows, eval split and metric) and the
+stored (model, GPU type) profile -- measured steps and overheads -- so a second sweep on the
+same model and GPU plans from measurements. Also importable as
+``plora.cost.model.build_cost_model``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from plora.cost import Strategy
+from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY, eval_defaults
+from plora.cost.memory import FULL_FP32, Loss, MemoryOptions
+from plora.cost.model import SweepCostModel
+from plora.cost.overheads import EvalMetric, Overheads
+from plora.cost.profile import ProfileStore
+from plora.cost.throughput import gpu_spec
+from plora.model_spec import ModelSpec
+
+
+def _runtime_strategies() -> tuple[Strategy, ...]:
+    """Strategies ``plora.parallel`` implements (``SUPPORTED_STRATEGIES``), if it says."""
+    try:
+        import plora.parallel as parallel
+    except ImportError:  # pragma: no cover
+        return ()
+    return tuple(Strategy(s) for s in getattr(parallel, "SUPPORTED_STRATEGIES", ()))
+
+
+def build_cost_model(
+    sweep: Any,
+    *,
+    dataset_size: int | None = None,
+    eval_rows: int | None = None,
+    eval_metric: EvalMetric | str | None = None,
+    checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
+    overheads: Overheads | None = None,
+    profile_dir: str | Path | None = None,
+    use_profile: bool = True,
+    memory: MemoryOptions | None = None,
+) -> SweepCostModel:
+    """The cost model of a ``plora.config.SweepConfig``.
+
+    Args:
+        sweep: the sweep (model, dataset, hardware, planner options).
+        dataset_size: training examples; default ``dataset.num_examples`` (the training
+            rows; held-out rows come on top).
+        eval_rows: eval rows per config; default from the dataset spec
+            (:func:`~plora.cost.overheads.eval_defaults`). The runtime passes
+            ``len(data.eval)`` once the data is read.
+        eval_metric: ``none`` | ``exact_match`` | ``accuracy``; default the dataset's
+            (``auto``: the builtin task's, ``exact_match`` for a file).
+        checkpoint_every: train-state checkpoint interval in steps (None: at the end only);
+            default ``plora sweep``'s.
+        overheads: default physics defaults, refit with the profile's measured overheads.
+        profile_dir: profile store directory (default ``~/.cache/plora/profiles``).
+        use_profile: read the stored (model, GPU type) profile, if any, and plan from it.
+        memory: memory options; default: plora's engine (bf16 autocast with fp32 LoRA state
+            on GPUs, fp32 on CPU; chunked recomputed cross-entropy; activation checkpointing
+            as ``training.gradient_checkpointing`` says).
+    """
+    hw = sweep.hardware
+    spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
+    gpu = gpu_spec(hw.gpu_type, peak_tflops=getattr(hw, "peak_tflops", None))
+    if dataset_size is None:
+        dataset_size = int(sweep.dataset.num_examples)
+    rows, metric = eval_defaults(sweep.dataset)
+    if memory is None:
+        fp32 = getattr(hw, "is_cpu", False) or sweep.model.dtype == "float32"
+        ckpt = bool(getattr(getattr(sweep, "training", None), "gradient_checkpointing", False))
+        memory = MemoryOptions(
+            loss=Loss.FUSED, checkpointing=ckpt, **({"precision": FULL_FP32} if fp32 else {})
+        )
+    strategies = tuple(sweep.planner.strategies) or _runtime_strategies()
+    profile = None
+    if use_profile:
+        profile = ProfileStore(profile_dir).load(sweep.model.name_or_path, hw.gpu_type)
+    return SweepCostModel(
+        spec,
+        int(sweep.seq_len),
+        int(dataset_size),
+        hw,
+        gpu=gpu,
+        profile=profile,
+        memory=memory,
+        strategies=strategies,
+        overheads=overheads,
+        eval_rows=rows if eval_rows is None else int(eval_rows),
+        eval_metric=metric if eval_metric is None else eval_metric,
+        checkpoint_every=checkpoint_every,
+    )
+
+
+__all__ = ["build_cost_model"]
