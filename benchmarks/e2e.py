@@ -73,10 +73,12 @@ The JSON goes to ``--out`` (atomically); a Markdown section for ``benchmarks/RES
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -133,6 +135,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=600, help="tokens per row (max_seq_len = +40)")
     ap.add_argument("--train-rows", type=int, default=2000)
     ap.add_argument("--eval-rows", type=int, default=64)
+    ap.add_argument(
+        "--timeout-s", type=float, default=None, help="stop a system after this many seconds"
+    )
     ap.add_argument("--rtol", type=float, default=0.05, help="eval-loss agreement across systems")
     ap.add_argument(
         "--min-drop-ratio",
@@ -158,20 +163,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_logged(
-    cmd: list[str], env: dict[str, str], log: Path, gpus: list[int]
+    cmd: list[str], env: dict[str, str], log: Path, gpus: list[int], timeout_s: float | None = None
 ) -> tuple[int, float, GpuSampler]:
-    """Run ``cmd`` with its output in ``log``; returns (exit status, wall seconds, sampler)."""
+    """Run ``cmd`` with its output in ``log``; returns (exit status, wall seconds, sampler).
+
+    Past ``timeout_s`` the child is stopped (:func:`stop`) and the status is 124.
+    """
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f, GpuSampler(gpus) as sampler:
         t0 = time.perf_counter()
-        rc = subprocess.run(
-            cmd, stdout=f, stderr=subprocess.STDOUT, env=env, check=False
-        ).returncode
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = 124
+            stop(proc)
         wall = time.perf_counter() - t0
     if rc != 0:
         tail = log.read_text(errors="replace")[-3000:]
         print(f"  exit status {rc}; last lines of {log}:\n{tail}", file=sys.stderr)
     return rc, wall, sampler
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a system's process: SIGINT first (Tune and ``plora sweep`` then stop their trials
+    and shut Ray down), after 30 s SIGKILL to what is left of its process tree (Ray's workers
+    run in sessions of their own, so a process-group kill would miss them). Without psutil only
+    the child itself is killed."""
+    try:
+        import psutil
+
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except Exception:  # no psutil, or the child is gone already
+        tree = []
+    proc.send_signal(signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+    for p in tree:
+        with contextlib.suppress(Exception):  # psutil checks the pid was not reused
+            p.kill()
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 def run_plora(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -189,14 +222,15 @@ def run_plora(ctx: dict[str, Any]) -> dict[str, Any]:
         "--out",
         str(out),
     ]
-    rc, wall, sampler = run_logged(cmd, ctx["env"], ctx["run_dir"] / "plora.log", ctx["gpus"])
+    log = ctx["run_dir"] / "plora.log"
+    rc, wall, sampler = run_logged(cmd, ctx["env"], log, ctx["gpus"], ctx["timeout_s"])
     row: dict[str, Any] = {
         "returncode": rc,
         "wall_s": wall,
         "gpu_busy": sampler.busy,
         "gpu_samples": len(sampler.samples),
         "sweep_dir": str(out),
-        "log": str(ctx["run_dir"] / "plora.log"),
+        "log": str(log),
         "eval_loss": {},
     }
     if not (out / "plan.json").is_file():
@@ -263,7 +297,7 @@ def run_tune(ctx: dict[str, Any], name: str, fraction: float) -> dict[str, Any]:
         name,
     ]
     log = ctx["run_dir"] / f"{name}.log"
-    rc, wall, sampler = run_logged(cmd, ctx["env"], log, ctx["gpus"])
+    rc, wall, sampler = run_logged(cmd, ctx["env"], log, ctx["gpus"], ctx["timeout_s"])
     row: dict[str, Any] = {
         "returncode": rc,
         "wall_s": wall,
@@ -333,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         **os.environ,
         "RAY_USAGE_STATS_ENABLED": "0",
         "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
@@ -365,28 +400,11 @@ def main(argv: list[str] | None = None) -> int:
         "gpus": gpus,
         "device": device,
         "num_gpus": args.gpus,
+        "timeout_s": args.timeout_s,
     }
 
-    print("e2e: base model eval loss", flush=True)
-    base = base_eval_loss(ctx)
-
-    systems: dict[str, dict[str, Any]] = {}
-    for name in args.systems:
-        print(f"e2e: {name} ...", flush=True)
-        if name == "plora":
-            systems[name] = run_plora(ctx)
-        else:
-            systems[name] = run_tune(ctx, name, 1.0 if name == "tune" else args.gpu_fraction)
-        row = systems[name]
-        print(
-            f"e2e: {name}: {row['wall_s']:.1f} s, GPU busy {fmt(row['gpu_busy'], '.2f')}, "
-            f"{sum(v is not None for v in row['eval_loss'].values())}/{len(configs)} configs",
-            flush=True,
-        )
-
     keys = [key(c.lr, c.rank) for c in configs]
-    plora_wall = systems.get("plora", {}).get("wall_s")
-    rep: dict[str, Any] = {
+    info: dict[str, Any] = {
         "benchmark": "e2e",
         "date": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": "python benchmarks/e2e.py " + shlex.join(sys.argv[1:] if argv is None else argv),
@@ -432,20 +450,47 @@ def main(argv: list[str] | None = None) -> int:
             }
             for c in configs
         ],
-        "base_eval_loss": base,
         "work_dir": str(run_dir),
-        "systems": systems,
-        "speedups": {
-            s: row["wall_s"] / plora_wall
-            for s, row in systems.items()
-            if s != "plora" and plora_wall
-        },
-        "agreement": compare(
-            systems, keys, base, rtol=args.rtol, min_drop_ratio=args.min_drop_ratio
-        ),
     }
-    rep["markdown"] = markdown(rep)
-    atomic_write_json(args.out, rep)
+    systems: dict[str, dict[str, Any]] = {}
+
+    def save(base: float | None, *, complete: bool) -> dict[str, Any]:
+        """Write the JSON as it stands (after every system: a killed run keeps what it has)."""
+        plora_wall = systems.get("plora", {}).get("wall_s")
+        rep = {
+            **info,
+            "complete": complete,
+            "base_eval_loss": base,
+            "systems": systems,
+            "speedups": {
+                s: row["wall_s"] / plora_wall
+                for s, row in systems.items()
+                if s != "plora" and plora_wall
+            },
+            "agreement": compare(
+                systems, keys, base, rtol=args.rtol, min_drop_ratio=args.min_drop_ratio
+            ),
+        }
+        rep["markdown"] = markdown(rep)
+        atomic_write_json(args.out, rep)
+        return rep
+
+    print("e2e: base model eval loss", flush=True)
+    base = base_eval_loss(ctx)
+    save(base, complete=False)
+    for name in args.systems:
+        print(f"e2e: {name} ...", flush=True)
+        if name == "plora":
+            systems[name] = run_plora(ctx)
+        else:
+            systems[name] = run_tune(ctx, name, 1.0 if name == "tune" else args.gpu_fraction)
+        row = systems[name]
+        print(
+            f"e2e: {name}: {row['wall_s']:.1f} s, GPU busy {fmt(row['gpu_busy'], '.2f')}, "
+            f"{sum(v is not None for v in row['eval_loss'].values())}/{len(configs)} configs",
+            flush=True,
+        )
+        rep = save(base, complete=name == args.systems[-1])
     print(rep["markdown"])
     agr = rep["agreement"]
     print(

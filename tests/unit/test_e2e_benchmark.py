@@ -113,7 +113,7 @@ def test_cpu_dry_run_of_all_three_systems(tmp_path):
         "markdown",
     ):
         assert field in rep, field
-    assert rep["gpu"] == "cpu" and rep["gpu_type"] == "cpu"
+    assert rep["complete"] is True and rep["gpu"] == "cpu" and rep["gpu_type"] == "cpu"
     assert [c["key"] for c in rep["configs"]] == KEYS
     systems = rep["systems"]
     assert list(systems) == ["plora", "tune", "tune-frac"]
