@@ -1,0 +1,269 @@
+"""Set-up of ``benchmarks/e2e.py``: GPU sampling, the random-weight model, data, the sweep.
+
+See ``benchmarks/e2e.py`` for what the benchmark does with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import random
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+TINY = ("tiny-qwen2", "tiny-llama")
+#: nvidia-smi name fragment -> plora ``hardware.gpu_type`` (first match wins).
+GPU_TYPES = (
+    ("H200", "H200"),
+    ("H100", "H100"),
+    ("B200", "B200"),
+    ("L40S", "L40S"),
+    ("A10G", "A10G"),
+    ("A6000", "A6000"),
+    ("4090", "RTX4090"),
+    ("L4", "L4"),
+    ("A10", "A10"),
+)
+
+# ------------------------------------------------------------------------- GPU sampling
+
+
+def gpu_names() -> list[str]:
+    """Names of the visible GPUs from ``nvidia-smi`` (empty without it); no CUDA context."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def gpu_type_of(name: str) -> str | None:
+    """plora's ``hardware.gpu_type`` for an nvidia-smi GPU name (None when unknown)."""
+    if "A100" in name:
+        return "A100-80GB" if "80G" in name else "A100-40GB"
+    return next((t for frag, t in GPU_TYPES if frag in name), None)
+
+
+class GpuSampler:
+    """Samples ``utilization.gpu`` of GPUs ``indices`` every ``period_s`` in a thread.
+
+    ``busy`` = mean over samples of ``sum(utilization) / (100 * len(indices))``: the fraction of
+    the run's GPU time during which a kernel was executing (nvidia-smi's definition).
+    """
+
+    def __init__(self, indices: list[int], period_s: float = 0.5) -> None:
+        self.indices, self.period_s = indices, period_s
+        self.samples: list[list[float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> GpuSampler:
+        if self.indices:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        cmd = [
+            "nvidia-smi",
+            "--query-gpu=utilization.gpu",
+            "--format=csv,noheader,nounits",
+            "-i",
+            ",".join(map(str, self.indices)),
+        ]
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout
+                values = [float(v) for v in out.split()]
+                if len(values) == len(self.indices):
+                    self.samples.append(values)
+            except (OSError, subprocess.SubprocessError, ValueError):
+                pass
+            self._stop.wait(self.period_s)
+
+    @property
+    def busy(self) -> float | None:
+        if not self.samples:
+            return None
+        return sum(sum(s) for s in self.samples) / (100.0 * len(self.indices) * len(self.samples))
+
+
+# ------------------------------------------------------------------------- model and data
+
+
+def model_slug(name: str) -> str:
+    return name.replace("/", "--")
+
+
+def build_model(name: str, dest: str) -> dict[str, Any]:
+    """Save ``name`` as a HF directory at ``dest`` (see the module docstring); run in a child
+    process so that this process never holds a CUDA context. Returns model facts."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from plora.model_spec import shipped_config_path
+    from plora.models import save_base_model
+    from plora.models.tokenizer import VOCAB_SIZE, build_tokenizer
+    from plora.utils import atomic_path
+
+    if name in TINY:
+        save_base_model(name, dest)
+    else:
+        path = shipped_config_path(name)
+        if path is None:
+            raise SystemExit(f"--model {name}: no architecture config in plora/models/configs/")
+        cfg = AutoConfig.from_pretrained(str(path))
+        tok = build_tokenizer("llama" if cfg.model_type == "llama" else "qwen2", 4096)
+        cfg.bos_token_id, cfg.eos_token_id = tok.bos_token_id, tok.eos_token_id
+        cfg.pad_token_id = tok.pad_token_id
+        assert cfg.vocab_size >= VOCAB_SIZE
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        with atomic_path(dest) as tmp:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+    return model_facts(dest)
+
+
+def model_facts(path: str | Path) -> dict[str, Any]:
+    from plora.model_spec import ModelSpec
+
+    spec = ModelSpec.from_hf_config(str(path))
+    return {
+        "params": spec.total_params,
+        "vocab_size": spec.vocab_size,
+        "layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+    }
+
+
+def ensure_model(name: str, work: Path) -> tuple[Path, dict[str, Any]]:
+    """The model directory under ``work/models`` (built on first use, in a spawned child)."""
+    dest = work / "models" / (model_slug(name) + ("" if name in TINY else "-random-bf16"))
+    if (dest / "config.json").is_file():
+        return dest, model_facts(dest)
+    if name in TINY:  # built and pretrained on the CPU: no CUDA context here either
+        return dest, build_model(name, str(dest))
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        return dest, pool.submit(build_model, name, str(dest)).result()
+
+
+def make_rows(n: int, tokens: int, seed: int) -> list[dict[str, str]]:
+    """``copy`` / ``reverse`` rows on random letters, about ``tokens`` bytes (= tokens) each."""
+    rng = random.Random(seed)
+    half = max(4, (tokens - 12) // 2)
+    rows = []
+    for _ in range(n):
+        task = rng.choice(("copy", "reverse"))
+        length = max(2, half + rng.randint(-half // 10, half // 10))
+        text = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(length))
+        answer = text if task == "copy" else text[::-1]
+        rows.append({"prompt": f"{task}: {text} ->", "completion": f" {answer}"})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
+    from plora.utils import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def grid(args: argparse.Namespace) -> tuple[list[float], list[int]]:
+    """The lr and rank lists, trimmed to a ``--configs`` sub-grid."""
+    lrs, ranks = args.lrs, args.ranks
+    k = args.configs
+    if k is None or k == len(lrs) * len(ranks):
+        return lrs, ranks
+    for n_ranks in range(min(k, len(ranks)), 0, -1):
+        if k % n_ranks == 0 and k // n_ranks <= len(lrs):
+            return lrs[: k // n_ranks], ranks[:n_ranks]
+    raise SystemExit(f"--configs {k}: not a lr x rank sub-grid of {len(lrs)} x {len(ranks)}")
+
+
+def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_type: str) -> dict:
+    return {
+        "name": "e2e",
+        "model": {"name_or_path": str(model_dir), "dtype": "auto"},
+        "dataset": {
+            "path": str(data["train"]),
+            "eval_path": str(data["eval"]),
+            "format": "prompt_completion",
+            "num_examples": args.train_rows,
+            "max_seq_len": args.tokens + 40,
+            "metric": "none",
+        },
+        "space": {
+            "lr": lrs,
+            "rank": ranks,
+            "alpha_ratio": 2.0,
+            "batch_size": args.batch_size,
+            "target_modules": "all",
+            "dropout": 0.0,
+            "max_steps": args.steps,
+            "warmup_steps": args.warmup_steps,
+            "schedule": args.schedule,
+            "max_grad_norm": 1.0,
+            "weight_decay": 0.0,
+            "seed": 0,
+        },
+        "search": "grid",
+        "metric": "eval_loss",
+        "mode": "min",
+        "hardware": {"gpu_type": gpu_type, "num_gpus": args.gpus},
+    }
+
+
+def tune_spec(sweep: dict) -> dict:
+    """What ``e2e_tune.py`` needs, from the same sweep definition."""
+    ds, sp = sweep["dataset"], sweep["space"]
+    return {
+        "model": sweep["model"]["name_or_path"],
+        "train": ds["path"],
+        "eval": ds["eval_path"],
+        "max_seq_len": ds["max_seq_len"],
+        "lrs": sp["lr"],
+        "ranks": sp["rank"],
+        "alpha_ratio": sp["alpha_ratio"],
+        "batch_size": sp["batch_size"],
+        "steps": sp["max_steps"],
+        "warmup_steps": sp["warmup_steps"],
+        "schedule": sp["schedule"],
+        "target_modules": [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+        "dropout": sp["dropout"],
+        "max_grad_norm": sp["max_grad_norm"],
+        "weight_decay": sp["weight_decay"],
+        "seed": sp["seed"],
+        "eval_batch_size": 8,
+    }
+
+
+def key(lr: float, rank: int) -> str:
+    return f"lr={lr:g},r={int(rank)}"
