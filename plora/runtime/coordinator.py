@@ -18,7 +18,10 @@ even if that makes the job run on: on a resident worker that is a next job witho
 Online re-planning. A few steps into the first job (calibration) and whenever GPUs are freed (a
 job ended, died or ran out of memory) the cost model is refit from every measurement so far
 (streamed step times and peak memory; worker start, model load, evaluation and export seconds)
-and the remaining configs are re-planned with ``plora.planner.replan`` on the free GPUs. Every
+and the remaining configs are re-planned with ``plora.planner.replan`` on the free GPUs and
+the resident groups. The re-plan is adopted only when the refit model predicts it faster than
+continuing the plan in force (:func:`plora.planner.guard.choose_plan`); the ``replan`` record
+holds both predictions. Every
 decision is a :class:`DecisionRecord` with its inputs -- e.g. a ``refit`` record holds the cost
 model's coefficients before and after -- appended to ``decisions.jsonl``.
 """
@@ -32,7 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plora.config import LoRAConfig
+from plora.cost.overheads import EvalMetric
 from plora.engine.api import Control, PackOutcome, StepReport
+from plora.planner.guard import PlanChoiceKind, choose_plan, continue_plan
 from plora.runtime.costview import (
     cost_strategy,
     describe_cost,
@@ -148,8 +153,8 @@ class Coordinator:
         self.running: dict[str, _Running] = {}
         self.free_gpus: set[int] = set(range(num_gpus))
         self.measure = Measurements(calibration_steps=calibration_steps)
-        self.warm_gpus: set[int] = set()
-        """GPUs whose resident worker group holds the base model (no start-up cost)."""
+        self.groups: set[tuple[int, ...]] = set()
+        """Resident worker groups (their GPU ids) that hold the base model: no start-up cost."""
         self.job_rows: list[dict[str, Any]] = []
         self.decisions: list[DecisionRecord] = []
         self._next_job = 0
@@ -285,14 +290,15 @@ class Coordinator:
 
     def on_group_started(self, gpu_ids: Sequence[int]) -> None:
         """The driver asked for a worker group on ``gpu_ids`` (they are cold until it is ready)."""
-        self.warm_gpus.difference_update(gpu_ids)
+        self._drop_groups(gpu_ids)
         self._decide(Decision.START_WORKERS, gpu_ids=list(gpu_ids))
 
     def on_group_ready(
         self, gpu_ids: Sequence[int], *, ready_s: float, load_s: float, node: str | None
     ) -> None:
         """A worker group loaded the base model: its GPUs are warm; start-up was measured."""
-        self.warm_gpus.update(gpu_ids)
+        self._drop_groups(gpu_ids)
+        self.groups.add(tuple(sorted(gpu_ids)))
         self.measure.add_group_ready(ready_s=ready_s, load_s=load_s)
         self._decide(
             Decision.WORKERS_READY, gpu_ids=list(gpu_ids), ready_s=ready_s, load_s=load_s, node=node
@@ -300,7 +306,15 @@ class Coordinator:
 
     def on_group_lost(self, gpu_ids: Sequence[int]) -> None:
         """A worker group was torn down (a worker died, or its GPUs are needed at another d)."""
-        self.warm_gpus.difference_update(gpu_ids)
+        self._drop_groups(gpu_ids)
+
+    @property
+    def warm_gpus(self) -> set[int]:
+        """GPUs of a resident worker group."""
+        return {g for group in self.groups for g in group}
+
+    def _drop_groups(self, gpu_ids: Sequence[int]) -> None:
+        self.groups = {g for g in self.groups if not set(g) & set(gpu_ids)}
 
     def stop_config(self, config_id: str, *, reason: str = "requested") -> None:
         """Stop one config: dropped from the queue, or from its running job at the next poll."""
@@ -360,7 +374,13 @@ class Coordinator:
             Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall, **timings
         )
         self._job_row(run, status=JobStatus.DONE, end=end, timings=timings)
-        self.measure.add_outcome(outcome, eval_rows=int(getattr(self.cost, "eval_rows", 0) or 0))
+        overheads = getattr(self.cost, "overheads", None)
+        self.measure.add_outcome(
+            outcome,
+            eval_rows=int(getattr(self.cost, "eval_rows", 0) or 0),
+            metric=getattr(self.cost, "eval_metric", EvalMetric.NONE),
+            eval_s_per_row=float(getattr(overheads, "eval_s_per_row", 0.0)),
+        )
         self._refit(job_id=job_id, trigger="job done")
         self._need_plan = True  # GPUs were freed: re-plan the remaining configs
         return self._schedule(trigger=f"job {job_id} done")
@@ -471,19 +491,31 @@ class Coordinator:
             self.pending = []
             return
         now = self.now()
+        resident = sorted(self.groups)
+        choice = None
         if self._plans == 0 and not self.running:
-            plan = self.planner.plan_sweep(remaining, self.cost, self.num_gpus)
+            plan = self.planner.plan_sweep(remaining, self.cost, self.num_gpus, resident=resident)
             kind = Decision.PLAN
             offset = now  # plan_sweep's timeline starts at 0
         else:
             running = [r.plan_job for r in self.running.values() if r.plan_job is not None]
-            plan = self.planner.replan(
-                remaining, len(self.free_gpus), running, now, self.cost, self.num_gpus
+            free = len(self.free_gpus)
+            candidate = self.planner.replan(
+                remaining, free, running, now, self.cost, self.num_gpus, resident=resident
             )
+            current = None
+            if self.pending:  # the plan in force, re-timed under the current cost model
+                current = continue_plan(self.pending, remaining, self.cost, self.num_gpus,
+                                        now=now, running=running, free_gpus=free,
+                                        resident=resident)  # fmt: skip
+            plan, choice = choose_plan(current, candidate)
             kind = Decision.REPLAN
             offset = 0.0
+        kept = choice is not None and choice.kind is PlanChoiceKind.CURRENT
         jobs = [
-            dataclasses.replace(
+            j
+            if kept
+            else dataclasses.replace(
                 j, job_id=self._new_job_id(), start_s=j.start_s + offset, end_s=j.end_s + offset
             )
             for j in sorted(plan.jobs, key=lambda j: (j.start_s, j.job_id))
@@ -513,6 +545,9 @@ class Coordinator:
             ],
             makespan_s=plan.makespan_s,
             lower_bound_s=plan.lower_bound_s,
+            predicted_end_s=plan.makespan_s + offset,
+            resident_groups=[list(g) for g in resident],
+            choice=choice.to_dict() if choice is not None else None,
             cost=describe_cost(self.cost),
         )
 
@@ -652,7 +687,7 @@ class Coordinator:
         new, report = refit_cost(self.cost, self.measure.steps, self.configs)
         refit_overheads = getattr(new if new is not None else self.cost, "refit_overheads", None)
         if callable(refit_overheads) and self.measure.overheads:
-            new = refit_overheads(self.measure.overhead_samples())
+            new = refit_overheads(self.measure.overheads)
         if new is None:
             return
         self.cost = new

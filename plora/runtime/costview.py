@@ -36,22 +36,27 @@ def remaining_job_time(
     strategy: str | Strategy | None,
 ) -> float:
     """Predicted seconds a running job still needs: its per-step overhead until its longest
-    config is done, each config's own steps left, and everything else the cost model charges a
-    job beyond its steps (evaluation, export, checkpoints) -- what ``job_time`` charges, with the
-    steps already done taken off."""
+    config is done, each config's own steps left, and what the cost model charges beyond the
+    steps (evaluation, export, checkpoints; not the job's start, already paid) -- what
+    ``job_time`` charges, with the steps already done taken off."""
     if not pack:
         return 0.0
     s = cost_strategy(d, strategy)
     steps = {c.config_id: max(1, int(cost.steps(c))) for c in pack}
     left = {c.config_id: max(0, steps[c.config_id] - progress.get(c.config_id, 0)) for c in pack}
-    stepped = [cost.config_time(c, d, s) for c in pack]
+    # a SweepCostModel splits steps from overheads; a bare CostModel charges only steps
+    step_fixed = getattr(cost, "step_fixed_time", cost.fixed_time)
+    config_steps = getattr(cost, "config_step_time", cost.config_time)
+    stepped = [config_steps(c, d, s) for c in pack]
     longest = max(steps.values())
-    rest = cost.job_time(pack, d, s) - cost.fixed_time(longest, d, s) - sum(stepped)
-    fixed = cost.fixed_time(max(left.values()), d, s)
+    rest = cost.job_time(pack, d, s) - step_fixed(longest, d, s) - sum(stepped)
+    terms = getattr(cost, "sweep_overheads", None)
+    if terms is not None:  # the start is paid; the checkpoint writes still to come are not
+        rest += terms.per_job(max(left.values())).checkpoint_s - terms.per_job(longest).total_s
     own = sum(
         t * left[c.config_id] / steps[c.config_id] for c, t in zip(pack, stepped, strict=True)
     )
-    return float(fixed + own + max(0.0, rest))
+    return float(step_fixed(max(left.values()), d, s) + own + max(0.0, rest))
 
 
 def describe_cost(cost: Any) -> dict[str, Any]:
@@ -159,18 +164,23 @@ def record_profile(
     cost: Any,
     measurements: Sequence[Mapping[str, Any]],
     configs: Mapping[str, LoRAConfig],
+    overheads: Sequence[Any] = (),
     *,
     profile_dir: Any = None,
 ) -> int:
-    """Append a sweep's measured steps to the (model, GPU type) profile store, so the next
-    sweep on the same model and GPU plans from measurements (``build_cost_model`` reads it).
+    """Append a sweep's measured steps and overhead samples (worker start, model load, eval,
+    export, checkpoint: :class:`~plora.cost.overheads.OverheadSample`) to the (model, GPU type)
+    profile store, so the next sweep on the same model and GPU plans from measurements
+    (``build_cost_model`` reads it).
 
     Returns:
-        How many step samples were recorded (0: nothing measured, nothing written).
+        How many samples were recorded (0: nothing measured, nothing written).
     """
     from plora.cost.profile import ProfileStore
 
     samples = step_samples(cost, measurements, configs)
-    if samples:
-        ProfileStore(profile_dir).record(sweep.model.name_or_path, sweep.hardware.gpu_type, samples)
-    return len(samples)
+    if samples or overheads:
+        ProfileStore(profile_dir).record(
+            sweep.model.name_or_path, sweep.hardware.gpu_type, samples, overheads=overheads
+        )
+    return len(samples) + len(overheads)

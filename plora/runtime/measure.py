@@ -7,9 +7,10 @@ jobs, the two kinds of evidence the coordinator refits its cost model from:
   the warm-up, is skipped): ``{"job_id", "config_ids", "gpus", "strategy", "device", "steps":
   [{"time_s", "seq_len", "peak_memory_bytes"}]}``, what :func:`plora.runtime.costview.refit_cost`
   takes;
-* **overheads** -- ``{"kind", "seconds", "count"}`` samples: ``worker_start`` and ``model_load``
-  per worker group, ``job_start`` per job, ``eval`` per config (count = eval rows), ``export`` per
-  config, ``checkpoint`` per train-state write.
+* **overheads** -- :class:`~plora.cost.overheads.OverheadSample` s: ``worker_start`` and
+  ``model_load`` per worker group, ``job_start`` per job, ``eval`` (the eval-loss forward) or
+  ``generate`` (what a task metric adds on top of it) per config with count = eval rows,
+  ``export`` per config, ``checkpoint`` per train-state write.
 
 Calibration: once ``calibration_steps`` steps have been measured the coordinator refits and
 re-plans, so the plan a user watches is made from this machine's speed, not from defaults.
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from plora.cost.overheads import EvalMetric, OverheadKind, OverheadSample
 from plora.engine.api import PackOutcome, StepReport
 
 
@@ -37,7 +39,7 @@ class Measurements:
         self.calibration_steps = calibration_steps
         self.max_steps_per_pack = max_steps_per_pack
         self.steps: list[dict[str, Any]] = []
-        self.overheads: list[dict[str, Any]] = []
+        self.overheads: list[OverheadSample] = []
         self.calibrated = calibration_steps <= 0
         self._seen: dict[str, int] = {}
         self._index: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -87,32 +89,46 @@ class Measurements:
     def add_group_ready(self, *, ready_s: float, load_s: float) -> None:
         """A worker group came up: ``ready_s`` from request to loaded model, ``load_s`` of it
         in the engine's load."""
-        self._add("worker_start", max(0.0, ready_s - load_s))
-        self._add("model_load", load_s)
+        self._add(OverheadKind.WORKER_START, max(0.0, ready_s - load_s))
+        self._add(OverheadKind.MODEL_LOAD, load_s)
 
-    def add_outcome(self, outcome: PackOutcome, *, eval_rows: int) -> None:
-        """A finished job's timings: its set-up, and each config's evaluation and export."""
+    def add_outcome(
+        self,
+        outcome: PackOutcome,
+        *,
+        eval_rows: int,
+        metric: EvalMetric | str = EvalMetric.NONE,
+        eval_s_per_row: float = 0.0,
+    ) -> None:
+        """A finished job's timings: its set-up, and each config's evaluation and export.
+
+        A config's eval seconds cover the loss forward and the task metric together: with
+        ``metric`` none they are an ``eval`` sample; otherwise the loss part the cost model
+        predicts (``eval_s_per_row`` per row) is taken off and the rest is a ``generate`` sample,
+        so a later sweep with another metric plans from the right parts.
+        """
         t = outcome.timings
-        self._add("job_start", t.start_s)
+        self._add(OverheadKind.JOB_START, t.start_s)
+        generates = EvalMetric(metric) is not EvalMetric.NONE
         for r in outcome.results.values():
             if r.eval_s > 0 and eval_rows > 0:
-                self._add("eval", r.eval_s, count=eval_rows)
+                if generates:
+                    rest = max(0.0, r.eval_s - eval_rows * eval_s_per_row)
+                    self._add(OverheadKind.GENERATE, rest, count=eval_rows)
+                else:
+                    self._add(OverheadKind.EVAL, r.eval_s, count=eval_rows)
             if r.export_s > 0:
-                self._add("export", r.export_s)
+                self._add(OverheadKind.EXPORT, r.export_s)
         if t.checkpoints:
-            self._add("checkpoint", t.checkpoint_s, count=t.checkpoints)
+            self._add(OverheadKind.CHECKPOINT, t.checkpoint_s, count=t.checkpoints)
 
-    def _add(self, kind: str, seconds: float, *, count: int = 1) -> None:
-        self.overheads.append({"kind": kind, "seconds": float(seconds), "count": int(count)})
-
-    def overhead_samples(self) -> list[dict[str, Any]]:
-        """The overhead samples, for the cost model's ``refit_overheads``."""
-        return list(self.overheads)
+    def _add(self, kind: OverheadKind, seconds: float, *, count: int = 1) -> None:
+        self.overheads.append(OverheadSample(kind=kind, seconds=float(seconds), count=count))
 
     def get_state(self) -> dict[str, Any]:
         return {
             "steps": self.steps,
-            "overheads": self.overheads,
+            "overheads": [o.to_dict() for o in self.overheads],
             "calibrated": self.calibrated,
         }
 
@@ -120,7 +136,7 @@ class Measurements:
         if not isinstance(state, Mapping):  # sweeps saved before overheads were measured
             state = {"steps": state, "calibrated": True}
         self.steps = [dict(m) for m in state.get("steps", ())]
-        self.overheads = [dict(o) for o in state.get("overheads", ())]
+        self.overheads = [OverheadSample.from_dict(o) for o in state.get("overheads", ())]
         self.calibrated = bool(state.get("calibrated", self.calibrated))
         self._index = {(m["job_id"], tuple(m["config_ids"])): i for i, m in enumerate(self.steps)}
         self._seen = {}

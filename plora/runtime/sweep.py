@@ -93,9 +93,15 @@ class SweepSummary:
 
 
 def prepare(
-    sweep: SweepConfig, *, source: ConfigSource | None = None
+    sweep: SweepConfig,
+    *,
+    source: ConfigSource | None = None,
+    checkpoint_every: int | None = RunOptions.checkpoint_every,
 ) -> tuple[Any, ConfigSource, str]:
     """Check the sweep's inputs and build its cost model and config source (no Ray, no disk).
+
+    The cost model charges what this sweep will run: its training rows, its eval rows and
+    metric (each config's evaluation), and train-state writes every ``checkpoint_every`` steps.
 
     Returns:
         ``(cost, source, metric_name)``.
@@ -114,7 +120,13 @@ def prepare(
             f"{sweep.source or 'sweep'}: dataset has no training examples; "
             "point dataset.path at a non-empty file or raise dataset.num_examples"
         )
-    cost = build_cost_model(sweep, dataset_size=len(data.train))
+    cost = build_cost_model(
+        sweep,
+        dataset_size=len(data.train),
+        eval_rows=len(data.eval),
+        eval_metric=data.metric,
+        checkpoint_every=checkpoint_every,
+    )
     check_strategies(cost.strategies())
     if source is None:
         source = config_source(sweep)
@@ -168,7 +180,9 @@ def run_sweep(
     if cost is not None and source is not None:
         metric_name = sweep.dataset.metric
     else:
-        cost, source, metric_name = prepare(sweep, source=source)
+        cost, source, metric_name = prepare(
+            sweep, source=source, checkpoint_every=options.checkpoint_every
+        )
     started_ray = connect(address, num_gpus=sweep.hardware.num_gpus)
     try:
         check_gpus(sweep.hardware.num_gpus)
@@ -201,7 +215,9 @@ def run_sweep(
         )
         driver.run(launches)
         if options.record_profile:
-            record_profile(sweep, coord.cost, coord.measure.steps, coord.configs)
+            record_profile(
+                sweep, coord.cost, coord.measure.steps, coord.configs, coord.measure.overheads
+            )
     finally:
         if started_ray:
             ray.shutdown()

@@ -130,6 +130,7 @@ class GreedyPlanner:
         now: float,
         cost: Any,
         num_gpus: int,
+        **_: Any,
     ) -> Plan:
         self.calls.append(
             {"kind": "replan", "n": len(remaining), "free": free_gpus, "cost": cost, "now": now}

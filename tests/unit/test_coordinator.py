@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from runtime_fakes import AffineCost, GreedyPlanner, lora, outcome, report
 
 from plora.runtime.coordinator import Coordinator
@@ -495,3 +497,86 @@ def test_remaining_job_time_takes_the_steps_done_off() -> None:
     assert half == pytest.approx(1.0 + 0.01 * 2 * (5 + 10))
     done = remaining_job_time(cost, pack, {"c00": 10, "c01": 20}, 1, None)
     assert done == pytest.approx(1.0)  # AffineCost charges t0 per job, whatever the steps
+
+
+def test_remaining_job_time_with_overheads_charges_what_is_still_to_come() -> None:
+    """SweepCostModel: a job not yet stepped still needs all but its start; a job whose steps
+    are all done still needs every config's evaluation and export, and the final train-state
+    write."""
+    from plora.config import SweepConfig
+    from plora.cost.model import build_cost_model
+    from plora.runtime.costview import remaining_job_time
+
+    cost = build_cost_model(SweepConfig.from_yaml("sweeps/quickstart.yaml"), use_profile=False,
+                            checkpoint_every=None)  # fmt: skip
+    pack = [lora(0, steps=10), lora(1, steps=20)]
+    start = cost.overheads.job_start_s
+    assert start > 0
+    assert remaining_job_time(cost, pack, {}, 1, None) == pytest.approx(
+        cost.job_time(pack, 1, None) - start
+    )
+    done = remaining_job_time(cost, pack, {"c00": 10, "c01": 20}, 1, None)
+    final_write = cost.overheads.checkpoint_s
+    assert done == pytest.approx(sum(cost.config_overhead_time(c) for c in pack) + final_write)
+    assert done > 0
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gpus=st.integers(1, 3),
+    shape=st.lists(
+        st.tuples(st.sampled_from([5, 20, 60]), st.sampled_from([4, 8, 16, 24])),
+        min_size=4,
+        max_size=14,
+    ),
+    speed=st.floats(0.3, 3.0),
+    jitter=st.lists(st.floats(0.5, 1.5), min_size=16, max_size=16),
+)
+def test_replan_never_adopts_a_schedule_it_predicts_slower(gpus, shape, speed, jitter):
+    """A fake clock, jobs that run slower or faster than predicted (the refit model moves), a
+    planner whose re-plans are sometimes worse than the plan in force: at every re-plan the
+    coordinator follows the faster of continuing and re-planning as its own current model
+    predicts them, and the decision record holds both predictions."""
+    configs = [lora(i, rank=r, steps=n) for i, (n, r) in enumerate(shape)]
+    coord, clock = make(configs, gpus=gpus, calibration_steps=2)
+    running = {s.job_id: s for s in coord.start()}
+    trained: list[str] = []
+    k = 0
+    while running:
+        job_id = min(running, key=lambda j: coord.running[j].plan_job.end_s)
+        spec = running.pop(job_id)
+        run = coord.running[job_id]
+        rows = [{"config_id": c, "step": 1} for c in spec.config_ids]
+        step_s = coord.cost.sec_per_sample * sum(c.batch_size for c in spec.configs)
+        coord.on_reports(job_id, [report(*rows, time_s=step_s * speed)] * 3)
+        span = run.plan_job.end_s - run.started_s
+        clock.t = max(clock.t, run.started_s + span * jitter[k % len(jitter)])
+        k += 1
+        ids = list(run.config_ids)
+        trained += ids
+        results = {c: {"status": "done", "steps": 1, "tokens": 10} for c in ids}
+        running.update(
+            {s.job_id: s for s in coord.on_job_finished(job_id, outcome(job_id, results))}
+        )
+    assert coord.is_done() and sorted(trained) == sorted(c.config_id for c in configs)
+    for d in coord.decisions:
+        if d.kind is not Decision.REPLAN or d.inputs["choice"]["current_makespan_s"] is None:
+            continue
+        cur, cand = (
+            d.inputs["choice"]["current_makespan_s"],
+            d.inputs["choice"]["candidate_makespan_s"],
+        )
+        assert d.inputs["makespan_s"] == pytest.approx(min(cur, cand))
+        assert (d.inputs["choice"]["kind"] == "candidate") == (cand < cur)
+        CHOICES.add(d.inputs["choice"]["kind"])
+
+
+CHOICES: set[str] = set()
+
+
+def test_the_replan_guard_property_saw_both_choices() -> None:
+    """The property above is not vacuous: across its examples the guard kept the plan in force
+    and adopted re-plans."""
+    if not CHOICES:
+        test_replan_never_adopts_a_schedule_it_predicts_slower()
+    assert sorted(CHOICES) == ["candidate", "current"]

@@ -36,3 +36,23 @@ def test_recorded_steps_are_planned_from_next_time(tmp_path) -> None:
     again = build_cost_model(sweep, profile_dir=tmp_path)
     after = again.job_time([configs[c] for c in pack], 1, Strategy.TP)
     assert after > 3 * prior  # planned from the measurements, not the defaults
+
+
+def test_recorded_overheads_are_planned_from_next_time(tmp_path) -> None:
+    """A sweep's measured worker start, model load and evaluation seconds are what the next
+    sweep on the same model and GPU type charges (its cold start included)."""
+    from plora.cost.overheads import OverheadKind, OverheadSample
+
+    sweep = SweepConfig.from_yaml(SWEEPS / "quickstart.yaml")
+    configs = {c.config_id: c for c in expand(sweep)}
+    before = build_cost_model(sweep, profile_dir=tmp_path)
+    samples = [
+        OverheadSample(kind=OverheadKind.WORKER_START, seconds=7.0),
+        OverheadSample(kind=OverheadKind.MODEL_LOAD, seconds=2.5),
+        OverheadSample(kind=OverheadKind.EVAL, seconds=3.0, count=300),
+    ]
+    assert record_profile(sweep, before, [], configs, samples, profile_dir=tmp_path) == 3
+    after = build_cost_model(sweep, profile_dir=tmp_path)
+    assert after.startup_time(1) == 9.5 != before.startup_time(1)
+    assert after.overheads.eval_s_per_row == 0.01
+    assert after.overheads.export_s == before.overheads.export_s  # not measured: the prior
