@@ -155,6 +155,8 @@ class Coordinator:
         self.measure = Measurements(calibration_steps=calibration_steps)
         self.groups: set[tuple[int, ...]] = set()
         """Resident worker groups (their GPU ids) that hold the base model: no start-up cost."""
+        self.starting: dict[tuple[int, ...], float] = {}
+        """Worker groups still starting, with the time they are predicted ready."""
         self.job_rows: list[dict[str, Any]] = []
         self.decisions: list[DecisionRecord] = []
         self._next_job = 0
@@ -288,10 +290,17 @@ class Coordinator:
         run.add_pending.clear()
         return Control(stop=frozenset(stop), add=add)
 
-    def on_group_started(self, gpu_ids: Sequence[int]) -> None:
-        """The driver asked for a worker group on ``gpu_ids`` (they are cold until it is ready)."""
+    def on_group_started(self, gpu_ids: Sequence[int], *, elapsed_s: float = 0.0) -> None:
+        """The driver asked for a worker group on ``gpu_ids`` ``elapsed_s`` ago (a group
+        started before the sweep's first plan, while the driver read the dataset); until it is
+        ready the plan treats its GPUs as busy until ``cost.startup_time(d)`` after the request."""
         self._drop_groups(gpu_ids)
-        self._decide(Decision.START_WORKERS, gpu_ids=list(gpu_ids))
+        key = tuple(sorted(gpu_ids))
+        startup = getattr(self.cost, "startup_time", None)
+        left = float(startup(len(key))) - elapsed_s if startup is not None else 0.0
+        self.starting[key] = self.now() + max(left, 0.0)
+        self._decide(Decision.START_WORKERS, gpu_ids=list(key), elapsed_s=elapsed_s,
+                     ready_at_s=self.starting[key])  # fmt: skip
 
     def on_group_ready(
         self, gpu_ids: Sequence[int], *, ready_s: float, load_s: float, node: str | None
@@ -299,6 +308,8 @@ class Coordinator:
         """A worker group loaded the base model: its GPUs are warm; start-up was measured."""
         self._drop_groups(gpu_ids)
         self.groups.add(tuple(sorted(gpu_ids)))
+        if self.running:  # running jobs' predicted ends had the start-up left in them
+            self._retime_running()
         self.measure.add_group_ready(ready_s=ready_s, load_s=load_s)
         self._decide(
             Decision.WORKERS_READY, gpu_ids=list(gpu_ids), ready_s=ready_s, load_s=load_s, node=node
@@ -315,6 +326,33 @@ class Coordinator:
 
     def _drop_groups(self, gpu_ids: Sequence[int]) -> None:
         self.groups = {g for g in self.groups if not set(g) & set(gpu_ids)}
+        self.starting = {g: t for g, t in self.starting.items() if not set(g) & set(gpu_ids)}
+
+    def _ready_at(self, gpu_ids: Sequence[int]) -> float:
+        """When a worker group on exactly ``gpu_ids`` is predicted ready: now for a resident
+        one, its predicted time for one starting, else now + ``cost.startup_time(d)`` (the
+        driver starts one for the job)."""
+        key, now = tuple(sorted(gpu_ids)), self.now()
+        if key in self.groups:
+            return now
+        if key in self.starting:
+            return max(self.starting[key], now)
+        startup = getattr(self.cost, "startup_time", None)
+        return now + (float(startup(len(key))) if startup is not None else 0.0)
+
+    def _starting_idle(self) -> list[Any]:
+        """Groups still starting that no job runs on, as placeholder jobs holding their GPUs
+        until they are ready (what the planner should see of them)."""
+        from plora.planner import Job
+
+        used = {g for r in self.running.values() for g in r.spec.gpu_ids}
+        now = self.now()
+        idle = [(ids, t) for ids, t in sorted(self.starting.items()) if not set(ids) & used]
+        return [
+            Job(job_id=f"start{ids}", config_ids=(), gpus=len(ids), strategy=None, start_s=now,
+                end_s=max(t, now), memory_gib_per_gpu=0.0, gpu_ids=ids)
+            for ids, t in idle
+        ]  # fmt: skip
 
     def stop_config(self, config_id: str, *, reason: str = "requested") -> None:
         """Stop one config: dropped from the queue, or from its running job at the next poll."""
@@ -491,15 +529,17 @@ class Coordinator:
             self.pending = []
             return
         now = self.now()
-        resident = sorted(self.groups)
+        starting = self._starting_idle()
+        resident = sorted(self.groups | {j.gpu_ids for j in starting})
         choice = None
-        if self._plans == 0 and not self.running:
+        if self._plans == 0 and not self.running and not starting:
             plan = self.planner.plan_sweep(remaining, self.cost, self.num_gpus, resident=resident)
             kind = Decision.PLAN
             offset = now  # plan_sweep's timeline starts at 0
         else:
             running = [r.plan_job for r in self.running.values() if r.plan_job is not None]
-            free = len(self.free_gpus)
+            running += starting
+            free = len(self.free_gpus) - sum(j.gpus for j in starting)
             candidate = self.planner.replan(
                 remaining, free, running, now, self.cost, self.num_gpus, resident=resident
             )
@@ -509,7 +549,7 @@ class Coordinator:
                                         now=now, running=running, free_gpus=free,
                                         resident=resident)  # fmt: skip
             plan, choice = choose_plan(current, candidate)
-            kind = Decision.REPLAN
+            kind = Decision.PLAN if self._plans == 0 else Decision.REPLAN
             offset = 0.0
         kept = choice is not None and choice.kind is PlanChoiceKind.CURRENT
         jobs = [
@@ -594,12 +634,13 @@ class Coordinator:
                 / 2**30,
                 gpu_ids=gpu_ids,
             )
-        else:
+        else:  # on a group still starting, the job begins when the group is ready
+            begin = max(now, self._ready_at(gpu_ids))
             plan_job = dataclasses.replace(
                 plan_job,
                 config_ids=spec.config_ids,
                 start_s=now,
-                end_s=now + max(plan_job.end_s - plan_job.start_s, 0.0),
+                end_s=begin + max(plan_job.end_s - plan_job.start_s - plan_job.startup_s, 0.0),
                 gpu_ids=gpu_ids,
             )
         for c in spec.config_ids:
@@ -718,7 +759,8 @@ class Coordinator:
             left = remaining_job_time(
                 self.cost, live, self.progress, run.spec.gpus, run.spec.strategy
             )
-            run.plan_job = dataclasses.replace(run.plan_job, end_s=now + left)
+            begin = max(now, self._ready_at(run.spec.gpu_ids))
+            run.plan_job = dataclasses.replace(run.plan_job, end_s=begin + left)
 
     # -- records ----------------------------------------------------------------------------
     def _new_job_id(self) -> str:

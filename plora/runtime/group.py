@@ -81,7 +81,7 @@ def start_group(
     *,
     strategy: str | None,
     relay: Any,
-    engine: type[PackEngine],
+    engine: type[PackEngine] | None,
     spec: EngineSpec,
     name: str,
     cpus_per_worker: float = 1.0,

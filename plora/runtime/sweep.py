@@ -25,19 +25,21 @@ absolute path on storage every node mounts (NFS, a shared volume), as for Ray Tu
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from plora.config import ConfigError, SweepConfig
+from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
 from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackEngine, PackRequest
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.costview import record_profile
@@ -57,7 +59,7 @@ from plora.runtime.store import (
 class RunOptions:
     """How the runtime runs a sweep (not part of the sweep's definition)."""
 
-    checkpoint_every: int | None = 50
+    checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY
     """Train-state checkpoint every N optimizer steps (None: only at the end)."""
     checkpoint_every_s: float | None = None
     """Also checkpoint when this many seconds passed since a job's last checkpoint."""
@@ -77,6 +79,10 @@ class RunOptions:
     """The engine class resident workers build (default ``plora.engine.PackSession``)."""
     calibration_steps: int = 3
     """Refit and re-plan once this many steps of the first job are measured (0: never)."""
+    prestart: bool = True
+    """Start a one-GPU worker group on every GPU right after Ray is up, so the workers import,
+    initialise CUDA and load the base model while the driver reads the dataset and plans (not
+    when the base model alone fills a GPU: the plan will want several GPUs per job)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,6 +92,11 @@ class SweepSummary:
     out: Path
     counts: dict[str, int]
     wall_s: float
+    """From ``run_sweep``'s call to its return."""
+    setup_s: float = 0.0
+    """Before the sweep clock: dataset check, Ray start, sweep directory."""
+    teardown_s: float = 0.0
+    """After the sweep's last event: workers stopped, profile recorded, Ray shut down."""
 
     @property
     def ok(self) -> bool:
@@ -96,7 +107,7 @@ def prepare(
     sweep: SweepConfig,
     *,
     source: ConfigSource | None = None,
-    checkpoint_every: int | None = RunOptions.checkpoint_every,
+    checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
 ) -> tuple[Any, ConfigSource, str]:
     """Check the sweep's inputs and build its cost model and config source (no Ray, no disk).
 
@@ -177,15 +188,28 @@ def run_sweep(
         sweep = SweepConfig.from_yaml(store.sweep_yaml)
     elif sweep is None:
         raise ValueError("run_sweep needs a sweep unless resume=True")
-    if cost is not None and source is not None:
-        metric_name = sweep.dataset.metric
-    else:
-        cost, source, metric_name = prepare(
-            sweep, source=source, checkpoint_every=options.checkpoint_every
+    sweep.check_trainable()
+    # The dataset check and cost model (imports, tokenizing) run beside Ray's start and the
+    # workers' start, not before them.
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plora-prepare")
+    prepared = None
+    if cost is None or source is None:
+        prepared = pool.submit(
+            prepare, sweep, source=source, checkpoint_every=options.checkpoint_every
         )
-    started_ray = connect(address, num_gpus=sweep.hardware.num_gpus)
+    pool.shutdown(wait=False)
+    started_ray = False
+    driver: _Driver | None = None
     try:
+        started_ray = connect(address, num_gpus=sweep.hardware.num_gpus)
         check_gpus(sweep.hardware.num_gpus)
+        driver = _Driver(sweep=sweep, options=options, on_update=on_update)
+        if options.prestart and _fits_one_gpu(sweep):
+            driver.prestart(range(sweep.hardware.num_gpus))
+        if prepared is None:
+            metric_name = sweep.dataset.metric
+        else:
+            cost, source, metric_name = prepared.result()
 
         def make(store: SweepStore) -> Coordinator:
             return Coordinator(
@@ -203,25 +227,29 @@ def run_sweep(
         if resume:
             coord = make(store)
             coord.set_state(state)
-            launches = coord.start()
         else:
             with create_sweep_dir(out) as store:
                 write_sweep_yaml(store, sweep.to_yaml())
                 write_base_model(store, sweep.model)
                 coord = make(store)
-                launches = coord.start()
-        driver = _Driver(
-            sweep=sweep, coord=coord, store=store, options=options, on_update=on_update
-        )
-        driver.run(launches)
+        setup_s = time.monotonic() - t0
+        driver.attach(coord, store)
+        driver.run(coord.start())
+        ended = time.monotonic()
         if options.record_profile:
             record_profile(
                 sweep, coord.cost, coord.measure.steps, coord.configs, coord.measure.overheads
             )
     finally:
+        if prepared is not None:
+            concurrent.futures.wait([prepared])  # never leave it running into a shut-down Ray
+        if driver is not None:
+            driver.close()
         if started_ray:
             ray.shutdown()
-    return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=time.monotonic() - t0)
+    done = time.monotonic()
+    return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=done - t0, setup_s=setup_s,
+                        teardown_s=done - ended)  # fmt: skip
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -240,14 +268,12 @@ class _Driver:
         self,
         *,
         sweep: SweepConfig,
-        coord: Coordinator,
-        store: SweepStore,
         options: RunOptions,
         on_update: Callable[[dict[str, Any]], None] | None,
     ) -> None:
         self.sweep = sweep
-        self.coord = coord
-        self.store = store
+        self.coord: Coordinator = None  # type: ignore[assignment]  # set by attach()
+        self.store: SweepStore = None  # type: ignore[assignment]
         self.options = options
         self.on_update = on_update
         tag = uuid.uuid4().hex[:6]
@@ -257,7 +283,7 @@ class _Driver:
         self.groups: dict[tuple[int, ...], WorkerGroup] = {}
         self.jobs: dict[str, _Job] = {}
         self.posted: set[str] = set()
-        self.engine = options.engine or _default_engine()
+        self.engine = options.engine  # None: PackSession, imported by the workers
         self.engine_spec = EngineSpec(
             model=sweep.model,
             dataset=sweep.dataset,
@@ -267,17 +293,34 @@ class _Driver:
         )
         self._groups_started = 0
 
+    def prestart(self, gpu_ids: Iterable[int]) -> None:
+        """A one-GPU group on each of ``gpu_ids``, loading before the coordinator exists."""
+        for g in gpu_ids:
+            self._start_group((g,), strategy=None)
+
+    def attach(self, coord: Coordinator, store: SweepStore) -> None:
+        """Hand the driver its coordinator and sweep directory; groups already starting are
+        reported with the seconds they have been starting."""
+        self.coord, self.store = coord, store
+        now = time.monotonic()
+        for key, group in self.groups.items():
+            coord.on_group_started(key, elapsed_s=now - group.started_at)
+
     def run(self, launches: list[JobSpec]) -> None:
         try:
             self._launch(launches)
             while not self.coord.is_done():
                 self._step()
         finally:
-            for g in list(self.groups.values()):
-                stop_group(g)
             self.store.flush_metrics()
-            with contextlib.suppress(Exception):  # cluster already gone
-                ray.kill(self.relay)
+
+    def close(self) -> None:
+        """Stop every worker group and the relay (also when the sweep failed before running)."""
+        for g in list(self.groups.values()):
+            stop_group(g)
+        self.groups.clear()
+        with contextlib.suppress(Exception):  # cluster already gone
+            ray.kill(self.relay)
 
     def _step(self) -> None:
         refs = {job.refs[0]: jid for jid, job in self.jobs.items()}
@@ -374,10 +417,15 @@ class _Driver:
             return group
         for other in [g for k, g in self.groups.items() if set(k) & set(key)]:
             self._drop_group(other)
+        group = self._start_group(key, strategy=spec.strategy)
+        self.coord.on_group_started(key)
+        return group
+
+    def _start_group(self, key: tuple[int, ...], *, strategy: str | None) -> WorkerGroup:
         self._groups_started += 1
         group = start_group(
             key,
-            strategy=spec.strategy,
+            strategy=strategy,
             relay=self.relay,
             engine=self.engine,
             spec=self.engine_spec,
@@ -385,7 +433,6 @@ class _Driver:
             cpus_per_worker=self.cpus,
         )
         self.groups[key] = group
-        self.coord.on_group_started(key)
         return group
 
     def _request(self, spec: JobSpec) -> PackRequest:
@@ -424,10 +471,18 @@ class _Driver:
             self.on_update(snap)
 
 
-def _default_engine() -> type[PackEngine]:
-    from plora.engine.pack import PackSession
+def _fits_one_gpu(sweep: SweepConfig) -> bool:
+    """Whether the frozen base leaves room for adapters on one GPU (bf16 weights under 3/4 of
+    its memory), i.e. one-GPU jobs are likely; built-in tiny models always fit."""
+    if getattr(sweep.model, "is_builtin", False) or sweep.hardware.is_cpu:
+        return True
+    from plora.model_spec import ModelSpec
 
-    return PackSession
+    try:
+        spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
+    except Exception:  # the dataset check and the plan report a model that cannot be read
+        return False
+    return 2.0 * spec.total_params < 0.75 * sweep.hardware.gpu_memory_gib * 2**30
 
 
 def _load_tokenizer(ref: Any) -> Any:

@@ -97,7 +97,9 @@ class PackWorker:
         rank: This worker's rank in its group (0..d-1).
         world_size: d, the group's GPU count.
         relay: The coordinator relay actor handle.
-        engine: The engine class (``engine(spec)`` loads the base model; a ``PackEngine``).
+        engine: The engine class (``engine(spec)`` loads the base model; a ``PackEngine``);
+            None: :class:`plora.engine.pack.PackSession`, imported in the worker (the driver
+            need not import torch to start workers).
         spec: What the engine loads.
         threads: ``torch.set_num_threads`` on CPU (1 keeps concurrent workers from
             oversubscribing).
@@ -142,10 +144,14 @@ class PackWorker:
 
     def load(self) -> WorkerInfo:
         """Build the engine (load the base model and the dataset) once; where and how long."""
-        if self._engine_cls is None or self._spec is None:
-            raise RuntimeError("this worker was created without an engine to load")
+        if self._spec is None:
+            raise RuntimeError("this worker was created without an engine spec to load")
         t0 = time.perf_counter()
         try:
+            if self._engine_cls is None:
+                from plora.engine.pack import PackSession
+
+                self._engine_cls = PackSession
             self.engine = self._engine_cls(self._spec)
         except Exception as e:
             self._load_error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
