@@ -55,10 +55,12 @@ seed-keyed generator: same data order, different init); and each system's drop b
 base model is at least ``--min-drop-ratio`` (0.5) of another's (fails a system that trains at
 a fraction of the others' pace).
 
-On a GPU machine (torch, transformers, peft, pandas; Ray installed)::
+On a GPU machine (torch, transformers, peft, pandas; Ray installed), with plora importable
+(installed, or a copy of ``plora/`` with ``kernels/`` as ``plora/kernels`` on ``PYTHONPATH``;
+the children import the same copy)::
 
-    PYTHONPATH=$PWD python benchmarks/e2e.py --model Qwen/Qwen2.5-1.5B --out e2e.json
-    PYTHONPATH=$PWD python benchmarks/e2e.py --model Qwen/Qwen2.5-7B --configs 8 --out e2e7b.json
+    python benchmarks/e2e.py --model Qwen/Qwen2.5-1.5B --out e2e.json
+    python benchmarks/e2e.py --model Qwen/Qwen2.5-7B --configs 8 --out e2e7b.json
 
 Estimated, not measured yet: 6-8 minutes for the default 1.5B run on one H100, most of it in
 the Tune baselines. For the 7B, ``--configs 8`` keeps the run under the device's 10-minute
@@ -102,7 +104,6 @@ from e2e_setup import (
 )
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 SYSTEMS = ("plora", "tune", "tune-frac")
 
 
@@ -340,6 +341,15 @@ def base_eval_loss(ctx: dict[str, Any]) -> float | None:
     return json.loads(out.read_text())["eval_loss"] if out.is_file() else None
 
 
+def plora_home() -> Path:
+    """The folder holding the ``plora`` package this process imports (children import the same)."""
+    import plora
+
+    # plora is a namespace package (no __init__.py): the first real folder of its path
+    folder = next(p for p in plora.__path__ if Path(p).is_dir())
+    return Path(folder).resolve().parent
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from plora.config import SweepConfig
@@ -372,7 +382,12 @@ def main(argv: list[str] | None = None) -> int:
         "PYTHONUNBUFFERED": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        # the folder that holds the plora being run (the repo root for an editable install, a
+        # copy of the package on a GPU machine: never put the repo root there by default, its
+        # top-level ``kernels/`` shadows the PyPI package transformers looks for)
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(plora_home()), os.environ.get("PYTHONPATH")) if p
+        ),
     }
     if device == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
