@@ -35,6 +35,19 @@ import triton.language as tl
 
 _BIG = tl.constexpr(2147483647)
 
+#: Integer arguments that change from call to call: the dropout seed (a fresh 63-bit key per step
+#: and module), the token count M and the slot count. Triton would otherwise compile one variant
+#: per value class it sees (== 1, divisible by 16), so a seed or token count that first happens to
+#: be divisible by 16 at step 23 stalls that step on a compile (seen on an H100: 3-8 s stalls at
+#: random steps of a sweep). Runtime values only feed masks and loop bounds here.
+_VARYING = ("seed", "M", "n_slots")
+
+
+def _jit(fn):
+    """``triton.jit`` without value specialization of the :data:`_VARYING` arguments it has."""
+    names = fn.__code__.co_varnames[: fn.__code__.co_argcount]
+    return triton.jit(fn, do_not_specialize=[n for n in _VARYING if n in names])
+
 
 @triton.jit
 def _keep(seed, slot, t_local, col0, n_cols, p, BC: tl.constexpr):
@@ -141,7 +154,7 @@ def _lora_tile(
     return acc
 
 
-@triton.jit
+@_jit
 def _shrink_kernel(
     p_ptr, m_ptr, o_ptr, table_ptr, seed, p_desc, m_desc,
     K, n_slots, ts,
@@ -210,7 +223,7 @@ def _shrink_kernel(
         )
 
 
-@triton.jit
+@_jit
 def _lora_gemm_kernel(
     p_ptr, q_ptr, bias_ptr, l_ptr, r_ptr, o_ptr, table_ptr, seed,
     M, N, K, n_slots, ts,
@@ -265,7 +278,7 @@ def _lora_gemm_kernel(
     tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=o_mask)
 
 
-@triton.jit
+@_jit
 def _fused_tma_kernel(
     p_desc, q_desc, o_desc, bias_ptr, l_ptr, r_ptr, l_desc, r_desc, table_ptr, seed,
     M, N, K, n_slots, ts,
@@ -319,7 +332,7 @@ def _fused_tma_kernel(
             o_desc.store([m0, n0], out)
 
 
-@triton.jit
+@_jit
 def _wgrad_kernel(
     p0_ptr, q0_ptr, g0_ptr, p1_ptr, q1_ptr, g1_ptr, table_ptr, seed,
     p0_desc, q0_desc, p1_desc, q1_desc,

@@ -412,7 +412,8 @@ def sweep(
     c = summary.counts
     typer.echo(
         f"sweep {summary.out}: {c['done']} done, {c['stopped']} stopped, {c['failed']} failed "
-        f"in {fmt_duration(summary.wall_s)} (set-up {fmt_duration(summary.setup_s)}, "
+        f"in {fmt_duration(summary.wall_s)} (set-up {fmt_duration(summary.setup_s)}: Ray "
+        f"{fmt_duration(summary.ray_start_s)}, then inputs {fmt_duration(summary.inputs_wait_s)}; "
         f"wind-down {fmt_duration(summary.teardown_s)}); see `plora status {summary.out}`"
     )
     if not summary.ok:

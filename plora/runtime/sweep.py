@@ -95,6 +95,10 @@ class SweepSummary:
     """From ``run_sweep``'s call to its return."""
     setup_s: float = 0.0
     """Before the sweep clock: dataset check, Ray start, sweep directory."""
+    ray_start_s: float = 0.0
+    """Of ``setup_s``: connecting to (or starting) Ray."""
+    inputs_wait_s: float = 0.0
+    """Of ``setup_s``: waiting, after Ray was up, for the dataset check and cost model."""
     teardown_s: float = 0.0
     """After the sweep's last event: workers stopped, profile recorded, Ray shut down."""
 
@@ -202,14 +206,17 @@ def run_sweep(
     driver: _Driver | None = None
     try:
         started_ray = connect(address, num_gpus=sweep.hardware.num_gpus)
+        ray_start_s = time.monotonic() - t0
         check_gpus(sweep.hardware.num_gpus)
         driver = _Driver(sweep=sweep, options=options, on_update=on_update)
         if options.prestart and _fits_one_gpu(sweep):
             driver.prestart(range(sweep.hardware.num_gpus))
+        t_wait = time.monotonic()
         if prepared is None:
             metric_name = sweep.dataset.metric
         else:
             cost, source, metric_name = prepared.result()
+        inputs_wait_s = time.monotonic() - t_wait
 
         def make(store: SweepStore) -> Coordinator:
             return Coordinator(
@@ -249,6 +256,7 @@ def run_sweep(
             ray.shutdown()
     done = time.monotonic()
     return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=done - t0, setup_s=setup_s,
+                        ray_start_s=ray_start_s, inputs_wait_s=inputs_wait_s,
                         teardown_s=done - ended)  # fmt: skip
 
 

@@ -150,3 +150,47 @@ def test_dropout_mask_on_gpu_matches_cpu_and_kernel():
     delta = packed_lora_delta(x, eye, eye, [0, 40], [0, 16], [16], [1.0], [0.25], 77)
     keep = dropout_mask(77, 0, (40, 16), 0.25, device="cuda")
     torch.testing.assert_close(delta, torch.where(keep, x / 0.75, 0.0), rtol=3e-3, atol=3e-3)
+
+
+def _compiled_variants() -> int:
+    """How many binaries the four packed-LoRA kernels hold on the current device."""
+    from plora.kernels import triton_kernels as tk
+
+    dev = torch.cuda.current_device()
+    total = 0
+    for k in (tk._shrink_kernel, tk._lora_gemm_kernel, tk._fused_tma_kernel, tk._wgrad_kernel):
+        caches = k.device_caches.get(dev) if hasattr(k, "device_caches") else None
+        if caches is None:
+            continue
+        total += len(caches[0])  # (kernel cache, target, backend, binder)
+    return total
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_new_seeds_and_token_counts_compile_nothing(fused):
+    """A sweep's steps differ only in the dropout seed and the token count: after the first step
+    no call may compile again (a seed or a token count divisible by 16 used to add a variant
+    and stall the step that first met it for seconds)."""
+    import dataclasses
+
+    gen = torch.Generator().manual_seed(3)
+    base = random_case(gen, n_slots=5, in_f=1536, out_f=1536, max_seg=90)
+    tensors = make_tensors(base, dtype=torch.bfloat16, device="cuda", seed=1)
+    used = base.lead + sum(base.seg_lens)  # rows past this belong to no adapter
+
+    def step(n_tokens: int, seed: int) -> None:
+        case = dataclasses.replace(base, n_tokens=n_tokens)
+        x = torch.randn(n_tokens, base.in_f, generator=gen).to("cuda", torch.bfloat16)
+        dy = torch.randn(n_tokens, base.out_f, generator=gen).to("cuda", torch.bfloat16)
+        run(case, (x, *tensors[1:]), dy, seed, fused=fused)
+
+    first = used + 1 if (used + 1) % 16 else used + 2  # M % 16 != 0, odd seed
+    step(first, 2**40 + 3)
+    torch.cuda.synchronize()
+    before = _compiled_variants()
+    assert before > 0
+    aligned = used + (-used) % 16 + 16  # M % 16 == 0
+    for n_tokens, seed in [(aligned, 2**40 + 16), (aligned + 16, 2**41), (first + 2, 2**40 + 1)]:
+        step(n_tokens, seed)
+    torch.cuda.synchronize()
+    assert _compiled_variants() == before
