@@ -173,7 +173,9 @@ def run_logged(
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f, GpuSampler(gpus) as sampler:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        # in the log's folder: a child's sys.path starts with its working directory, and the
+        # repo root there would shadow the plora the driver chose (and transformers' `kernels`)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -97,15 +97,8 @@ def load_model(
             fix="point to a directory written by save_pretrained",
         )
     try:
-        # straight onto the GPU: no full copy in host memory, no host-to-device pass after it
-        target = torch.device(device)
-        if target.type == "cuda" and target.index is None:
-            target = torch.device("cuda", torch.cuda.current_device())
         model = AutoModelForCausalLM.from_pretrained(
-            path,
-            dtype=torch_dtype,
-            trust_remote_code=trust,
-            **({"device_map": target} if target.type == "cuda" else {}),
+            path, dtype=torch_dtype, trust_remote_code=trust
         )
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
     except (OSError, ValueError) as err:
