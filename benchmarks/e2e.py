@@ -62,9 +62,11 @@ the children import the same copy)::
     python benchmarks/e2e.py --model Qwen/Qwen2.5-1.5B --out e2e.json
     python benchmarks/e2e.py --model Qwen/Qwen2.5-7B --configs 8 --out e2e7b.json
 
-Estimated, not measured yet: 6-8 minutes for the default 1.5B run on one H100, most of it in
-the Tune baselines. For the 7B, ``--configs 8`` keeps the run under the device's 10-minute
-limit; expect the 0.25-GPU trials to run out of memory on an 80 GB GPU (four 15 GB copies plus
+Measured (2026-11-24, ``benchmarks/RESULTS.md`` "End to end"): the default 1.5B run takes about
+20 minutes on one H100 (plora 2 min, Tune one trial per GPU 14 min, fractional Tune 4 min) and 17
+on one H200, longer than the device's 10-minute limit on one command: start it in a session of
+its own (``setsid``) and collect the JSON in later calls. For the 7B, ``--configs 8`` keeps the
+run shorter; expect the 0.25-GPU trials to run out of memory on an 80 GB GPU (four 15 GB copies plus
 activations and full-vocabulary logits -- what a user would meet), so also run it with
 ``--gpu-fraction 0.5``. A system that fails leaves ``null`` losses, and the checks above fail.
 
