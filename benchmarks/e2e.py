@@ -343,7 +343,7 @@ def base_eval_loss(ctx: dict[str, Any]) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from plora.config import SweepConfig
-    from plora.space import expand
+    from plora.tune.space import expand
     from plora.utils import atomic_write_json, atomic_write_text
 
     names = gpu_names()

@@ -3,8 +3,8 @@
 The same steps as ``plora plan`` + ``plora sweep`` + ``plora status``, through the library:
 
 1. load a sweep YAML (:meth:`plora.config.SweepConfig.from_yaml`), optionally overriding keys;
-2. expand it into configs (:func:`plora.space.expand`) and build the cost model
-   (:func:`plora.cost.model.build_cost_model`);
+2. expand it into configs (:func:`plora.tune.space.expand`) and build the cost model
+   (:func:`plora.cost.build.build_cost_model`);
 3. plan the packed jobs (:func:`plora.planner.plan_sweep`) and compare with the Min-GPU baseline;
 4. run the sweep on Ray (:func:`plora.runtime.run_sweep`; a local Ray when no address is given);
 5. load the sweep directory (:func:`plora.analysis.load`) and print the best config.
@@ -24,10 +24,10 @@ from pathlib import Path
 from plora import analysis
 from plora.cli import fmt_duration
 from plora.config import ConfigError, SweepConfig
-from plora.cost.model import build_cost_model
+from plora.cost.build import build_cost_model
 from plora.planner import Baseline, baseline_plan, plan_sweep
 from plora.runtime import RunOptions, run_sweep
-from plora.space import expand
+from plora.tune.space import expand
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -175,9 +175,9 @@ def make_plan(
     Raises:
         ConfigError: bad sweep, unknown model shape, or a config that fits no GPU count.
     """
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
     from plora.planner import Baseline, NoFeasibleJobError, baseline_plan, plan_sweep
-    from plora.space import expand
+    from plora.tune.space import expand
 
     t0 = time.perf_counter()
     configs = expand(sweep, sample_adaptive=True)
@@ -353,7 +353,7 @@ def validate(
     sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP.yaml", help="Sweep definition.")],
 ) -> None:
     """Check a sweep file for training: values, search space and that the data files exist."""
-    from plora.space import expand
+    from plora.tune.space import expand
 
     with user_errors(str(sweep_file)):
         sweep = load_sweep(sweep_file)

@@ -385,13 +385,4 @@ class SweepCostModel:
         return new
 
 
-def __getattr__(name: str) -> Any:
-    # ``build_cost_model`` lives in :mod:`plora.cost.build` (it imports this module).
-    if name == "build_cost_model":
-        from plora.cost.build import build_cost_model
-
-        return build_cost_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = ["RefitReport", "SweepCostModel"]

@@ -36,8 +36,8 @@ from enum import StrEnum
 import numpy as np
 
 from plora.config import PROJECTIONS, ConfigError, LoRAConfig
+from plora.config.hardware import GPU_TYPES, GPUSpec, gpu_spec
 from plora.cost import Strategy
-from plora.cost.gpus import GPU_TYPES, GPUSpec, gpu_spec
 from plora.cost.memory import check_parallel
 from plora.model_spec import ModelSpec
 

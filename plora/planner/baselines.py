@@ -38,8 +38,7 @@ from plora.planner.ilp import (
     make_pack,
     solve_pack,
 )
-from plora.planner.schedule import check_feasible
-from plora.planner.timeline import Start, to_jobs
+from plora.planner.timeline import Start, check_feasible, to_jobs
 from plora.planner.types import Baseline, Objective, Plan
 
 

@@ -120,7 +120,7 @@ def prepare(
     Raises:
         ConfigError: missing dataset files, an empty dataset, configs that fit no GPU, ...
     """
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
     from plora.engine.data import load_dataset
 
     sweep.check_trainable()

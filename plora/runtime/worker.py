@@ -98,7 +98,7 @@ class PackWorker:
         world_size: d, the group's GPU count.
         relay: The coordinator relay actor handle.
         engine: The engine class (``engine(spec)`` loads the base model; a ``PackEngine``);
-            None: :class:`plora.engine.pack.PackSession`, imported in the worker (the driver
+            None: :class:`plora.engine.run.PackSession`, imported in the worker (the driver
             need not import torch to start workers).
         spec: What the engine loads.
         threads: ``torch.set_num_threads`` on CPU (1 keeps concurrent workers from
@@ -149,7 +149,7 @@ class PackWorker:
         t0 = time.perf_counter()
         try:
             if self._engine_cls is None:
-                from plora.engine.pack import PackSession
+                from plora.engine.run import PackSession
 
                 self._engine_cls = PackSession
             self.engine = self._engine_cls(self._spec)

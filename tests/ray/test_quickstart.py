@@ -25,7 +25,7 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
     from transformers import AutoModelForCausalLM
 
     from plora.config import SweepConfig
-    from plora.space import expand
+    from plora.tune.space import expand
 
     address = ray_cluster.get_runtime_context().gcs_address
     out = tmp_path / "qs"
@@ -98,11 +98,11 @@ def test_engine_job_survives_a_killed_worker(ray_cluster, tmp_path) -> None:
     import ray
 
     from plora.config import SweepConfig
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
     from plora.runtime.records import StaticSource
     from plora.runtime.store import SweepStore
     from plora.runtime.sweep import RunOptions, run_sweep
-    from plora.space import expand
+    from plora.tune.space import expand
 
     sweep = SweepConfig.from_yaml(ROOT / "sweeps/quickstart.yaml")
     configs = [c for c in expand(sweep) if c.rank == 4][:3]
@@ -152,11 +152,11 @@ def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> Non
     from test_runtime import overlap_max
 
     from plora.config import SweepConfig
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
     from plora.runtime.records import StaticSource
     from plora.runtime.store import SweepStore
     from plora.runtime.sweep import RunOptions, run_sweep
-    from plora.space import expand
+    from plora.tune.space import expand
 
     sweep = SweepConfig.from_yaml(ROOT / "sweeps/quickstart.yaml")
     sweep = dataclasses.replace(sweep, hardware=dataclasses.replace(sweep.hardware, num_gpus=8))

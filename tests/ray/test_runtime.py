@@ -57,7 +57,7 @@ def configs(n: int, *, steps: int = 20) -> list[LoRAConfig]:
 
 
 def cost_of(sweep: SweepConfig):
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
 
     return build_cost_model(sweep, use_profile=False)
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from plora.cli import app
 from plora.config import SweepConfig
-from plora.space import expand
+from plora.tune.space import expand
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = sorted((Path(__file__).parent / "bad_sweeps").glob("*.yaml"))

@@ -285,9 +285,9 @@ def test_real_planner_and_cost_model_replan_after_refit(tmp_path) -> None:
     """With plora's planner and SweepCostModel: steps measured 20x slower than the prior predicts
     are refit into the model, and the re-plan that follows is made with the refit model."""
     from plora.config import SweepConfig
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
     from plora.cost.overheads import Overheads
-    from plora.space import expand
+    from plora.tune.space import expand
 
     sweep = SweepConfig.from_yaml("sweeps/quickstart.yaml")
     configs = expand(sweep)
@@ -504,7 +504,7 @@ def test_remaining_job_time_with_overheads_charges_what_is_still_to_come() -> No
     are all done still needs every config's evaluation and export, and the final train-state
     write."""
     from plora.config import SweepConfig
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
     from plora.runtime.costview import remaining_job_time
 
     cost = build_cost_model(SweepConfig.from_yaml("sweeps/quickstart.yaml"), use_profile=False,

@@ -20,11 +20,11 @@ from plora.engine.evaluate import (
     EvalResult,
     eval_loss,
     evaluate,
-    evaluate_adapters,
     exact_match,
     generate_greedy,
     option_scores,
 )
+from plora.engine.evaluate_packed import evaluate_adapters
 from plora.models import load_model
 
 

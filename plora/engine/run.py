@@ -362,7 +362,7 @@ def _evaluate(
     together on the eval split (``plora.engine.evaluate``)."""
     if not getattr(data, "eval", None):
         return {}
-    from plora.engine.evaluate import evaluate_adapters
+    from plora.engine.evaluate_packed import evaluate_adapters
 
     slots = {trainer.adapter(c).slot: c for c in config_ids}
     res = evaluate_adapters(trainer.model, tokenizer, data, list(slots))  # packed forwards

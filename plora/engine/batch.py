@@ -13,17 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from plora.config import ConfigError
+from plora.engine.example import IGNORE_INDEX, Example
 
-if TYPE_CHECKING:
-    from plora.engine.data import Example
-
-IGNORE_INDEX = -100
 _T = TypeVar("_T")
 
 
