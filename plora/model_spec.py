@@ -296,7 +296,8 @@ def shipped_models() -> list[str]:
 
 def _read_json(path: Path, *, where: str) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"{where}: cannot read model config {path}: {err}") from None
 

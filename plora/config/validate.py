@@ -91,18 +91,18 @@ def as_float(
             ) from None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError("must be a number", key=key, value=raw, fix=fix or "write e.g. 1.0e-4")
-    value = float(value)
-    if not math.isfinite(value):
+    number = float(value)
+    if not math.isfinite(number):
         raise ConfigError("must be a finite number", key=key, value=raw, fix=fix)
     for ok, text, bound in (
-        (gt is None or value > gt, "must be >", gt),
-        (ge is None or value >= ge, "must be >=", ge),
-        (lt is None or value < lt, "must be <", lt),
-        (le is None or value <= le, "must be <=", le),
+        (gt is None or number > gt, "must be >", gt),
+        (ge is None or number >= ge, "must be >=", ge),
+        (lt is None or number < lt, "must be <", lt),
+        (le is None or number <= le, "must be <=", le),
     ):
         if not ok:
             raise ConfigError(f"{text} {bound:g}", key=key, value=raw, fix=fix)
-    return value
+    return number
 
 
 def as_bool(value: Any, key: str | None) -> bool:

@@ -8,6 +8,7 @@ same model and GPU plans from measurements. Also importable as
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,9 @@ def build_cost_model(
     if memory is None:
         fp32 = getattr(hw, "is_cpu", False) or sweep.model.dtype == "float32"
         ckpt = bool(getattr(getattr(sweep, "training", None), "gradient_checkpointing", False))
-        memory = MemoryOptions(
-            loss=Loss.FUSED, checkpointing=ckpt, **({"precision": FULL_FP32} if fp32 else {})
-        )
+        memory = MemoryOptions(loss=Loss.FUSED, checkpointing=ckpt)
+        if fp32:
+            memory = dataclasses.replace(memory, precision=FULL_FP32)
     strategies = tuple(sweep.planner.strategies) or SUPPORTED_STRATEGIES
     profile = None
     if use_profile:

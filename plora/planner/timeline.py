@@ -134,6 +134,7 @@ def rebalance(
                 if any(g in starts[a].gpu_ids for g in ids) and shrunk is not None:
                     continue
                 single = make_pack(table, opt, [int(k == c) for k in range(len(table.members))])
+                assert single is not None  # one config: never empty
                 block = tuple(sorted(ids))
                 left = {**after, **without_a} if shrunk is None else after
                 warm = init.track and not init.never_warm
@@ -146,11 +147,15 @@ def rebalance(
                     best = (new, c, None, single, Start(single, begin, block, wait))
         if best is None:
             break
-        _, c, b, grown, fresh = best
+        _, c, target, grown, fresh = best
         shrunk = _with(starts[a].pack, c, -1, table)
-        if b is not None:
-            starts[b] = Start(grown, starts[b].start, starts[b].gpu_ids, starts[b].startup)
+        if target is not None:
+            assert grown is not None
+            starts[target] = Start(
+                grown, starts[target].start, starts[target].gpu_ids, starts[target].startup
+            )
         else:
+            assert fresh is not None
             starts.append(fresh)
         if shrunk is None:
             starts.pop(a)
