@@ -210,7 +210,7 @@ def stop(proc: subprocess.Popen) -> None:
 def run_plora(ctx: dict[str, Any]) -> dict[str, Any]:
     """``plora sweep`` in a subprocess; plan, jobs and eval losses from its sweep directory."""
     from plora.analysis import load
-    from plora.runtime.store import SweepStore
+    from plora.sweepdir.store import SweepStore
 
     out = ctx["run_dir"] / "plora"
     cmd = [

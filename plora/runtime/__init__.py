@@ -31,7 +31,7 @@ _EXPORTS = {
     "RunOptions": "plora.runtime.sweep",
     "SweepSummary": "plora.runtime.sweep",
     "run_sweep": "plora.runtime.sweep",
-    "SweepStore": "plora.runtime.store",
+    "SweepStore": "plora.sweepdir.store",
 }
 
 

@@ -68,7 +68,7 @@ from plora.runtime.records import (
     decode_state,
     encode_state,
 )
-from plora.runtime.store import SweepStore
+from plora.sweepdir.store import SweepStore
 
 _DONE = (ConfigStatus.DONE, ConfigStatus.STOPPED, ConfigStatus.FAILED)
 

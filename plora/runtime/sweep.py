@@ -46,7 +46,7 @@ from plora.runtime.costview import record_profile
 from plora.runtime.group import WorkerGroup, check_strategies, start_group, stop_group
 from plora.runtime.monitor import check_address, check_gpus, connect, cpus_per_worker, start_relay
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec
-from plora.runtime.store import (
+from plora.sweepdir.store import (
     SweepStore,
     check_out_dir,
     create_sweep_dir,
@@ -230,7 +230,9 @@ def run_sweep(
         else:
             with create_sweep_dir(out) as store:
                 write_sweep_yaml(store, sweep.to_yaml())
-                write_base_model(store, sweep.model)
+                from plora.models import save_base_model  # lazy: torch
+
+                write_base_model(store, sweep.model, save_builtin=save_base_model)
                 coord = make(store)
         setup_s = time.monotonic() - t0
         driver.attach(coord, store)

@@ -21,8 +21,8 @@ from packfn import PackFnEngine
 
 from plora.config import LoRAConfig, SweepConfig
 from plora.runtime.records import StaticSource
-from plora.runtime.store import SweepStore
 from plora.runtime.sweep import RunOptions, run_sweep
+from plora.sweepdir.store import SweepStore
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -12,7 +12,7 @@ from runtime_fakes import AffineCost, GreedyPlanner, lora, outcome, report
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.costview import describe_cost
 from plora.runtime.records import ConfigStatus, Decision, FailureKind, JobSpec
-from plora.runtime.store import SweepStore
+from plora.sweepdir.store import SweepStore
 
 
 class Clock:
