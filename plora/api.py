@@ -28,7 +28,7 @@ from plora.config import ConfigError, SweepConfig
 if TYPE_CHECKING:
     from plora.analysis import SweepResults
     from plora.planner import Plan
-    from plora.runtime.sweep import RunOptions, SweepSummary
+    from plora.runtime.driver import RunOptions, SweepSummary
 
 
 def load_sweep(
@@ -187,8 +187,8 @@ def run(
     on_update: Callable[..., Any] | None = None,
 ) -> SweepSummary:
     """Run ``sweep`` on Ray into the sweep directory ``out``; with ``resume`` (and ``sweep``
-    None) continue the sweep saved there. See :func:`plora.runtime.sweep.run_sweep`."""
-    from plora.runtime.sweep import run_sweep
+    None) continue the sweep saved there. See :func:`plora.runtime.driver.run_sweep`."""
+    from plora.runtime.driver import run_sweep
 
     kwargs: dict[str, Any] = {"address": address, "resume": resume, "on_update": on_update}
     if options is not None:

@@ -232,8 +232,8 @@ def sweep(
 ) -> None:
     """Run a sweep on Ray: plan, train every config in packed jobs, re-plan as jobs finish."""
     from plora import api
+    from plora.runtime.driver import RunOptions
     from plora.runtime.progress import Progress
-    from plora.runtime.sweep import RunOptions
 
     with user_errors(str(sweep_file)):
         spec = load_sweep(sweep_file)

@@ -42,7 +42,7 @@ from plora.engine import lora, optim
 from plora.engine.lora import _mix
 from plora.engine.loss import _to_device, packed_loss
 from plora.engine.packed_optim import PackedAdamW
-from plora.engine.records import AdapterStatus, PackProfile, StepMetrics, StepProfile
+from plora.engine.reports import AdapterStatus, PackProfile, StepMetrics, StepProfile
 
 _IGNORE = -100
 #: Format of :meth:`PackedTrainer.state_dict` (2: packed optimizer moments, PEFT-keyed).

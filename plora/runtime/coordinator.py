@@ -5,14 +5,14 @@ events -- :meth:`~Coordinator.start`, :meth:`~Coordinator.on_reports`,
 :meth:`~Coordinator.on_job_finished`, :meth:`~Coordinator.on_job_failed`,
 :meth:`~Coordinator.stop_config` -- and each returns the :class:`JobSpec` s to launch now.
 :meth:`~Coordinator.poll` gives a running job its control (stop one adapter, refill a free
-slot). It does no Ray calls: it runs in the driver (:mod:`plora.runtime.sweep`), next to the sweep
+slot). It does no Ray calls: it runs in the driver (:mod:`plora.runtime.driver`), next to the sweep
 directory it writes, and workers reach it through the named relay actor
-:class:`plora.runtime.monitor.CoordinatorActor` (metrics in, control out).
+:class:`plora.runtime.relay.CoordinatorActor` (metrics in, control out).
 
 Resident workers. The driver keeps one worker group per GPU that loaded the base model once
 (:meth:`~Coordinator.on_group_started` / :meth:`~Coordinator.on_group_ready`); jobs are entries
 of the plan run on them. While configs are queued and no GPU is idle, a config that ends frees
-its slot for the next queued config in plan order (:func:`plora.runtime.policy.choose_refills`),
+its slot for the next queued config in plan order (:func:`plora.runtime.refill.choose_refills`),
 even if that makes the job run on: on a resident worker that is a next job without the wait.
 
 Online re-planning. A few steps into the first job (calibration) and whenever GPUs are freed (a
@@ -38,7 +38,7 @@ from plora.config import LoRAConfig
 from plora.cost.overheads import EvalMetric
 from plora.engine.api import Control, PackOutcome, StepReport
 from plora.planner.guard import PlanChoiceKind, choose_plan, continue_plan
-from plora.runtime.costview import (
+from plora.runtime.costs import (
     cost_strategy,
     describe_cost,
     job_memory,
@@ -55,7 +55,6 @@ from plora.runtime.ledger import (
     upsert_job_row,
 )
 from plora.runtime.measure import Measurements
-from plora.runtime.policy import choose_refills, split_halves
 from plora.runtime.records import (
     ConfigSource,
     ConfigStatus,
@@ -68,6 +67,7 @@ from plora.runtime.records import (
     decode_state,
     encode_state,
 )
+from plora.runtime.refill import choose_refills, split_halves
 from plora.sweepdir.store import SweepStore
 
 _DONE = (ConfigStatus.DONE, ConfigStatus.STOPPED, ConfigStatus.FAILED)

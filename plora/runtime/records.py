@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from plora.config import LoRAConfig
+from plora.sweepdir.schema import ConfigStatus, JobStatus
 
 
 class Decision(StrEnum):
@@ -54,27 +55,6 @@ class Decision(StrEnum):
     """The driver restarted from the sweep dir; interrupted jobs resume from checkpoints."""
     SWEEP_DONE = "sweep_done"
     """Every config is done, stopped or failed and the searcher is finished."""
-
-
-class ConfigStatus(StrEnum):
-    """Where one config is."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-
-class JobStatus(StrEnum):
-    """Where one job attempt is."""
-
-    RUNNING = "running"
-    DONE = "done"
-    DIED = "died"
-    OOM = "oom"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
 
 
 class FailureKind(StrEnum):

@@ -47,7 +47,7 @@ class RelayHooks:
     """The engine's :class:`~plora.engine.api.PackHooks`, talking to the coordinator relay.
 
     Args:
-        relay: The :class:`plora.runtime.monitor.CoordinatorActor` handle.
+        relay: The :class:`plora.runtime.relay.CoordinatorActor` handle.
         job_id: This job's id (the relay keys control and reports by it).
         flush_every_s: Send buffered reports at most this often (and before every poll).
         poll_every_s: Ask for control at most this often (0: every step).

@@ -74,7 +74,15 @@ def read_decisions(path: Path) -> pd.DataFrame:
 
 #: Statuses that mean a config finished (plora writes ``done``; other tools' words too).
 SUCCESS_STATUSES = frozenset(
-    {"finished", "completed", "complete", "done", "succeeded", "success", "ok"}
+    {
+        str(schema.ConfigStatus.DONE),
+        "finished",
+        "completed",
+        "complete",
+        "succeeded",
+        "success",
+        "ok",
+    }
 )
 
 

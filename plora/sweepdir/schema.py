@@ -23,6 +23,30 @@ None throughout).
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class ConfigStatus(StrEnum):
+    """Where one config is in the sweep (``results.parquet``'s ``status``)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class JobStatus(StrEnum):
+    """Where one job attempt is (``jobs.parquet``'s ``status``)."""
+
+    RUNNING = "running"
+    DONE = "done"
+    DIED = "died"
+    OOM = "oom"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
 #: Version of this layout; bump it when a file or column changes meaning.
 SCHEMA_VERSION = 1
 
@@ -62,7 +86,7 @@ HPARAM_DTYPES: dict[str, str] = {
 RESULT_DTYPES: dict[str, str] = {
     "config_id": "str",
     **HPARAM_DTYPES,
-    "status": "str",  # plora.runtime.records.ConfigStatus
+    "status": "str",  # ConfigStatus
     "final_train_loss": "float64",
     "eval_loss": "float64",
     "eval_metric": "float64",
@@ -107,7 +131,7 @@ JOB_DTYPES: dict[str, str] = {
     "node": "str",
     "start": "float64",
     "end": "float64",
-    "status": "str",  # plora.runtime.records.JobStatus
+    "status": "str",  # JobStatus
     "attempt": "int64",
     "strategy": "object",  # str or None (d = 1)
     **dict.fromkeys(JOB_TIMINGS, "float64"),
@@ -150,4 +174,6 @@ __all__ = [
     "STATE_JSON",
     "SWEEP_YAML",
     "TABLES",
+    "ConfigStatus",
+    "JobStatus",
 ]

@@ -105,8 +105,8 @@ def test_engine_job_survives_a_killed_worker(ray_cluster, tmp_path) -> None:
 
     from plora.config import SweepConfig
     from plora.cost.build import build_cost_model
+    from plora.runtime.driver import RunOptions, run_sweep
     from plora.runtime.records import StaticSource
-    from plora.runtime.sweep import RunOptions, run_sweep
     from plora.sweepdir.store import SweepStore
     from plora.tune.space import expand
 
@@ -159,8 +159,8 @@ def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> Non
 
     from plora.config import SweepConfig
     from plora.cost.build import build_cost_model
+    from plora.runtime.driver import RunOptions, run_sweep
     from plora.runtime.records import StaticSource
-    from plora.runtime.sweep import RunOptions, run_sweep
     from plora.sweepdir.store import SweepStore
     from plora.tune.space import expand
 

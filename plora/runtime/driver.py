@@ -4,7 +4,7 @@
 lives here in the driver, next to the sweep directory it writes. Jobs run on resident worker
 groups (:mod:`plora.runtime.group`): a group is started on a GPU the first time a job is booked
 there, loads the base model once, and serves every later job on that GPU; its workers reach the
-coordinator through the relay actor (:mod:`plora.runtime.monitor`).
+coordinator through the relay actor (:mod:`plora.runtime.relay`).
 
 Order of work (nothing is created on disk until every input has been checked)::
 
@@ -41,11 +41,12 @@ import ray
 from plora.config import ConfigError, SweepConfig
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
 from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackEngine, PackRequest
+from plora.runtime.cluster import check_address, check_gpus, connect, cpus_per_worker
 from plora.runtime.coordinator import Coordinator
-from plora.runtime.costview import record_profile
+from plora.runtime.costs import record_profile
 from plora.runtime.group import WorkerGroup, check_strategies, start_group, stop_group
-from plora.runtime.monitor import check_address, check_gpus, connect, cpus_per_worker, start_relay
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec
+from plora.runtime.relay import start_relay
 from plora.sweepdir.store import (
     SweepStore,
     check_out_dir,
