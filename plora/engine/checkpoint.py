@@ -59,7 +59,7 @@ def export_peft_adapter(
 
     Args:
         config: the adapter's config (rank, alpha, targets, dropout, rsLoRA).
-        weights: PEFT-keyed tensors (``plora.engine.lora.adapter_state_dict``).
+        weights: PEFT-keyed tensors (``plora.engine.adapters.adapter_state_dict``).
         base_model_name_or_path: recorded in ``adapter_config.json``.
     """
     path = Path(path)

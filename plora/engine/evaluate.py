@@ -12,7 +12,7 @@ For eval examples ``x`` with target positions ``T(x)`` (labels != -100 after the
   (ties: the first). Accuracy is the fraction of predictions equal to the example's label.
 
 :func:`evaluate` takes any callable causal LM -- a plain HF model, a PEFT model, or a model with
-plora's packed layers inside ``plora.engine.lora.use_slot(model, slot)``. Many slots of a pack
+plora's packed layers inside ``plora.engine.adapters.use_slot(model, slot)``. Many slots of a pack
 are scored by :func:`plora.engine.evaluate_packed.evaluate_adapters` (packed forwards, or one
 slot at a time through :func:`evaluate`, the reference the tests compare against). The model is put in eval mode (and restored afterwards) and run without gradients.
 """

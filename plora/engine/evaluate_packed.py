@@ -6,7 +6,7 @@ The per-adapter math is that of :mod:`plora.engine.evaluate` (loss, exact match,
 only the batching changes. The rows of a forward are ``(slot, example)`` pairs --
 ``(slot, example, option)`` for accuracy -- ordered by slot, so each slot's rows are
 contiguous, at most ``batch_size`` rows (and ``max_tokens`` padded tokens) per forward, and
-routed with :func:`plora.engine.lora.packed_segments`. In every packed layer, a row ``x_r`` of
+routed with :func:`plora.engine.adapters.packed_segments`. In every packed layer, a row ``x_r`` of
 slot ``i`` computes ::
 
     y_r = x_r·Wᵀ + b + s_i·(x_r·A_iᵀ)·B_iᵀ          (slot None, the base model: y_r = x_r·Wᵀ + b)
@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from plora.engine.adapters import packed_layers, packed_segments, use_slot
 from plora.engine.data import IGNORE_INDEX, Example, TokenizedDataset
 from plora.engine.evaluate import (
     EvalResult,
@@ -56,7 +57,6 @@ from plora.engine.evaluate import (
     evaluate,
     generate_greedy,
 )
-from plora.engine.lora import packed_layers, packed_segments, use_slot
 
 Slot = int | None
 
@@ -95,7 +95,7 @@ def evaluate_packed(
     """Eval loss and task metric of every slot in ``slots``, all slots in the same forwards.
 
     Args:
-        model: a model with plora packed LoRA layers (``plora.engine.lora.inject``).
+        model: a model with plora packed LoRA layers (``plora.engine.adapters.inject``).
         tokenizer: its tokenizer (pad/eos ids; decoding; label option encoding).
         examples: eval examples, the same for every slot.
         slots: slots to evaluate (duplicates are scored once); ``None`` is the base model.
@@ -355,7 +355,7 @@ def evaluate_adapters(
     """Evaluate slots of a packed model on ``dataset.eval``, each as if it ran alone.
 
     Args:
-        model: a model with plora packed LoRA layers (``plora.engine.lora.inject``).
+        model: a model with plora packed LoRA layers (``plora.engine.adapters.inject``).
         tokenizer: its tokenizer.
         dataset: the eval split, its metric and label options.
         slots: slots to evaluate (duplicates are scored once); ``None`` is the frozen base model.

@@ -2,7 +2,7 @@
 
 Each step, adapter ``i`` draws its own batch ``b_i`` (its ``AdapterStream``: batch size, seed and
 order as if it trained alone); the rows of all adapters are packed into one batch whose rows
-``[start_i, stop_i)`` go through slot ``i`` only (:func:`plora.engine.lora.packed_segments`).
+``[start_i, stop_i)`` go through slot ``i`` only (:func:`plora.engine.adapters.packed_segments`).
 The loss is::
 
     L = Σ_i  (1 / N_i) Σ_{t ∈ b_i, label_t ≠ -100}  CE(logits_t, label_t)
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from plora.config import ConfigError, LoRAConfig
-from plora.engine import lora, optim
+from plora.engine import adapters, optim
 from plora.engine.lora import _mix
 from plora.engine.loss import _to_device, packed_loss
 from plora.engine.packed_optim import PackedAdamW
@@ -120,9 +120,9 @@ class PackedTrainer:
         self.base_model_name_or_path = base_model_name_or_path or str(
             getattr(getattr(model, "config", None), "_name_or_path", "") or ""
         )
-        if not lora.packed_layers(model):
-            lora.inject(model)
-        self.layers = lora.packed_layers(model)
+        if not adapters.packed_layers(model):
+            adapters.inject(model)
+        self.layers = adapters.packed_layers(model)
         model.requires_grad_(False)
         model.train()
         if gradient_checkpointing:
@@ -176,7 +176,7 @@ class PackedTrainer:
             slot = next(i for i in range(len(used) + 1) if i not in used)
         elif slot in used:
             raise ValueError(f"slot {slot} is taken")
-        lora.add_adapter(self.model, slot, config)
+        adapters.add_adapter(self.model, slot, config)
         steps = optim.total_steps(config, len(self.train_examples))
         self.optimizer.add_slot(
             slot, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm
@@ -200,7 +200,7 @@ class PackedTrainer:
         """Forget a finished or stopped adapter and free its slot."""
         ad = self.adapters.pop(config_id)
         self.optimizer.remove_slot(ad.slot)
-        lora.remove_adapter(self.model, ad.slot)
+        adapters.remove_adapter(self.model, ad.slot)
 
     def _retire(self, ad: _Adapter, status: AdapterStatus) -> None:
         """Stop training ``ad``: its rows freeze (no update, no state) until released."""
@@ -307,7 +307,7 @@ class PackedTrainer:
             padded += pb.input_ids.numel()
             seq_len = max(seq_len, pb.input_ids.shape[1])
             nonce = _mix(self.global_step, m)
-            with lora.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
+            with adapters.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
                 loss, sums = self._forward_loss(pb, denoms)
                 loss.backward()
             del loss
@@ -375,15 +375,15 @@ class PackedTrainer:
         export_peft_adapter(
             path,
             config=ad.config,
-            weights=lora.adapter_state_dict(self.model, ad.slot),
+            weights=adapters.adapter_state_dict(self.model, ad.slot),
             base_model_name_or_path=self.base_model_name_or_path,
         )
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly: weights, optimizer, schedule, data, RNG."""
-        adapters = {}
+        per_adapter = {}
         for cid, ad in self.adapters.items():
-            adapters[cid] = {
+            per_adapter[cid] = {
                 "config": ad.config.to_dict(),
                 "slot": ad.slot,
                 "total_steps": ad.total_steps,
@@ -393,7 +393,7 @@ class PackedTrainer:
                 "losses": list(ad.losses),
                 "status": str(ad.status),
                 "stream": ad.stream.get_state(),
-                "weights": lora.adapter_state_dict(self.model, ad.slot),
+                "weights": adapters.adapter_state_dict(self.model, ad.slot),
                 "optimizer": (
                     self.optimizer.slot_state(ad.slot)
                     if ad.status is AdapterStatus.ACTIVE
@@ -406,7 +406,7 @@ class PackedTrainer:
         state = {
             "version": TRAIN_STATE_VERSION,
             "global_step": self.global_step,
-            "adapters": adapters,
+            "adapters": per_adapter,
             "rng": rng,
         }
         return _detached_copy(state)
@@ -425,7 +425,7 @@ class PackedTrainer:
         for cid, st in sorted(state["adapters"].items(), key=lambda kv: kv[1]["slot"]):
             self.add(LoRAConfig.from_dict(st["config"]), slot=st["slot"])
             ad = self.adapters[cid]
-            lora.load_adapter_state_dict(self.model, ad.slot, st["weights"])
+            adapters.load_adapter_state_dict(self.model, ad.slot, st["weights"])
             ad.total_steps = st["total_steps"]
             ad.step, ad.tokens, ad.last_loss = st["step"], st["tokens"], st["last_loss"]
             ad.losses = list(st["losses"])
@@ -434,7 +434,7 @@ class PackedTrainer:
             if status is AdapterStatus.ACTIVE:
                 opt = st["optimizer"]
                 if version == 1:
-                    keys = list(lora.adapter_state_dict(self.model, ad.slot))
+                    keys = list(adapters.adapter_state_dict(self.model, ad.slot))
                     opt = _from_torch_adamw(opt, keys)
                 if opt is not None:
                     self.optimizer.load_slot_state(ad.slot, opt)

@@ -159,9 +159,9 @@ def test_resident_session_serves_successive_packs_with_one_load(tmp_path):
     assert all(
         r.eval_s > 0 and r.export_s > 0 for r in [*first.results.values(), *second.results.values()]
     )
-    from plora.engine import lora
+    from plora.engine import adapters
 
-    assert all(not layer.specs for layer in lora.packed_layers(session.model).values())
+    assert all(not layer.specs for layer in adapters.packed_layers(session.model).values())
 
     alone = run_pack(
         model="tiny-qwen2", configs=[_cfg("ccc", lr=1e-2)], dataset=DATA, out_dir=tmp_path / "alone"
