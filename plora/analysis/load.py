@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from plora import sweepdir
 from plora.config import ConfigError
+from plora.sweepdir import reader
 from plora.sweepdir.schema import HPARAM_COLUMNS
 
 
@@ -81,15 +81,15 @@ def load(path: str | Path) -> SweepResults:
     Raises:
         ConfigError: ``path`` is not a directory or holds none of the sweep files.
     """
-    path = sweepdir.check_sweep_dir(path)
+    path = reader.check_sweep_dir(path)
     return SweepResults(
         path=path,
-        results=sweepdir.read_results(path),
-        metrics=sweepdir.read_metrics(path),
-        jobs=sweepdir.read_jobs(path),
-        plan=sweepdir.read_plan(path),
-        decisions=sweepdir.read_decisions(path),
-        sweep=sweepdir.read_sweep(path),
+        results=reader.read_results(path),
+        metrics=reader.read_metrics(path),
+        jobs=reader.read_jobs(path),
+        plan=reader.read_plan(path),
+        decisions=reader.read_decisions(path),
+        sweep=reader.read_sweep(path),
     )
 
 
@@ -116,7 +116,7 @@ def best(results: pd.DataFrame, metric: str, mode: str = "min", k: int = 1) -> p
         raise ConfigError(f"best: metric {metric!r} is not a results column; choose from {choices}")
     ok = results[metric].notna()
     if "status" in results.columns:
-        ok &= results["status"].astype(str).str.lower().isin(sweepdir.SUCCESS_STATUSES)
+        ok &= results["status"].astype(str).str.lower().isin(reader.SUCCESS_STATUSES)
     ranked = results[ok].sort_values(metric, ascending=mode == "min", kind="stable")
     return ranked.head(k).reset_index(drop=True)
 
