@@ -80,3 +80,19 @@ def test_the_script_exits_nonzero_on_a_problem(graph_mod, monkeypatch, capsys) -
     monkeypatch.setattr(graph_mod, "LAYERS", list(reversed(graph_mod.LAYERS)))
     assert graph_mod.main(["--check"]) == 1
     assert "upward" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "package",
+    ["plora.engine", "plora.runtime", "plora.sweepdir", "plora.analysis", "plora.kernels"],
+)
+def test_lazy_package_exports_resolve(package: str) -> None:
+    """Every name a package lists (many load lazily) still names something after a move."""
+    module = importlib.import_module(package)
+    missing = []
+    for name in module.__all__:
+        try:
+            getattr(module, name)
+        except (AttributeError, ImportError):
+            missing.append(name)
+    assert missing == []
