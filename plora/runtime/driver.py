@@ -38,13 +38,14 @@ from typing import Any
 
 import ray
 
-from plora.config import ConfigError, SweepConfig
+from plora.config import SweepConfig
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
 from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackEngine, PackRequest
 from plora.runtime.cluster import check_address, check_gpus, connect, cpus_per_worker
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.costs import record_profile
-from plora.runtime.group import WorkerGroup, check_strategies, start_group, stop_group
+from plora.runtime.group import WorkerGroup, start_group, stop_group
+from plora.runtime.prepare import config_source, fits_one_gpu, prepare
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec
 from plora.runtime.relay import start_relay
 from plora.sweepdir.store import (
@@ -104,55 +105,6 @@ class SweepSummary:
         return self.counts.get("failed", 0) == 0
 
 
-def prepare(
-    sweep: SweepConfig,
-    *,
-    source: ConfigSource | None = None,
-    checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
-) -> tuple[Any, ConfigSource, str]:
-    """Check the sweep's inputs and build its cost model and config source (no Ray, no disk).
-
-    The cost model charges what this sweep will run: its training rows, its eval rows and
-    metric (each config's evaluation), and train-state writes every ``checkpoint_every`` steps.
-
-    Returns:
-        ``(cost, source, metric_name)``.
-
-    Raises:
-        ConfigError: missing dataset files, an empty dataset, configs that fit no GPU, ...
-    """
-    from plora.cost.build import build_cost_model
-    from plora.engine.data import load_dataset
-
-    sweep.check_trainable()
-    tokenizer = _load_tokenizer(sweep.model)
-    data = load_dataset(sweep.dataset, tokenizer)
-    if not data.train:
-        raise ConfigError(
-            f"{sweep.source or 'sweep'}: dataset has no training examples; "
-            "point dataset.path at a non-empty file or raise dataset.num_examples"
-        )
-    cost = build_cost_model(
-        sweep,
-        dataset_size=len(data.train),
-        eval_rows=len(data.eval),
-        eval_metric=data.metric,
-        checkpoint_every=checkpoint_every,
-    )
-    check_strategies(cost.strategies())
-    if source is None:
-        source = config_source(sweep)
-    return cost, source, data.metric
-
-
-def config_source(sweep: SweepConfig) -> ConfigSource:
-    """The sweep's config source: grid/random expansion or a Ray Tune searcher in ask/tell
-    mode (:func:`plora.tune.search.make_config_source`)."""
-    from plora.tune.search import make_config_source
-
-    return make_config_source(sweep)
-
-
 def run_sweep(
     sweep: SweepConfig | None,
     out: str | os.PathLike[str],
@@ -205,7 +157,7 @@ def run_sweep(
         started_ray = connect(address, num_gpus=sweep.hardware.num_gpus)
         check_gpus(sweep.hardware.num_gpus)
         driver = _Driver(sweep=sweep, options=options, on_update=on_update)
-        if options.prestart and _fits_one_gpu(sweep):
+        if options.prestart and fits_one_gpu(sweep):
             driver.prestart(range(sweep.hardware.num_gpus))
         if prepared is None:
             metric_name = sweep.dataset.metric
@@ -472,31 +424,6 @@ class _Driver:
             self.posted.update(ended)
         if self.on_update is not None:
             self.on_update(snap)
-
-
-def _fits_one_gpu(sweep: SweepConfig) -> bool:
-    """Whether the frozen base leaves room for adapters on one GPU (bf16 weights under 3/4 of
-    its memory), i.e. one-GPU jobs are likely; built-in tiny models always fit."""
-    if getattr(sweep.model, "is_builtin", False) or sweep.hardware.is_cpu:
-        return True
-    from plora.model_spec import ModelSpec
-
-    try:
-        spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
-    except Exception:  # the dataset check and the plan report a model that cannot be read
-        return False
-    return 2.0 * spec.total_params < 0.75 * sweep.hardware.gpu_memory_gib * 2**30
-
-
-def _load_tokenizer(ref: Any) -> Any:
-    """The base model's tokenizer alone (no weights): built-ins resolve to their local dir."""
-    from transformers import AutoTokenizer
-
-    from plora.models import resolve_model_path
-
-    return AutoTokenizer.from_pretrained(
-        resolve_model_path(ref), trust_remote_code=ref.trust_remote_code
-    )
 
 
 def _first_line(e: BaseException) -> str:
