@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from plora.config import ConfigError, LoRAConfig, SweepConfig
-from plora.runtime.records import StaticSource
+from plora.tune.source import StaticSource
 
 
 def default_max_concurrent(num_samples: int) -> int:
