@@ -124,16 +124,29 @@ def build_graph() -> tuple[dict[str, Path], list[Edge]]:
     return known, edges
 
 
-def find_cycles(known: dict[str, Path], edges: list[Edge]) -> list[list[str]]:
-    """Strongly connected components of more than one module among plora's own modules.
+def package_of(module: str) -> str:
+    """The top-level package a module belongs to: ``plora.engine.lora`` -> ``plora.engine``."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def find_cycles(
+    known: dict[str, Path], edges: list[Edge], *, packages: bool = False
+) -> list[list[str]]:
+    """Strongly connected components of more than one module among plora's own modules (with
+    ``packages``: of more than one top-level package, e.g. ``plora.tune`` <-> ``plora.runtime``).
 
     A package's `__init__` importing its own submodules is not counted (that is how a package
     re-exports), but a submodule importing its package's `__init__` is.
     """
-    graph: dict[str, set[str]] = {m: set() for m in known}
+    graph: dict[str, set[str]] = {}
+    for m in known:
+        graph.setdefault(package_of(m) if packages else m, set())
     for e in edges:
         if e.dst in known and not e.dst.startswith(e.src + "."):
-            graph[e.src].add(e.dst)
+            src, dst = (package_of(e.src), package_of(e.dst)) if packages else (e.src, e.dst)
+            if src != dst:
+                graph[src].add(dst)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -208,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for module in sorted(known):
             inner = sorted({e.dst for e in edges if e.src == module and e.dst in known})
             print(f"{module} -> {', '.join(inner) if inner else '(nothing of plora)'}")
-    cycles = find_cycles(known, edges)
+    cycles = find_cycles(known, edges) + find_cycles(known, edges, packages=True)
     problems = layer_violations(known, edges)
     for cycle in cycles:
         print("cycle: " + " <-> ".join(cycle))

@@ -40,6 +40,7 @@ def test_the_graph_covers_plora_and_kernels(graph) -> None:
 
 def test_no_import_cycles(graph_mod, graph) -> None:
     assert graph_mod.find_cycles(*graph) == []
+    assert graph_mod.find_cycles(*graph, packages=True) == []  # nor between packages
 
 
 def test_layers_point_down(graph_mod, graph) -> None:
@@ -73,6 +74,11 @@ def test_the_checker_catches_a_cycle(graph_mod, graph) -> None:
     known, edges = graph
     back = graph_mod.Edge("plora.config.lora", "plora.config.sweep", 1)
     assert graph_mod.find_cycles(known, [*edges, back]) != []
+    across = graph_mod.Edge("plora.tune.search", "plora.runtime.records", 1)  # issue 11's case
+    assert graph_mod.find_cycles(known, [*edges, across]) == []  # no module cycle ...
+    assert (
+        graph_mod.find_cycles(known, [*edges, across], packages=True) != []
+    )  # ... but a package one
 
 
 def test_the_script_exits_nonzero_on_a_problem(graph_mod, monkeypatch, capsys) -> None:
