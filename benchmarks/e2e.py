@@ -215,7 +215,7 @@ def stop(proc: subprocess.Popen) -> None:
 def run_plora(ctx: dict[str, Any]) -> dict[str, Any]:
     """``plora sweep`` in a subprocess; plan, jobs and eval losses from its sweep directory."""
     from plora.analysis import load
-    from plora.runtime.store import SweepStore
+    from plora.sweepdir.store import SweepStore
 
     out = ctx["run_dir"] / "plora"
     cmd = [
@@ -357,7 +357,7 @@ def plora_home() -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from plora.config import SweepConfig
-    from plora.space import expand
+    from plora.tune.space import expand
     from plora.utils import atomic_write_json, atomic_write_text
 
     names = gpu_names()

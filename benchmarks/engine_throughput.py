@@ -36,6 +36,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from plora.config import LoRAConfig
 from plora.cost import memory as mem
 from plora.engine import lora
+from plora.engine.adapters import uninject
 from plora.engine.data import Example, TokenizedDataset
 from plora.engine.trainer import PackedTrainer
 from plora.model_spec import ModelSpec, shipped_config_path
@@ -186,7 +187,7 @@ def run_packed(base, tok, data, k, rank, seq, device, dtype, warmup, steps, ckpt
         trainer.release(c.config_id)
     if ckpt:
         base.gradient_checkpointing_disable()
-    lora.uninject(base)
+    uninject(base)
     return {"step_s": dt, "tokens": k * seq, "peak_bytes": peak, "configs": cfgs}
 
 

@@ -3,7 +3,7 @@
 Instances (targets from DESIGN.md: 120 x 8 <= 5 s, 1,000 x 64 <= 60 s, ratio <= 1.05):
 
 * ``table1``: ``sweeps/paper-table1.yaml`` (120 configs, Qwen2.5-7B, 8x A100-40GB, TP) on
-  the real cost model (``plora.cost.model.build_cost_model``, no profile).
+  the real cost model (``plora.cost.build.build_cost_model``, no profile).
 * ``table1-NxG``: N configs sampled from the paper's Table-1 ranges (lr 2e-5..4e-4, batch
   1..32, rank 8..128, alpha r/4..4r, all projections, 1 epoch) on the same cost model with G
   GPUs (TP allowed).
@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 from plora.config import PROJECTIONS, LoRAConfig, SweepConfig
-from plora.cost.model import build_cost_model
+from plora.cost.build import build_cost_model
 from plora.planner import Baseline, baseline_plan, plan_sweep
 from plora.planner.synthetic import AffineCostModel
-from plora.space import expand
+from plora.tune.space import expand
 
 ROOT = Path(__file__).resolve().parents[1]
 

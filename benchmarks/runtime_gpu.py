@@ -45,7 +45,7 @@ def direct_run(sweep_file: Path, out_dir: Path) -> None:
     """Train the sweep's configs as one pack with ``run_pack`` in this process, timing steps."""
     from plora.config import SweepConfig
     from plora.engine import Control, run_pack
-    from plora.space import expand
+    from plora.tune.space import expand
 
     sweep = SweepConfig.from_yaml(sweep_file)
     configs = expand(sweep)

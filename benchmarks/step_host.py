@@ -28,7 +28,7 @@ from transformers import AutoConfig
 sys.path.insert(0, str(Path(__file__).parent))
 import engine_throughput as et
 
-from plora.engine import lora
+from plora.engine.adapters import uninject
 from plora.engine.trainer import PackedTrainer
 from plora.model_spec import shipped_config_path
 from plora.models import BUILTIN_MODELS
@@ -75,7 +75,7 @@ def measure(args, adapters: int, device: torch.device) -> dict:
     steps = trainer.profile().steps[args.warmup :]
     host = [getattr(s, "host_s", None) for s in steps]
     tensors = sum(1 for p in trainer.model.parameters() if p.requires_grad)
-    lora.uninject(base)
+    uninject(base)
     return {
         "host_ms": 1e3 * statistics.median(host) if None not in host else float("nan"),
         "step_ms": 1e3 * statistics.median(walls),

@@ -1,13 +1,13 @@
 """Plan and run a plora sweep from Python, then read its results.
 
-The same steps as ``plora plan`` + ``plora sweep`` + ``plora status``, through the library:
+The same steps as ``plora plan`` + ``plora sweep`` + ``plora status``, through the library API
+(:mod:`plora.api`, which the CLI calls too):
 
 1. load a sweep YAML (:meth:`plora.config.SweepConfig.from_yaml`), optionally overriding keys;
-2. expand it into configs (:func:`plora.space.expand`) and build the cost model
-   (:func:`plora.cost.model.build_cost_model`);
-3. plan the packed jobs (:func:`plora.planner.plan_sweep`) and compare with the Min-GPU baseline;
-4. run the sweep on Ray (:func:`plora.runtime.run_sweep`; a local Ray when no address is given);
-5. load the sweep directory (:func:`plora.analysis.load`) and print the best config.
+2. plan it (:func:`plora.api.plan`: expand into configs, build the cost model, pack the jobs)
+   and compare with the Min-GPU baseline;
+3. run the sweep on Ray (:func:`plora.api.run`; a local Ray when no address is given);
+4. load the sweep directory (:func:`plora.api.load`) and print the best config.
 
 Runs on CPU with the defaults (the built-in tiny model and arithmetic task, under a minute)::
 
@@ -21,13 +21,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from plora import analysis
-from plora.cli import fmt_duration
+from plora import analysis, api
 from plora.config import ConfigError, SweepConfig
-from plora.cost.model import build_cost_model
-from plora.planner import Baseline, baseline_plan, plan_sweep
-from plora.runtime import RunOptions, run_sweep
-from plora.space import expand
+from plora.utils import fmt_duration
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,16 +60,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         sweep = load_sweep(args.sweep, max_steps=args.max_steps, num_examples=args.num_examples)
-        configs = expand(sweep)
-        cost = build_cost_model(sweep)
-        g = sweep.hardware.num_gpus
-        plan = plan_sweep(configs, cost, g, solver=sweep.planner.solver)
-        min_gpu = baseline_plan(configs, cost, g, Baseline.MIN_GPU)
+        report = api.plan(sweep)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
-    print(f"{sweep.name}: {len(configs)} configs of {sweep.model.name_or_path} on {g} GPU(s)")
+    plan, min_gpu, g = report.plan, report.baselines["min_gpu"], sweep.hardware.num_gpus
+    print(
+        f"{sweep.name}: {len(report.configs)} configs of {sweep.model.name_or_path} on {g} GPU(s)"
+    )
     print(f"{'job':<8} {'configs':>7} {'gpus':>4} {'start':>9} {'end':>9}  config ids")
     for job in plan.jobs:
         print(f"{job.job_id:<8} {len(job.config_ids):>7} {job.gpus:>4} "
@@ -84,15 +79,13 @@ def main(argv: list[str] | None = None) -> int:
           f"lower bound {fmt_duration(plan.lower_bound_s)}")  # fmt: skip
 
     try:
-        summary = run_sweep(
-            sweep, args.out, address=args.address, resume=args.resume, options=RunOptions()
-        )
+        summary = api.run(sweep, args.out, address=args.address, resume=args.resume)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"ran in {summary.wall_s:.1f}s: {summary.counts}")
 
-    res = analysis.load(summary.out)
+    res = api.load(summary.out)
     facts = analysis.summary(res)
     print(f"measured makespan {facts.get('makespan_s', float('nan')):.1f}s over "
           f"{facts['jobs']} job(s), GPU utilization {facts.get('gpu_utilization', float('nan')):.2f}")  # fmt: skip

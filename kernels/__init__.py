@@ -87,7 +87,10 @@ repeatable.
 
 from __future__ import annotations
 
+from .errors import PackedLoRAError
+
 __all__ = [
+    "PackedLoRAError",
     "dropout_mask",
     "packed_lora_delta",
     "packed_lora_linear",

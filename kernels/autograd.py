@@ -27,8 +27,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from plora.config import ConfigError
-
+from .errors import PackedLoRAError
 from .meta import PackedMeta, make_meta
 from .reference import packed_lora_delta_reference, packed_lora_reference
 
@@ -126,24 +125,26 @@ class _PackedLoRA(torch.autograd.Function):
 def _check_tensors(x, weight, bias, lora_a, lora_b) -> None:
     in_f = x.shape[-1]
     if lora_a.dim() != 2 or lora_a.shape[1] != in_f:
-        raise ConfigError(
+        raise PackedLoRAError(
             f"packed_lora: lora_a has shape {tuple(lora_a.shape)}; expected (R_tot, {in_f}) for x (..., {in_f})"
         )
     out_f = weight.shape[0] if weight is not None else lora_b.shape[0]
     if weight is not None and tuple(weight.shape) != (out_f, in_f):
-        raise ConfigError(
+        raise PackedLoRAError(
             f"packed_lora: weight has shape {tuple(weight.shape)}; expected (out, {in_f})"
         )
     if lora_b.dim() != 2 or tuple(lora_b.shape) != (out_f, lora_a.shape[0]):
-        raise ConfigError(
+        raise PackedLoRAError(
             f"packed_lora: lora_b has shape {tuple(lora_b.shape)}; expected ({out_f}, {lora_a.shape[0]})"
         )
     if bias is not None and tuple(bias.shape) != (out_f,):
-        raise ConfigError(f"packed_lora: bias has shape {tuple(bias.shape)}; expected ({out_f},)")
+        raise PackedLoRAError(
+            f"packed_lora: bias has shape {tuple(bias.shape)}; expected ({out_f},)"
+        )
     named = {"weight": weight, "bias": bias, "lora_a": lora_a, "lora_b": lora_b}
     for name, t in named.items():
         if t is not None and t.dtype != x.dtype:
-            raise ConfigError(
+            raise PackedLoRAError(
                 f"packed_lora: {name} is {t.dtype} but x is {x.dtype}; cast all operands to one "
                 "dtype (the engine casts to the autocast dtype)"
             )
@@ -151,7 +152,7 @@ def _check_tensors(x, weight, bias, lora_a, lora_b) -> None:
 
 def _use_triton(x: torch.Tensor, backend: Backend) -> bool:
     if backend not in ("auto", "triton", "torch"):
-        raise ConfigError(f"packed_lora: backend={backend!r}; use 'auto', 'triton' or 'torch'")
+        raise PackedLoRAError(f"packed_lora: backend={backend!r}; use 'auto', 'triton' or 'torch'")
     return backend == "triton" or (backend == "auto" and x.is_cuda)
 
 
@@ -159,7 +160,7 @@ def _run(x, weight, bias, lora_a, lora_b, table_args, seed, fused) -> torch.Tens
     from . import ops
 
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ConfigError(
+        raise PackedLoRAError(
             f"packed_lora: x has dtype {x.dtype}; the Triton kernels take float16, bfloat16 or "
             "float32 (use backend='torch' for others)"
         )

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import torch
 
-from plora.config import ConfigError
+from .errors import PackedLoRAError
 
 #: Ranks are padded to a multiple of this inside the rank-concatenated A and B.
 RANK_ALIGN = 16
@@ -34,7 +34,9 @@ def _raw(value, name: str) -> tuple | float:
     """Hashable host copy of a table argument (validated later, in :func:`_validated`)."""
     if isinstance(value, torch.Tensor):
         if value.dim() > 1:
-            raise ConfigError(f"packed_lora: {name} must be 1-d, got shape {tuple(value.shape)}")
+            raise PackedLoRAError(
+                f"packed_lora: {name} must be 1-d, got shape {tuple(value.shape)}"
+            )
         value = value.tolist()
     if isinstance(value, int | float):
         return float(value)
@@ -95,7 +97,7 @@ def make_meta(
     scales: Sequence[float] | torch.Tensor,
     dropout_p: Sequence[float] | torch.Tensor | float,
 ) -> PackedMeta:
-    """Validate the slot table against the tensor shapes; raise ConfigError naming the bad value.
+    """Validate the slot table against the tensor shapes; raise PackedLoRAError naming the bad value.
 
     Cached on the table's values: every layer of a step that passes the same table gets the same
     :class:`PackedMeta` (and so the same device copy) for a few microseconds.
@@ -115,7 +117,7 @@ def make_meta(
 @lru_cache(maxsize=256)
 def _validated(n_tokens, r_total, in_features, seg_starts, rank_offsets, ranks, scales, dropout_p):
     if not all(isinstance(v, tuple) for v in (seg_starts, rank_offsets, ranks)):
-        raise ConfigError(
+        raise PackedLoRAError(
             "packed_lora: seg_starts, rank_offsets and ranks must be sequences of ints"
         )
     segs = tuple(int(v) for v in seg_starts)
@@ -123,39 +125,39 @@ def _validated(n_tokens, r_total, in_features, seg_starts, rank_offsets, ranks, 
     rks = tuple(int(v) for v in ranks)
     n = len(rks)
     if len(segs) != n + 1:
-        raise ConfigError(
+        raise PackedLoRAError(
             f"packed_lora: seg_starts has {len(segs)} entries for {n} slots; give n_slots + 1"
         )
     if len(offs) != n + 1:
-        raise ConfigError(
+        raise PackedLoRAError(
             f"packed_lora: rank_offsets has {len(offs)} entries for {n} slots; give n_slots + 1"
         )
     if segs and (segs[0] < 0 or segs[-1] > n_tokens):
-        raise ConfigError(
+        raise PackedLoRAError(
             f"packed_lora: seg_starts spans [{segs[0]}, {segs[-1]}) but x has {n_tokens} tokens; "
             "keep segments inside the flattened tokens"
         )
     for i in range(n):
         if segs[i + 1] < segs[i]:
-            raise ConfigError(
+            raise PackedLoRAError(
                 f"packed_lora: seg_starts[{i + 1}]={segs[i + 1]} < seg_starts[{i}]={segs[i]}; "
                 "segments must be contiguous and in slot order"
             )
         if (segs[i + 1] - segs[i]) * in_features >= 2**32:
-            raise ConfigError(
+            raise PackedLoRAError(
                 f"packed_lora: slot {i} has {segs[i + 1] - segs[i]} tokens x {in_features} "
                 "features >= 2**32 dropout counters; split the batch"
             )
         if not 1 <= rks[i] <= MAX_RANK:
-            raise ConfigError(f"packed_lora: ranks[{i}]={rks[i]}; use 1..{MAX_RANK}")
+            raise PackedLoRAError(f"packed_lora: ranks[{i}]={rks[i]}; use 1..{MAX_RANK}")
         block = offs[i + 1] - offs[i]
         if block < rks[i] or block % RANK_ALIGN:
-            raise ConfigError(
+            raise PackedLoRAError(
                 f"packed_lora: slot {i} has a rank block of {block} rows for rank {rks[i]}; "
                 f"use a multiple of {RANK_ALIGN} >= the rank (e.g. {padded_rank(rks[i])})"
             )
     if offs and (offs[0] != 0 or offs[-1] != r_total):
-        raise ConfigError(
+        raise PackedLoRAError(
             f"packed_lora: rank_offsets runs {offs[0]}..{offs[-1]} but lora_a has {r_total} rows; "
             "start at 0 and end at lora_a.shape[0]"
         )
@@ -163,9 +165,9 @@ def _validated(n_tokens, r_total, in_features, seg_starts, rank_offsets, ranks, 
     drop = _floats(dropout_p, "dropout_p", n)
     for i in range(n):
         if not 0.0 <= drop[i] < 1.0:
-            raise ConfigError(f"packed_lora: dropout_p[{i}]={drop[i]}; use a value in [0, 1)")
+            raise PackedLoRAError(f"packed_lora: dropout_p[{i}]={drop[i]}; use a value in [0, 1)")
         if not math.isfinite(scl[i]):
-            raise ConfigError(f"packed_lora: scales[{i}]={scl[i]}; use a finite scale")
+            raise PackedLoRAError(f"packed_lora: scales[{i}]={scl[i]}; use a finite scale")
     return PackedMeta(
         seg_starts=segs,
         rank_offsets=offs,
@@ -182,5 +184,7 @@ def _floats(value: tuple | float, name: str, n: int) -> tuple[float, ...]:
     if isinstance(value, float):
         return (value,) * n
     if len(value) != n:
-        raise ConfigError(f"packed_lora: {name} has {len(value)} entries; give one per slot ({n})")
+        raise PackedLoRAError(
+            f"packed_lora: {name} has {len(value)} entries; give one per slot ({n})"
+        )
     return tuple(float(v) for v in value)

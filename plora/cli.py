@@ -1,9 +1,9 @@
 """The ``plora`` command line: ``plora plan | validate`` (and ``sweep | status | report``).
 
-Commands are thin: they load a sweep, call library functions and print. Bad input of any kind
+Commands only parse and print: the work is :mod:`plora.api` (plan, run, load). Bad input of any kind
 (a :class:`~plora.config.ConfigError`, including the planner's ``NoFeasibleJobError``) ends the
 command with one red ``error: ...`` line on stderr, exit code 2 and nothing written; use
-:func:`user_errors` and :func:`load_sweep` in new commands to get the same behaviour.
+:func:`user_errors` and :func:`plora.api.load_sweep` in new commands to get the same behaviour.
 Heavy modules (torch, ray, cvxpy, matplotlib) are imported inside commands, so ``plora --help``
 starts fast.
 """
@@ -11,17 +11,16 @@ starts fast.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
-import time
 from collections.abc import Iterator
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from plora.config import ConfigError, SweepConfig
+from plora.api import BaselineOption, PlanReport, load_sweep, make_plan
+from plora.config import ConfigError
+from plora.utils import fmt_duration
 
 if TYPE_CHECKING:
     from plora.planner import Plan
@@ -67,27 +66,6 @@ def user_errors(source: str | None = None) -> Iterator[None]:
         fail(str(err.located(file=source) if source and not err.file else err))
 
 
-def load_sweep(
-    path: Path, *, gpus: int | None = None, gpu_memory_gib: float | None = None
-) -> SweepConfig:
-    """Read a sweep file and apply the command-line hardware overrides (validated, keyed by
-    the option name). Raises :class:`ConfigError`."""
-    sweep = SweepConfig.from_yaml(path)
-    overrides = {"num_gpus": gpus, "gpu_memory_gib": gpu_memory_gib}
-    options = {"num_gpus": "--gpus", "gpu_memory_gib": "--gpu-memory-gib"}
-    for key, value in overrides.items():
-        if value is None:
-            continue
-        try:
-            hw = dataclasses.replace(sweep.hardware, **{key: value})
-        except ConfigError as err:
-            raise ConfigError(
-                err.problem, key=options[key], value=value, fix=err.fix, file=path
-            ) from None
-        sweep = dataclasses.replace(sweep, hardware=hw)
-    return sweep
-
-
 def check_output_path(path: Path | None, option: str, suffixes: tuple[str, ...]) -> None:
     """Reject an output path with a wrong suffix or that is a directory, before any work."""
     if path is None:
@@ -99,143 +77,7 @@ def check_output_path(path: Path | None, option: str, suffixes: tuple[str, ...])
                           fix=f"use one of {', '.join(suffixes)}")  # fmt: skip
 
 
-def fmt_duration(seconds: float) -> str:
-    """``3725 -> '1h 02m'``, ``95 -> '1m 35s'``, ``4.2 -> '4.2s'``."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, s = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m {s:02d}s"
-    hours, m = divmod(minutes, 60)
-    return f"{hours}h {m:02d}m"
-
-
 # ------------------------------------------------------------------------------------ plan
-
-
-class BaselineOption(StrEnum):
-    """A baseline schedule to output instead of PLoRA's plan."""
-
-    MIN_GPU = "min-gpu"
-    MAX_GPU = "max-gpu"
-    TUNE = "tune"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PlanReport:
-    """What ``plora plan`` computed: the plan it outputs and the schedules it compares."""
-
-    sweep: SweepConfig
-    configs: tuple[Any, ...]
-    plan: Plan
-    plora: Plan
-    baselines: dict[str, Plan]
-    skipped: dict[str, str]
-    seconds: float
-    overheads: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """The cost model's per-unit overheads (``Overheads.to_dict``) and, under ``totals``, the
-    plan's seconds by kind summed over its jobs (:func:`time_terms`)."""
-
-    @property
-    def plan_name(self) -> str:
-        """``plora``, ``min-gpu`` or ``max-gpu``: which schedule :attr:`plan` is."""
-        return next(
-            (k.replace("_", "-") for k, p in self.baselines.items() if p is self.plan), "plora"
-        )
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """``plan.json``: the plan (contract keys) plus sweep name, baselines and configs."""
-        return {
-            **self.plan.to_json_dict(),
-            "sweep": self.sweep.name,
-            "schedule": self.plan_name,
-            "seq_len": self.sweep.seq_len,
-            "hardware": dataclasses.asdict(self.sweep.hardware),
-            "baselines": {
-                **{k: {"makespan_s": p.makespan_s, "num_jobs": len(p.jobs)} for k, p in self.baselines.items()},
-                **{k: {"makespan_s": None, "skipped": why} for k, why in self.skipped.items()},
-            },
-            "plora_makespan_s": self.plora.makespan_s,
-            "overheads": self.overheads,
-            "configs": [c.to_dict() for c in self.configs],
-        }  # fmt: skip
-
-
-def make_plan(
-    sweep: SweepConfig,
-    *,
-    baseline: BaselineOption | None = None,
-    memory_key: str = "hardware.gpu_memory_gib",
-) -> PlanReport:
-    """Expand the sweep, build its cost model and plan it (plus both baselines).
-
-    ``memory_key`` names the GPU memory in the error for a config that fits no GPU (the
-    command-line option when it overrode the file).
-
-    Raises:
-        ConfigError: bad sweep, unknown model shape, or a config that fits no GPU count.
-    """
-    from plora.cost.model import build_cost_model
-    from plora.planner import Baseline, NoFeasibleJobError, baseline_plan, plan_sweep
-    from plora.space import expand
-
-    t0 = time.perf_counter()
-    configs = expand(sweep, sample_adaptive=True)
-    cost = build_cost_model(sweep)
-    g = sweep.hardware.num_gpus
-    try:
-        plora = plan_sweep(configs, cost, g, solver=sweep.planner.solver)
-        baselines: dict[str, Plan] = {}
-        skipped: dict[str, str] = {}
-        for b in (Baseline.MIN_GPU, Baseline.MAX_GPU, Baseline.TUNE):
-            try:
-                baselines[str(b)] = baseline_plan(configs, cost, g, b)
-            except NoFeasibleJobError:
-                raise
-            except ConfigError as err:  # e.g. max_gpu without a multi-GPU strategy
-                skipped[str(b)] = err.problem
-    except NoFeasibleJobError as err:
-        hw = sweep.hardware
-        fix = None if "; " in err.problem else (
-            f"use GPUs with more memory, more GPUs (now {hw.num_gpus}), a smaller model, "
-            "shorter dataset.max_seq_len or smaller batch_size/rank"
-        )  # fmt: skip
-        raise ConfigError(
-            err.problem,
-            key=memory_key,
-            value=hw.gpu_memory_gib,
-            file=sweep.source,
-            fix=fix,
-        ) from None
-    chosen = plora
-    if baseline is not None:
-        name = str(baseline).replace("-", "_")
-        if name in skipped:
-            raise ConfigError(f"cannot build this baseline: {skipped[name]}", key="--baseline",
-                              value=str(baseline), file=sweep.source, fix="choose the other baseline")  # fmt: skip
-        chosen = baselines[name]
-    overheads = {**cost.overheads.to_dict(), "totals": time_terms(chosen, configs, cost)}
-    return PlanReport(sweep=sweep, configs=tuple(configs), plan=chosen, plora=plora, baselines=baselines,
-                      skipped=skipped, seconds=time.perf_counter() - t0, overheads=overheads)  # fmt: skip
-
-
-def time_terms(plan: Plan, configs: Any, cost: Any) -> dict[str, float]:
-    """GPU-group seconds of ``plan`` by kind, summed over its jobs: ``startup_s`` (cold worker
-    groups; ``startups`` counts them), then ``job_start_s``, ``train_s``, ``eval_s``,
-    ``export_s``, ``checkpoint_s`` (``SweepCostModel.job_terms``)."""
-    from plora.planner.types import call_strategy
-
-    by_id = {c.config_id: c for c in configs}
-    out = {"startups": 0.0, "startup_s": 0.0, "job_start_s": 0.0, "train_s": 0.0,
-           "eval_s": 0.0, "export_s": 0.0, "checkpoint_s": 0.0}  # fmt: skip
-    for job in plan.jobs:
-        out["startups"] += job.startup_s > 0
-        out["startup_s"] += job.startup_s
-        pack = [by_id[c] for c in job.config_ids]
-        terms = cost.job_terms(pack, job.gpus, call_strategy(job.gpus, job.strategy))
-        for key in ("job_start_s", "train_s", "eval_s", "export_s", "checkpoint_s"):
-            out[key] += getattr(terms, key)
-    return out
 
 
 def print_plan(report: PlanReport) -> None:
@@ -353,7 +195,7 @@ def validate(
     sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP.yaml", help="Sweep definition.")],
 ) -> None:
     """Check a sweep file for training: values, search space and that the data files exist."""
-    from plora.space import expand
+    from plora.tune.space import expand
 
     with user_errors(str(sweep_file)):
         sweep = load_sweep(sweep_file)
@@ -389,14 +231,15 @@ def sweep(
     ] = None,
 ) -> None:
     """Run a sweep on Ray: plan, train every config in packed jobs, re-plan as jobs finish."""
+    from plora import api
+    from plora.runtime.driver import RunOptions
     from plora.runtime.progress import Progress
-    from plora.runtime.sweep import RunOptions, run_sweep
 
     with user_errors(str(sweep_file)):
         spec = load_sweep(sweep_file)
         out = out if out is not None else Path("runs") / spec.name
         with Progress() as progress:
-            summary = run_sweep(
+            summary = api.run(
                 spec,
                 out,
                 address=address,
@@ -449,4 +292,4 @@ def report(
     typer.echo(f"wrote {path}")
 
 
-__all__ = ["EXIT_USER_ERROR", "app", "fail", "load_sweep", "make_plan", "user_errors"]
+__all__ = ["EXIT_USER_ERROR", "app", "fail", "user_errors"]

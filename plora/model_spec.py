@@ -38,7 +38,8 @@ from plora.config import PROJECTIONS, ConfigError
 #: Directory of the architecture configs shipped with plora.
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "models" / "configs"
 
-#: Built-in tiny models (built locally by ``plora.models.tiny_config``).
+#: Built-in tiny models (built locally by ``plora.models.tiny_config``; their architecture
+#: configs are shipped in ``SHIPPED_CONFIGS / "tiny"`` so planning needs no torch).
 TINY_MODELS: tuple[str, ...] = ("tiny-qwen2", "tiny-llama")
 
 #: Model types whose decoder layer is q/k/v/o + gate/up/down (SwiGLU) with RMSNorm.
@@ -295,7 +296,8 @@ def shipped_models() -> list[str]:
 
 def _read_json(path: Path, *, where: str) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"{where}: cannot read model config {path}: {err}") from None
 
@@ -314,10 +316,8 @@ def _resolve(source: Any, *, where: str) -> tuple[str, dict[str, Any]]:
             f"{where}: {source!r} is not a model name, path, dict or PretrainedConfig"
         )
     name = os.fspath(source)
-    if name in TINY_MODELS:
-        from plora.models import tiny_config  # lazy: plora.models imports torch
-
-        return name, tiny_config(name).to_dict()
+    if name in TINY_MODELS:  # ``plora.models.tiny_config(name).to_dict()``, kept in sync by a test
+        return name, _read_json(SHIPPED_CONFIGS / "tiny" / f"{name}.json", where=where)
     shipped = shipped_config_path(name)
     if shipped is not None:
         return name, _read_json(shipped, where=where)

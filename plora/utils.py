@@ -51,3 +51,14 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """Write ``obj`` as indented JSON to ``path`` atomically."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def fmt_duration(seconds: float) -> str:
+    """``3725 -> '1h 02m'``, ``95 -> '1m 35s'``, ``4.2 -> '4.2s'``."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, s = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {s:02d}s"
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h {m:02d}m"

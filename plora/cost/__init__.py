@@ -13,18 +13,9 @@ through explicit ``load``/``save`` calls made by the CLI or the coordinator).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from plora.config import LoRAConfig
-
-
-class Strategy(StrEnum):
-    """How a job with d > 1 GPUs splits the base model."""
-
-    TP = "tp"
-    FSDP = "fsdp"
-    PP = "pp"
+from plora.config import LoRAConfig, Strategy
 
 
 @runtime_checkable

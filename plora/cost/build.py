@@ -8,10 +8,11 @@ same model and GPU plans from measurements. Also importable as
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from plora.cost import Strategy
+from plora.config import SUPPORTED_STRATEGIES
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY, eval_defaults
 from plora.cost.memory import FULL_FP32, Loss, MemoryOptions
 from plora.cost.model import SweepCostModel
@@ -19,15 +20,6 @@ from plora.cost.overheads import EvalMetric, Overheads
 from plora.cost.profile import ProfileStore
 from plora.cost.throughput import gpu_spec
 from plora.model_spec import ModelSpec
-
-
-def _runtime_strategies() -> tuple[Strategy, ...]:
-    """Strategies ``plora.parallel`` implements (``SUPPORTED_STRATEGIES``), if it says."""
-    try:
-        import plora.parallel as parallel
-    except ImportError:  # pragma: no cover
-        return ()
-    return tuple(Strategy(s) for s in getattr(parallel, "SUPPORTED_STRATEGIES", ()))
 
 
 def build_cost_model(
@@ -71,10 +63,10 @@ def build_cost_model(
     if memory is None:
         fp32 = getattr(hw, "is_cpu", False) or sweep.model.dtype == "float32"
         ckpt = bool(getattr(getattr(sweep, "training", None), "gradient_checkpointing", False))
-        memory = MemoryOptions(
-            loss=Loss.FUSED, checkpointing=ckpt, **({"precision": FULL_FP32} if fp32 else {})
-        )
-    strategies = tuple(sweep.planner.strategies) or _runtime_strategies()
+        memory = MemoryOptions(loss=Loss.FUSED, checkpointing=ckpt)
+        if fp32:
+            memory = dataclasses.replace(memory, precision=FULL_FP32)
+    strategies = tuple(sweep.planner.strategies) or SUPPORTED_STRATEGIES
     profile = None
     if use_profile:
         profile = ProfileStore(profile_dir).load(sweep.model.name_or_path, hw.gpu_type)

@@ -31,7 +31,7 @@ EXPORT_BYTES_PER_PARAM = 4.0
 STATE_BYTES_PER_PARAM = 12.0
 #: ``plora sweep --checkpoint-every`` / ``RunOptions.checkpoint_every`` default, in steps.
 DEFAULT_CHECKPOINT_EVERY = 50
-#: What ``dataset.metric: auto`` resolves to for each builtin task (``plora.engine.tasks``).
+#: What ``dataset.metric: auto`` resolves to for each builtin task (``plora.tasks``).
 BUILTIN_METRICS = {"arithmetic": "exact_match", "sentiment": "accuracy", "reverse": "exact_match"}
 
 
@@ -111,7 +111,7 @@ class SweepOverheads:
 
 def checkpoint_writes(steps: int, every: int | None) -> int:
     """Train-state writes of a job of ``steps`` steps: every ``every`` steps and one at the end
-    (``plora.engine.pack.run_pack``); only the one at the end when ``every`` is None."""
+    (``plora.engine.run.run_pack``); only the one at the end when ``every`` is None."""
     return steps // every + 1 if every else 1
 
 

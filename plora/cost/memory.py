@@ -293,11 +293,11 @@ def adapter_memory(
     # x·A (rank r) per targeted projection; with dropout also dropout(x) and its 1-byte mask.
     lora_act = 0.0
     for t in targets:
-        fan_in, _ = spec.projection_shape(t)
+        fan_in: float = spec.projection_shape(t)[0]
         if strat is Strategy.TP and t not in _COLWISE:
             fan_in /= d
         lora_act += a * rank + ((a + 1.0) * fan_in if dropout > 0 else 0.0)
-    layers_live = 1 if options.checkpointing else spec.num_layers
+    layers_live: float = 1 if options.checkpointing else spec.num_layers
     if strat is Strategy.PP:
         layers_live = max(1.0, layers_live / d)
     base_act = base_activation_bytes_per_token(spec, seq_len, d=d, strategy=strat, options=options)

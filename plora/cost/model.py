@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from plora.cost import Strategy
 from plora.cost.jobterms import JobTimeTerms, SweepOverheads
 from plora.cost.memory import (
     GIB,
+    MemoryBreakdown,
     MemoryOptions,
     adapter_memory,
     base_memory,
@@ -117,7 +118,7 @@ class SweepCostModel:
         self.profile = profile
         self.last_refit: RefitReport | None = None
         given = overheads if overheads is not None else Overheads.zero()  # defaults below
-        self._use(SweepOverheads(overheads=given, eval_rows=eval_rows, eval_metric=eval_metric,
+        self._use(SweepOverheads(overheads=given, eval_rows=eval_rows, eval_metric=cast(EvalMetric, eval_metric),  # validated by SweepOverheads
                                  checkpoint_every=checkpoint_every))  # fmt: skip
         coef = coefficients or DEFAULT_COEFFICIENTS
         self.timer = StepTimeModel(
@@ -156,7 +157,7 @@ class SweepCostModel:
         self._clear()
 
     def _clear(self) -> None:
-        self._cache: dict[tuple, Any] = {}
+        self._cache: dict[tuple[object, ...], Any] = {}
 
     @property
     def coefficients(self) -> Coefficients:
@@ -182,7 +183,7 @@ class SweepCostModel:
             self._cache[key] = base_memory(
                 self.spec, d=d, strategy=strat, options=self.memory
             ).total
-        return self._cache[key]
+        return cast(float, self._cache[key])
 
     def config_memory(self, config: LoRAConfig, d: int, strategy: Strategy | None = None) -> float:
         """Adapter state and the activations of the config's rows per GPU, bytes."""
@@ -200,9 +201,11 @@ class SweepCostModel:
         )
         if key not in self._cache:
             self._cache[key] = self.config_breakdown(config, d, strat).total
-        return self._cache[key]
+        return cast(float, self._cache[key])
 
-    def config_breakdown(self, config: LoRAConfig, d: int = 1, strategy: Strategy | None = None):
+    def config_breakdown(
+        self, config: LoRAConfig, d: int = 1, strategy: Strategy | None = None
+    ) -> MemoryBreakdown:
         """Per-component :class:`~plora.cost.memory.MemoryBreakdown` of one config."""
         return adapter_memory(
             self.spec,
@@ -233,7 +236,8 @@ class SweepCostModel:
         """``max_steps``, or ``ceil(epochs · dataset_size / batch_size)``."""
         if config.max_steps is not None:
             return config.max_steps
-        return max(1, math.ceil(float(config.epochs) * self.dataset_size / config.batch_size))
+        epochs = float(config.epochs or 0.0)  # LoRAConfig: exactly one of max_steps, epochs
+        return max(1, math.ceil(epochs * self.dataset_size / config.batch_size))
 
     def step_fixed_time(self, steps: int, d: int, strategy: Strategy | None = None) -> float:
         """``steps · t_fixed(d, strategy)``: the job's per-step overhead (training steps only)."""
@@ -241,7 +245,7 @@ class SweepCostModel:
         key = ("fixed", d, strat)
         if key not in self._cache:
             self._cache[key] = self.timer.fixed_step_time(d, strat)
-        return steps * self._cache[key]
+        return steps * cast(float, self._cache[key])
 
     def job_overhead_time(self, steps: int) -> float:
         """``job_start_s + checkpoint_writes(steps) · checkpoint_s``: a job's own overheads."""
@@ -261,7 +265,7 @@ class SweepCostModel:
         if key not in self._cache:
             load = AdapterLoad.of(config)
             self._cache[key] = self.timer.adapter_step_time(load, self.seq_len, d, strat)
-        return self.steps(config) * self._cache[key]
+        return self.steps(config) * cast(float, self._cache[key])
 
     def config_overhead_time(self, config: LoRAConfig) -> float:
         """Config k's evaluation, PEFT export and share of checkpoint bytes (any d: the group
@@ -275,7 +279,7 @@ class SweepCostModel:
         if key not in self._cache:
             params = self.spec.lora_params(config.rank, config.target_modules)
             self._cache[key] = self.sweep_overheads.per_config(params, steps)
-        return self._cache[key]
+        return cast(JobTimeTerms, self._cache[key])
 
     def config_time(self, config: LoRAConfig, d: int, strategy: Strategy | None = None) -> float:
         """Everything config k adds to any job it is in: :meth:`config_step_time` +
@@ -383,15 +387,6 @@ class SweepCostModel:
             memory_fit=mfit,
         )
         return new
-
-
-def __getattr__(name: str) -> Any:
-    # ``build_cost_model`` lives in :mod:`plora.cost.build` (it imports this module).
-    if name == "build_cost_model":
-        from plora.cost.build import build_cost_model
-
-        return build_cost_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["RefitReport", "SweepCostModel"]

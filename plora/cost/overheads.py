@@ -69,7 +69,11 @@ class DefaultConstants:
 
 #: The one cold-start measurement (DESIGN.md, 2026-11-23): an H100, a 1.5B shape
 #: (Qwen2.5-1.5B: 1.544e9 params, bf16), per-job process start + model load ≈ 45 s.
-COLD_START_MEASURED = {"gpu": "H100", "weight_bytes": 2.0 * 1.543714304e9, "seconds": 45.0}
+COLD_START_MEASURED: dict[str, Any] = {
+    "gpu": "H100",
+    "weight_bytes": 2.0 * 1.543714304e9,
+    "seconds": 45.0,
+}
 _GPU_LOAD = {"load_bytes_per_s": 1.0e9, "model_load_fixed_s": 5.0, "job_start_s": 3.0}
 #: GPU defaults: load, job start and writes assumed; the worker start is the measured cold
 #: start minus the load model and a job start (≈ 34 s).
@@ -324,7 +328,7 @@ class Overheads:
         if unknown:
             raise ConfigError(f"overheads: unknown keys {unknown}")
         try:
-            kw = {k: (tuple(v) if k == "measured" else v) for k, v in data.items()}
+            kw: dict[str, Any] = {k: (tuple(v) if k == "measured" else v) for k, v in data.items()}
             return cls(**kw)
         except TypeError as err:
             raise ConfigError(f"overheads: {err}") from None

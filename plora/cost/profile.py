@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -119,7 +120,7 @@ class Profile:
             return list(self.samples)
         return [s for s in self.samples if s.d == d and (d == 1 or s.strategy == strategy)]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (inverse: :meth:`from_dict`)."""
         return {
             "format": PROFILE_FORMAT,
@@ -134,7 +135,7 @@ class Profile:
         }
 
     @classmethod
-    def from_dict(cls, data: dict, *, where: str = "profile") -> Profile:
+    def from_dict(cls, data: dict[str, Any], *, where: str = "profile") -> Profile:
         """Inverse of :meth:`to_dict`; raises :class:`ConfigError` on a malformed profile."""
         try:
             if data.get("format") != PROFILE_FORMAT:

@@ -32,12 +32,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
 from plora.config import PROJECTIONS, ConfigError, LoRAConfig
+from plora.config.hardware import GPU_TYPES, GPUSpec, gpu_spec
 from plora.cost import Strategy
-from plora.cost.gpus import GPU_TYPES, GPUSpec, gpu_spec
 from plora.cost.memory import check_parallel
 from plora.model_spec import ModelSpec
 
@@ -126,7 +127,7 @@ def _derive_h200(base_x16_tok_s: float, label: str) -> Coefficients:
     spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-3B")
     gpu, s = GPU_TYPES["H200"], H200_MEASURED["seq_len"]
     m = H200_MEASURED["peft_module_step_s"]
-    per_tok = spec.train_flops_per_token(s) / gpu.peak_flops  # seconds/token at 100% of peak
+    per_tok = spec.train_flops_per_token(int(s)) / gpu.peak_flops  # seconds/token at 100% of peak
     lora = (
         s * spec.lora_flops_per_token(16, PROJECTIONS) / (gpu.peak_flops * _ASSUMED_LORA_EFFICIENCY)
     )
@@ -218,7 +219,7 @@ class StepSample:
             peak_memory_bytes=peak_memory_bytes,
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (inverse: :meth:`from_dict`)."""
         return {
             "adapters": [
@@ -238,7 +239,7 @@ class StepSample:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> StepSample:
+    def from_dict(cls, data: dict[str, Any]) -> StepSample:
         """Inverse of :meth:`to_dict`."""
         adapters = tuple(
             AdapterLoad(

@@ -18,15 +18,7 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from plora.config import ConfigError, DatasetSpec, LoRAConfig, ModelRef
-from plora.engine.records import Control, PackProfile, StepMetrics, StepProfile
-
-
-class ConfigStatus(StrEnum):
-    """How a config's training ended inside a pack."""
-
-    COMPLETED = "completed"
-    STOPPED = "stopped"
-    ABORTED = "aborted"
+from plora.engine.reports import AdapterStatus, Control, PackProfile, StepMetrics, StepProfile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,7 +26,8 @@ class ConfigResult:
     """The outcome of one config of a pack."""
 
     config_id: str
-    status: ConfigStatus
+    status: AdapterStatus
+    """completed, stopped or aborted."""
     steps: int
     tokens: int
     final_train_loss: float | None
@@ -51,7 +44,7 @@ class ConfigResult:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ConfigResult:
-        return cls(**{**data, "status": ConfigStatus(data["status"])})
+        return cls(**{**data, "status": AdapterStatus(data["status"])})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -182,9 +175,9 @@ class PackEngine(Protocol):
 
 
 __all__ = [
+    "AdapterStatus",
     "CheckpointPolicy",
     "ConfigResult",
-    "ConfigStatus",
     "Control",
     "EngineSpec",
     "JobTimings",

@@ -59,7 +59,7 @@ def export_peft_adapter(
 
     Args:
         config: the adapter's config (rank, alpha, targets, dropout, rsLoRA).
-        weights: PEFT-keyed tensors (``plora.engine.lora.adapter_state_dict``).
+        weights: PEFT-keyed tensors (``plora.engine.adapters.adapter_state_dict``).
         base_model_name_or_path: recorded in ``adapter_config.json``.
     """
     path = Path(path)
@@ -108,9 +108,47 @@ def load_train_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     return torch.load(file, map_location="cpu", weights_only=True)
 
 
+# --------------------------------------------------------- train-state helpers
+def adamw_slot_state(state: dict[str, Any], keys: list[str]) -> dict[str, Any] | None:
+    """A version-1 ``torch.optim.AdamW`` state dict as :meth:`PackedAdamW.slot_state` output.
+
+    Its parameters were the adapter's factors in ``keys`` order (module order, A then B);
+    None when it took no step yet.
+    """
+    per = state["state"]
+    if not per:
+        return None
+    return {
+        "step": int(per[0]["step"]),
+        "exp_avg": {k: per[i]["exp_avg"] for i, k in enumerate(keys)},
+        "exp_avg_sq": {k: per[i]["exp_avg_sq"] for i, k in enumerate(keys)},
+    }
+
+
+def detached_copy(obj: Any) -> Any:
+    """``obj`` with every tensor (in nested dicts, lists, tuples) copied to the CPU, detached."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: detached_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [detached_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(detached_copy(v) for v in obj)
+    return obj
+
+
+def as_tuple(obj: Any) -> Any:
+    """Lists back to tuples, recursively (``random.setstate`` after a JSON/torch round trip)."""
+    return tuple(as_tuple(v) for v in obj) if isinstance(obj, list | tuple) else obj
+
+
 __all__ = [
     "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
+    "adamw_slot_state",
+    "as_tuple",
+    "detached_copy",
     "export_peft_adapter",
     "has_train_state",
     "load_train_state",

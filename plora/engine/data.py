@@ -7,8 +7,9 @@ Pipeline::
     per adapter: AdapterStream(n, batch_size, seed).next_batch() ─► indices
     per step:    pack_batch([examples of slot 0, examples of slot 1, ...]) ─► PackedBatch
 
-Reading raw rows lives in :mod:`plora.engine.rows`; streams and packing in
-:mod:`plora.engine.packing` (re-exported here).
+Reading raw rows lives in :mod:`plora.engine.rows`; :class:`Example` in
+:mod:`plora.engine.example`; streams and packing in :mod:`plora.engine.batch` (all re-exported
+here).
 
 Row layouts (``format: auto`` detects each row; the first that applies wins):
 
@@ -34,16 +35,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plora.config import ConfigError
-from plora.engine.packing import (
-    IGNORE_INDEX,
+from plora.engine.batch import (
     AdapterStream,
     PackedBatch,
     Segment,
     micro_batches,
     pack_batch,
 )
+from plora.engine.example import IGNORE_INDEX, Example
 from plora.engine.rows import Row, read_path, read_rows, split_rows
-from plora.engine.tasks import get_task
+from plora.tasks import get_task
 
 if TYPE_CHECKING:
     from plora.config import DatasetSpec
@@ -51,34 +52,6 @@ if TYPE_CHECKING:
 #: ``metric: auto`` scores a prompt/completion set by accuracy when it has at most this many
 #: distinct completions (and every eval completion is one of the training ones).
 MAX_AUTO_LABELS = 10
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Example:
-    """One tokenized example.
-
-    Attributes:
-        input_ids: token ids, ``[L]``.
-        labels: ``[L]``, aligned with ``input_ids``; ``-100`` on masked (prompt) positions.
-        prompt: the text the answer is generated from (empty for text rows).
-        answer: the reference completion for exact match (``None`` for text rows).
-        label: the correct label option for accuracy tasks, else ``None``.
-        prompt_len: leading ``input_ids`` that form the prompt (generation context); ``None``
-            means "up to the first unmasked label".
-    """
-
-    input_ids: list[int]
-    labels: list[int]
-    prompt: str = ""
-    answer: str | None = None
-    label: str | None = None
-    prompt_len: int | None = None
-
-    def context_len(self) -> int:
-        """Tokens of ``input_ids`` before the answer (clipped to the example's length)."""
-        if self.prompt_len is not None:
-            return min(self.prompt_len, len(self.input_ids))
-        return next((i for i, y in enumerate(self.labels) if y != IGNORE_INDEX), len(self.labels))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

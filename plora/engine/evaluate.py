@@ -12,11 +12,9 @@ For eval examples ``x`` with target positions ``T(x)`` (labels != -100 after the
   (ties: the first). Accuracy is the fraction of predictions equal to the example's label.
 
 :func:`evaluate` takes any callable causal LM -- a plain HF model, a PEFT model, or a model with
-plora's packed layers inside ``plora.engine.lora.use_slot(model, slot)``. :func:`evaluate_adapters`
-scores many slots of a pack: by default in packed forwards, every slot's rows side by side
-(:mod:`plora.engine.evaluate_packed`, same numbers up to fp32 summation order); with
-``packed=False`` one slot at a time through :func:`evaluate` (the reference the tests compare
-against). The model is put in eval mode (and restored afterwards) and run without gradients.
+plora's packed layers inside ``plora.engine.adapters.use_slot(model, slot)``. Many slots of a pack
+are scored by :func:`plora.engine.evaluate_packed.evaluate_adapters` (packed forwards, or one
+slot at a time through :func:`evaluate`, the reference the tests compare against). The model is put in eval mode (and restored afterwards) and run without gradients.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plora.engine.data import IGNORE_INDEX, Example, TokenizedDataset
+from plora.engine.data import IGNORE_INDEX, Example
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,81 +93,6 @@ def evaluate(
         num_examples=len(examples),
         seconds=time.perf_counter() - start,
     )
-
-
-def evaluate_adapters(
-    model: Any,
-    tokenizer: Any,
-    dataset: TokenizedDataset,
-    slots: Iterable[int | None],
-    *,
-    batch_size: int = 32,
-    max_new_tokens: int = 8,
-    max_examples: int | None = None,
-    packed: bool = True,
-    max_tokens: int | None = None,
-) -> dict[int | None, EvalResult]:
-    """Evaluate slots of a packed model on ``dataset.eval``, each as if it ran alone.
-
-    Args:
-        model: a model with plora packed LoRA layers (``plora.engine.lora.inject``).
-        tokenizer: its tokenizer.
-        dataset: the eval split, its metric and label options.
-        slots: slots to evaluate (duplicates are scored once); ``None`` is the frozen base model.
-        batch_size: rows per forward.
-        max_new_tokens: generation budget for exact match.
-        max_examples: score only the first ``max_examples`` eval examples.
-        packed: score all slots together in packed forwards
-            (:func:`plora.engine.evaluate_packed.evaluate_packed`); ``False`` scores one slot
-            after the other with :func:`evaluate` under ``use_slot`` (the reference).
-        max_tokens: packed path only: also cap the padded tokens of a forward (rows x width,
-            generation budget included); ``None``: rows only.
-
-    Returns:
-        ``{slot: EvalResult}`` in the order of ``slots``.
-
-    Raises:
-        ValueError: a slot holds no adapter in ``model``, an unknown metric, or accuracy
-            without label options.
-    """
-    from plora.engine.lora import packed_layers, use_slot
-
-    wanted = list(dict.fromkeys(slots))
-    present = set().union(*(layer.specs for layer in packed_layers(model).values()))
-    missing = [s for s in wanted if s is not None and s not in present]
-    if missing:
-        raise ValueError(
-            f"evaluate_adapters: slots {missing} hold no adapter in this model "
-            f"(present: {sorted(present)}); add them first or leave them out of slots"
-        )
-    examples = dataset.eval[:max_examples] if max_examples is not None else dataset.eval
-    if packed:
-        from plora.engine.evaluate_packed import evaluate_packed
-
-        return evaluate_packed(
-            model,
-            tokenizer,
-            examples,
-            wanted,
-            metric=dataset.metric,
-            labels=dataset.labels,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            max_tokens=max_tokens,
-        )
-    out: dict[int | None, EvalResult] = {}
-    for slot in wanted:
-        with use_slot(model, slot):
-            out[slot] = evaluate(
-                model,
-                tokenizer,
-                examples,
-                metric=dataset.metric,
-                labels=dataset.labels,
-                batch_size=batch_size,
-                max_new_tokens=max_new_tokens,
-            )
-    return out
 
 
 def check_metric(metric: str, labels: Sequence[str] | None) -> None:
@@ -397,7 +320,6 @@ __all__ = [
     "eval_loss",
     "eval_mode",
     "evaluate",
-    "evaluate_adapters",
     "exact_match",
     "generate_greedy",
     "label_accuracy",

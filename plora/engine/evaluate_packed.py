@@ -1,10 +1,12 @@
 """Packed evaluation: the eval loss and task metric of many adapters in shared forwards.
 
+:func:`evaluate_adapters` scores slots of a pack, by default with :func:`evaluate_packed`.
+
 The per-adapter math is that of :mod:`plora.engine.evaluate` (loss, exact match, accuracy);
 only the batching changes. The rows of a forward are ``(slot, example)`` pairs --
 ``(slot, example, option)`` for accuracy -- ordered by slot, so each slot's rows are
 contiguous, at most ``batch_size`` rows (and ``max_tokens`` padded tokens) per forward, and
-routed with :func:`plora.engine.lora.packed_segments`. In every packed layer, a row ``x_r`` of
+routed with :func:`plora.engine.adapters.packed_segments`. In every packed layer, a row ``x_r`` of
 slot ``i`` computes ::
 
     y_r = x_r·Wᵀ + b + s_i·(x_r·A_iᵀ)·B_iᵀ          (slot None, the base model: y_r = x_r·Wᵀ + b)
@@ -41,7 +43,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plora.engine.data import IGNORE_INDEX, Example
+from plora.engine.adapters import packed_layers, packed_segments, use_slot
+from plora.engine.data import IGNORE_INDEX, Example, TokenizedDataset
 from plora.engine.evaluate import (
     EvalResult,
     _device,
@@ -51,9 +54,9 @@ from plora.engine.evaluate import (
     _pad_id,
     check_metric,
     eval_mode,
+    evaluate,
     generate_greedy,
 )
-from plora.engine.lora import packed_segments
 
 Slot = int | None
 
@@ -92,7 +95,7 @@ def evaluate_packed(
     """Eval loss and task metric of every slot in ``slots``, all slots in the same forwards.
 
     Args:
-        model: a model with plora packed LoRA layers (``plora.engine.lora.inject``).
+        model: a model with plora packed LoRA layers (``plora.engine.adapters.inject``).
         tokenizer: its tokenizer (pad/eos ids; decoding; label option encoding).
         examples: eval examples, the same for every slot.
         slots: slots to evaluate (duplicates are scored once); ``None`` is the base model.
@@ -337,4 +340,81 @@ def _length_order(lengths: Sequence[int]) -> tuple[list[int], list[int]]:
     return ascending, ascending[::-1]
 
 
-__all__ = ["evaluate_packed", "packed_accuracy", "packed_exact_match", "packed_loss"]
+def evaluate_adapters(
+    model: Any,
+    tokenizer: Any,
+    dataset: TokenizedDataset,
+    slots: Iterable[int | None],
+    *,
+    batch_size: int = 32,
+    max_new_tokens: int = 8,
+    max_examples: int | None = None,
+    packed: bool = True,
+    max_tokens: int | None = None,
+) -> dict[int | None, EvalResult]:
+    """Evaluate slots of a packed model on ``dataset.eval``, each as if it ran alone.
+
+    Args:
+        model: a model with plora packed LoRA layers (``plora.engine.adapters.inject``).
+        tokenizer: its tokenizer.
+        dataset: the eval split, its metric and label options.
+        slots: slots to evaluate (duplicates are scored once); ``None`` is the frozen base model.
+        batch_size: rows per forward.
+        max_new_tokens: generation budget for exact match.
+        max_examples: score only the first ``max_examples`` eval examples.
+        packed: score all slots together in packed forwards
+            (:func:`evaluate_packed`); ``False`` scores one slot
+            after the other with :func:`evaluate` under ``use_slot`` (the reference).
+        max_tokens: packed path only: also cap the padded tokens of a forward (rows x width,
+            generation budget included); ``None``: rows only.
+
+    Returns:
+        ``{slot: EvalResult}`` in the order of ``slots``.
+
+    Raises:
+        ValueError: a slot holds no adapter in ``model``, an unknown metric, or accuracy
+            without label options.
+    """
+    wanted = list(dict.fromkeys(slots))
+    present = set().union(*(layer.specs for layer in packed_layers(model).values()))
+    missing = [s for s in wanted if s is not None and s not in present]
+    if missing:
+        raise ValueError(
+            f"evaluate_adapters: slots {missing} hold no adapter in this model "
+            f"(present: {sorted(present)}); add them first or leave them out of slots"
+        )
+    examples = dataset.eval[:max_examples] if max_examples is not None else dataset.eval
+    if packed:
+        return evaluate_packed(
+            model,
+            tokenizer,
+            examples,
+            wanted,
+            metric=dataset.metric,
+            labels=dataset.labels,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            max_tokens=max_tokens,
+        )
+    out: dict[int | None, EvalResult] = {}
+    for slot in wanted:
+        with use_slot(model, slot):
+            out[slot] = evaluate(
+                model,
+                tokenizer,
+                examples,
+                metric=dataset.metric,
+                labels=dataset.labels,
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
+            )
+    return out
+
+
+__all__ = [
+    "evaluate_adapters",
+    "evaluate_packed",
+    "packed_accuracy",
+    "packed_exact_match",
+    "packed_loss",
+]

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-from plora.engine.lora import RANK_ALIGN, PackedLoRALinear, peft_key
+from plora.engine.adapters import peft_key
+from plora.engine.lora import RANK_ALIGN, PackedLoRALinear
 from plora.engine.optim import ADAM_BETAS, ADAM_EPS
 
 # Columns of the per-slot host table; on the device, column _COEF (the clip factor) replaces
@@ -90,7 +91,7 @@ class PackedAdamW:
     """AdamW with per-slot lr, weight decay, step count and gradient clipping over packed layers.
 
     Args:
-        layers: ``{module name: PackedLoRALinear}`` (``plora.engine.lora.packed_layers``).
+        layers: ``{module name: PackedLoRALinear}`` (``plora.engine.adapters.packed_layers``).
         betas: ``(β1, β2)``, shared by every slot (transformers' defaults).
         eps: ``ε``.
 

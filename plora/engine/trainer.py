@@ -2,7 +2,7 @@
 
 Each step, adapter ``i`` draws its own batch ``b_i`` (its ``AdapterStream``: batch size, seed and
 order as if it trained alone); the rows of all adapters are packed into one batch whose rows
-``[start_i, stop_i)`` go through slot ``i`` only (:func:`plora.engine.lora.packed_segments`).
+``[start_i, stop_i)`` go through slot ``i`` only (:func:`plora.engine.adapters.packed_segments`).
 The loss is::
 
     L = Σ_i  (1 / N_i) Σ_{t ∈ b_i, label_t ≠ -100}  CE(logits_t, label_t)
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,13 +37,15 @@ import torch
 from torch import nn
 
 from plora.config import ConfigError, LoRAConfig
-from plora.engine import lora, optim
+from plora.engine import adapters, optim
+from plora.engine.batch import plan_micro_batches, target_count, truncate
+from plora.engine.checkpoint import adamw_slot_state, as_tuple, detached_copy
+from plora.engine.device import device_name, model_device, peak_memory
 from plora.engine.lora import _mix
 from plora.engine.loss import _to_device, packed_loss
 from plora.engine.packed_optim import PackedAdamW
-from plora.engine.records import AdapterStatus, PackProfile, StepMetrics, StepProfile
+from plora.engine.reports import AdapterStatus, PackProfile, StepMetrics, StepProfile
 
-_IGNORE = -100
 #: Format of :meth:`PackedTrainer.state_dict` (2: packed optimizer moments, PEFT-keyed).
 TRAIN_STATE_VERSION = 2
 
@@ -98,7 +99,7 @@ class PackedTrainer:
         profile_steps: int = 10,
         base_model_name_or_path: str | None = None,
     ) -> None:
-        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.device = torch.device(device) if device is not None else model_device(model)
         self.model = model.to(self.device)
         self.dataset = dataset
         self.train_examples = list(dataset.train)
@@ -120,9 +121,9 @@ class PackedTrainer:
         self.base_model_name_or_path = base_model_name_or_path or str(
             getattr(getattr(model, "config", None), "_name_or_path", "") or ""
         )
-        if not lora.packed_layers(model):
-            lora.inject(model)
-        self.layers = lora.packed_layers(model)
+        if not adapters.packed_layers(model):
+            adapters.inject(model)
+        self.layers = adapters.packed_layers(model)
         model.requires_grad_(False)
         model.train()
         if gradient_checkpointing:
@@ -176,7 +177,7 @@ class PackedTrainer:
             slot = next(i for i in range(len(used) + 1) if i not in used)
         elif slot in used:
             raise ValueError(f"slot {slot} is taken")
-        lora.add_adapter(self.model, slot, config)
+        adapters.add_adapter(self.model, slot, config)
         steps = optim.total_steps(config, len(self.train_examples))
         self.optimizer.add_slot(
             slot, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm
@@ -200,7 +201,7 @@ class PackedTrainer:
         """Forget a finished or stopped adapter and free its slot."""
         ad = self.adapters.pop(config_id)
         self.optimizer.remove_slot(ad.slot)
-        lora.remove_adapter(self.model, ad.slot)
+        adapters.remove_adapter(self.model, ad.slot)
 
     def _retire(self, ad: _Adapter, status: AdapterStatus) -> None:
         """Stop training ``ad``: its rows freeze (no update, no state) until released."""
@@ -219,7 +220,7 @@ class PackedTrainer:
         t0 = time.perf_counter()
         self.optimizer.sync()  # after adapters joined or left: adopt the new packed parameters
         batches = {ad.slot: self._draw(ad) for ad in active}
-        denoms = {s: max(1, sum(_n_targets(ex) for ex in exs)) for s, exs in batches.items()}
+        denoms = {s: max(1, sum(target_count(ex) for ex in exs)) for s, exs in batches.items()}
         while True:
             try:
                 ce_parts, micros, rows, padded, seq_len = self._accumulate(batches, denoms, active)
@@ -286,7 +287,7 @@ class PackedTrainer:
             tokens=tokens_total,
             padded_tokens=padded,
             micro_batches=len(micros),
-            peak_memory_bytes=_peak_memory(self.device),
+            peak_memory_bytes=peak_memory(self.device),
         )
         if len(self._profile) < self.profile_steps:
             self._profile.append(self.last_step)
@@ -299,7 +300,7 @@ class PackedTrainer:
         micro-batch, its slots and their CE sums (a float64 device tensor, read after the step).
         """
         ce_parts = []
-        micros = _plan_micro_batches(batches, self.max_rows)
+        micros = plan_micro_batches(batches, self.max_rows)
         rows = padded = seq_len = 0
         for m, micro in enumerate(micros):
             pb, keys = self._pack(micro, active)
@@ -307,7 +308,7 @@ class PackedTrainer:
             padded += pb.input_ids.numel()
             seq_len = max(seq_len, pb.input_ids.shape[1])
             nonce = _mix(self.global_step, m)
-            with lora.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
+            with adapters.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
                 loss, sums = self._forward_loss(pb, denoms)
                 loss.backward()
             del loss
@@ -318,7 +319,7 @@ class PackedTrainer:
     def _draw(self, ad: _Adapter) -> list[Any]:
         exs = [self.train_examples[i] for i in ad.stream.next_batch()]
         if self.seq_len is not None:
-            exs = [_truncate(ex, self.seq_len) for ex in exs]
+            exs = [truncate(ex, self.seq_len) for ex in exs]
         return exs
 
     def _pack(self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[_Adapter]):
@@ -360,7 +361,7 @@ class PackedTrainer:
                 if self.device.index is not None or self.device.type == "cpu"
                 else torch.device(self.device.type, torch.cuda.current_device())
             ),
-            device_name=_device_name(self.device),
+            device_name=device_name(self.device),
             dtype=str(self.autocast_dtype or torch.float32).removeprefix("torch."),
             ranks=tuple(a.config.rank for a in ads),
             batch_sizes=tuple(a.config.batch_size for a in ads),
@@ -375,15 +376,15 @@ class PackedTrainer:
         export_peft_adapter(
             path,
             config=ad.config,
-            weights=lora.adapter_state_dict(self.model, ad.slot),
+            weights=adapters.adapter_state_dict(self.model, ad.slot),
             base_model_name_or_path=self.base_model_name_or_path,
         )
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly: weights, optimizer, schedule, data, RNG."""
-        adapters = {}
+        per_adapter = {}
         for cid, ad in self.adapters.items():
-            adapters[cid] = {
+            per_adapter[cid] = {
                 "config": ad.config.to_dict(),
                 "slot": ad.slot,
                 "total_steps": ad.total_steps,
@@ -393,7 +394,7 @@ class PackedTrainer:
                 "losses": list(ad.losses),
                 "status": str(ad.status),
                 "stream": ad.stream.get_state(),
-                "weights": lora.adapter_state_dict(self.model, ad.slot),
+                "weights": adapters.adapter_state_dict(self.model, ad.slot),
                 "optimizer": (
                     self.optimizer.slot_state(ad.slot)
                     if ad.status is AdapterStatus.ACTIVE
@@ -406,10 +407,10 @@ class PackedTrainer:
         state = {
             "version": TRAIN_STATE_VERSION,
             "global_step": self.global_step,
-            "adapters": adapters,
+            "adapters": per_adapter,
             "rng": rng,
         }
-        return _detached_copy(state)
+        return detached_copy(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into this trainer (which must hold no adapters).
@@ -425,7 +426,7 @@ class PackedTrainer:
         for cid, st in sorted(state["adapters"].items(), key=lambda kv: kv[1]["slot"]):
             self.add(LoRAConfig.from_dict(st["config"]), slot=st["slot"])
             ad = self.adapters[cid]
-            lora.load_adapter_state_dict(self.model, ad.slot, st["weights"])
+            adapters.load_adapter_state_dict(self.model, ad.slot, st["weights"])
             ad.total_steps = st["total_steps"]
             ad.step, ad.tokens, ad.last_loss = st["step"], st["tokens"], st["last_loss"]
             ad.losses = list(st["losses"])
@@ -434,97 +435,17 @@ class PackedTrainer:
             if status is AdapterStatus.ACTIVE:
                 opt = st["optimizer"]
                 if version == 1:
-                    keys = list(lora.adapter_state_dict(self.model, ad.slot))
-                    opt = _from_torch_adamw(opt, keys)
+                    keys = list(adapters.adapter_state_dict(self.model, ad.slot))
+                    opt = adamw_slot_state(opt, keys)
                 if opt is not None:
                     self.optimizer.load_slot_state(ad.slot, opt)
             else:
                 self._retire(ad, status)
         self.global_step = state["global_step"]
         torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(_as_tuple(state["rng"]["python"]))
+        random.setstate(as_tuple(state["rng"]["python"]))
         if "cuda" in state["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-
-
-# --------------------------------------------------------------- helpers
-def _from_torch_adamw(state: dict[str, Any], keys: list[str]) -> dict[str, Any] | None:
-    """A version-1 ``torch.optim.AdamW`` state dict as :meth:`PackedAdamW.slot_state` output.
-
-    Its parameters were the adapter's factors in ``keys`` order (module order, A then B);
-    None when it took no step yet.
-    """
-    per = state["state"]
-    if not per:
-        return None
-    return {
-        "step": int(per[0]["step"]),
-        "exp_avg": {k: per[i]["exp_avg"] for i, k in enumerate(keys)},
-        "exp_avg_sq": {k: per[i]["exp_avg_sq"] for i, k in enumerate(keys)},
-    }
-
-
-def _plan_micro_batches(
-    batches: dict[int, list[Any]], max_rows: int | None
-) -> list[dict[int, tuple[int, list[Any]]]]:
-    """Split the step's rows (slot order) into micro-batches of at most ``max_rows`` rows.
-
-    Returns a list of ``{slot: (row offset in the slot's batch, examples)}``.
-    """
-    flat = [(slot, j, ex) for slot in sorted(batches) for j, ex in enumerate(batches[slot])]
-    size = max_rows or max(1, len(flat))
-    micros = []
-    for i in range(0, len(flat), size):
-        micro: dict[int, tuple[int, list[Any]]] = {}
-        for slot, j, ex in flat[i : i + size]:
-            micro.setdefault(slot, (j, []))[1].append(ex)
-        micros.append(micro)
-    return micros
-
-
-def _n_targets(ex: Any) -> int:
-    return sum(1 for y in ex.labels[1:] if y != _IGNORE)
-
-
-def _truncate(ex: Any, n: int) -> Any:
-    if len(ex.input_ids) <= n:
-        return ex
-    return dataclasses.replace(ex, input_ids=list(ex.input_ids[:n]), labels=list(ex.labels[:n]))
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return "cpu"
-
-
-def _peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _detached_copy(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _detached_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_detached_copy(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_detached_copy(v) for v in obj)
-    return obj
-
-
-def _as_tuple(obj: Any) -> Any:
-    return tuple(_as_tuple(v) for v in obj) if isinstance(obj, list | tuple) else obj
 
 
 __all__ = [

@@ -10,7 +10,7 @@ of a few milliseconds per training step on a CPU.
 A randomly initialised base model knows nothing, and LoRA on a random base learns almost
 nothing in 100 steps (measured: eval loss stays at ~4.0 nats, near uniform over 100 tokens).
 So the base is *pretrained*: a fixed recipe of :data:`PRETRAIN_STEPS` full-parameter AdamW
-steps on text from every builtin task (:func:`plora.engine.tasks.task_corpus`), from
+steps on text from every builtin task (:func:`plora.tasks.task_corpus`), from
 ``torch.manual_seed(seed)`` weights. The base then knows the byte statistics and the task
 formats but is weak at each task (arithmetic exact match: tiny-qwen2 12 %, tiny-llama 24 %;
 eval loss ~1 nat/token), so LoRA fine-tuning has something to adapt and hyperparameters
@@ -150,7 +150,7 @@ def _pretrained_model(name: str, cfg: PretrainedConfig) -> torch.nn.Module:
 
 @functools.cache
 def _corpus() -> list[str]:
-    from plora.engine.tasks import task_corpus
+    from plora.tasks import task_corpus
 
     return task_corpus(2000, PRETRAIN_CORPUS_SEED)
 

@@ -38,8 +38,7 @@ from plora.planner.ilp import (
     make_pack,
     solve_pack,
 )
-from plora.planner.schedule import check_feasible
-from plora.planner.timeline import Start, to_jobs
+from plora.planner.timeline import Start, check_feasible, to_jobs
 from plora.planner.types import Baseline, Objective, Plan
 
 
@@ -66,6 +65,7 @@ def min_gpu_starts(table: ClassTable, num_gpus: int, groups: Groups | None = Non
     for c, members in enumerate(table.members):
         by_d = sorted({o.d for o in table.options if o.d <= num_gpus and o.fits[c]})
         pack = _fastest_single(table, c, [o for o in table.options if o.d == by_d[0]])
+        assert pack is not None  # some option of width by_d[0] fits c
         jobs.extend([pack] * len(members))
     waiting = sorted(jobs, key=lambda p: -p.time)
     free, events, now, started = list(range(num_gpus)), [], 0.0, []

@@ -81,8 +81,8 @@ class DTM:
         self.solver = solver
         self.node_budget = node_budget
         self.budget_hit = False
-        self._packs: dict[tuple, Pack | None] = {}
-        self._policies: dict[tuple, Policy] = {}
+        self._packs: dict[tuple[object, ...], Pack | None] = {}
+        self._policies: dict[tuple[object, ...], Policy] = {}
         self._nodes = 0
 
     def best_pack(self, d: int, counts: tuple[int, ...], time_cap: float) -> Pack | None:
@@ -144,6 +144,7 @@ class DTM:
                     if not t:
                         continue
                     shrunk = make_pack(table, p.option, _moved(p.take, c, -1))
+                    assert shrunk is not None  # p had two or more configs
                     base = shrunk.ratio - p.ratio
                     targets: list[tuple[int | None, Pack | None]] = [
                         (j, make_pack(table, packs[j].option, _moved(packs[j].take, c, +1)))

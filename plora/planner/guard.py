@@ -157,8 +157,8 @@ def continue_plan(
     degrees = [1] + [job.gpus for job, _ in queue]
     groups = Groups(num_gpus, startup_times(cost, degrees), resident)
     if groups.track:
-        for _, ids in busy[: len(running)]:
-            groups.set(ids)
+        for _, held_ids in busy[: len(running)]:
+            groups.set(held_ids)
     covered = [by_id[c] for _, ids in queue for c in ids]
     if covered:
         table = build_classes(covered, cost, num_gpus)
@@ -188,8 +188,8 @@ def continue_plan(
             heapq.heappush(events, (end, gpu_ids))
             queue.remove((job, ids))
         if queue:
-            t, ids = heapq.heappop(events)
-            free.extend(ids)
+            t, freed = heapq.heappop(events)
+            free.extend(freed)
             while events and events[0][0] <= t:
                 free.extend(heapq.heappop(events)[1])
             free.sort()

@@ -111,8 +111,8 @@ def build_classes(
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ConfigError(f"configs: config_id {dup!r} appears twice; config ids must be unique")
     opts = degrees(num_gpus, list(cost.strategies()))
-    sig: dict[tuple, list[LoRAConfig]] = {}
-    rows: dict[tuple, tuple[float, int, list[float], list[float]]] = {}
+    sig: dict[tuple[float, ...], list[LoRAConfig]] = {}
+    rows: dict[tuple[float, ...], tuple[float, int, list[float], list[float], float]] = {}
     for cfg in configs:
         work = float(cost.config_work(cfg))
         value = work if objective is Objective.WORK else float(cfg.rank)
@@ -176,7 +176,9 @@ class Pack:
         return self.value / self.time
 
 
-def make_pack(table: ClassTable, option: DegreeCosts, take: Sequence[int]) -> Pack | None:
+def make_pack(
+    table: ClassTable, option: DegreeCosts, take: Sequence[int] | np.ndarray
+) -> Pack | None:
     """The :class:`Pack` taking ``take[c]`` configs of class c on ``option``; None if empty."""
     x = np.asarray(take, dtype=np.int64)
     if not x.any():
@@ -228,7 +230,15 @@ class KnapsackSolver:
             self.notes.append(text)
 
     def __call__(
-        self, profit, mem, time, count, mem_cap, time_cap, *, exact: bool = True
+        self,
+        profit: Sequence[float],
+        mem: Sequence[float],
+        time: Sequence[float],
+        count: Sequence[int],
+        mem_cap: float,
+        time_cap: float,
+        *,
+        exact: bool = True,
     ) -> tuple[list[int], float]:
         """Solve one knapsack; ``exact=False`` accepts branch and bound's best past its limit."""
         args = (profit, mem, time, count, mem_cap, time_cap)

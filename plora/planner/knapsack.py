@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
+
+#: A knapsack backend: ``(profit, mem, time, count, mem_cap, time_cap) -> (x, value)``.
+KnapsackFn = Callable[..., tuple[list[int], float]]
 
 #: Relative optimality tolerance of every backend.
 REL_TOL = 1e-12
@@ -221,14 +225,19 @@ def _scaled_rows(
     return np.vstack(rows), np.asarray(rhs)
 
 
-def _finish(x_raw: Sequence[float], profit: np.ndarray) -> tuple[list[int], float]:
+def _finish(x_raw: Any, profit: np.ndarray) -> tuple[list[int], float]:
     x = [round(float(v)) for v in x_raw]
     return x, float(np.dot(profit, x))
 
 
 def _fitting(
-    profit, mem, time, count, mem_cap: float, time_cap: float
-) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    profit: Sequence[float],
+    mem: Sequence[float],
+    time: Sequence[float],
+    count: Sequence[int],
+    mem_cap: float,
+    time_cap: float,
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """Items that fit alone (others are 0 in every solution) and their data; keeps the
     scaled rows of the MILPs at most 1."""
     p, a, b = (np.asarray(v, dtype=float) for v in (profit, mem, time))
@@ -237,10 +246,17 @@ def _fitting(
     return np.flatnonzero(keep), (p[keep], a[keep], b[keep], n[keep])
 
 
-def _milp(backend):
+def _milp(backend: KnapsackFn) -> KnapsackFn:
     """Run a MILP backend on the items that fit alone; map the solution back."""
 
-    def run(profit, mem, time, count, mem_cap, time_cap=math.inf):
+    def run(
+        profit: Sequence[float],
+        mem: Sequence[float],
+        time: Sequence[float],
+        count: Sequence[int],
+        mem_cap: float,
+        time_cap: float = math.inf,
+    ) -> tuple[list[int], float]:
         m = len(profit)
         if m == 0 or mem_cap < 0 or time_cap < 0:
             return [0] * m, 0.0
@@ -276,7 +292,7 @@ def _solve_highs(
     p = np.asarray(profit, dtype=float)
     m = len(p)
     rows, rhs = _scaled_rows(np.asarray(mem, float), np.asarray(time, float), mem_cap, time_cap)
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]
     for key, value in (
         ("output_flag", False),
         ("mip_rel_gap", 0.0),
@@ -330,7 +346,7 @@ def _solve_cvxpy(
     x = cp.Variable(m, boolean=True) if np.all(counts == 1) else cp.Variable(m, integer=True)
     cons = [rows @ x <= rhs, x >= 0, x <= counts]
     prob = cp.Problem(cp.Maximize(p @ x), cons)
-    prob.solve(solver=cp.HIGHS, mip_rel_gap=0.0, mip_abs_gap=0.0)
+    prob.solve(solver=cp.HIGHS, mip_rel_gap=0.0, mip_abs_gap=0.0)  # type: ignore[no-untyped-call]
     if prob.status != cp.OPTIMAL:
         raise RuntimeError(f"cvxpy/HiGHS knapsack MILP ended with status {prob.status}")
     return _finish(x.value, p)

@@ -35,43 +35,16 @@ from collections.abc import Sequence
 
 from plora.config import LoRAConfig
 from plora.cost import CostModel
+from plora.planner.baselines import min_gpu_starts
 from plora.planner.bounds import lower_bound, ratio_bound
 from plora.planner.dtm import DTM
 from plora.planner.groups import Groups
 from plora.planner.ilp import ClassTable, KnapsackSolver, build_classes
-from plora.planner.timeline import Start, rebalance, to_jobs
-from plora.planner.types import GIB, Job, NoFeasibleJobError, Objective, Plan
+from plora.planner.timeline import Start, check_feasible, rebalance, to_jobs
+from plora.planner.types import Job, Objective, Plan
 
 #: Deadlines tried, as multiples of the lower bound (``inf``: the paper's Alg. 2).
 DEADLINE_FACTORS = (math.inf, 1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.6, 2.0)
-
-
-def check_feasible(table: ClassTable, num_gpus: int) -> None:
-    """Raise :class:`NoFeasibleJobError` for the first config that fits no allowed (d, s)."""
-    for c, members in enumerate(table.members):
-        if any(opt.fits[c] and opt.d <= num_gpus for opt in table.options):
-            continue
-        one = table.options[0]
-        need = (one.base + one.mem[c]) / GIB
-        msg = (
-            f"config {members[0].config_id}: needs {need:.1f} GiB per GPU on 1 GPU "
-            f"(base {one.base / GIB:.1f} + adapter {one.mem[c] / GIB:.1f}) "
-            f"but capacity is {one.capacity / GIB:.1f} GiB"
-        )
-        wide = [o for o in table.options if o.d > 1 and o.d <= num_gpus]
-        if wide:
-            o = min(wide, key=lambda o: (o.base + o.mem[c]) - o.capacity)
-            msg += (
-                f" ({(o.base + o.mem[c]) / GIB:.1f} vs {o.capacity / GIB:.1f} GiB "
-                f"on {o.d} GPUs with {o.strategy})"
-            )
-            fix = "use GPUs with more memory, more GPUs, or a smaller rank/batch_size/seq_len"
-        else:
-            fix = (
-                "use GPUs with more memory, a smaller rank/batch_size/seq_len, "
-                "or allow multi-GPU jobs (planner.strategies: [tp] or [fsdp])"
-            )
-        raise NoFeasibleJobError(f"{msg}; {fix}")
 
 
 def simulate(
@@ -249,8 +222,6 @@ def replan(
     )  # fmt: skip
     if not busy and started:
         # Safety net: packing is predicted to help, but never plan worse than Min GPU.
-        from plora.planner.baselines import min_gpu_starts
-
         alone = min_gpu_starts(table, num_gpus, groups)
         span = max(s.end for s in started)
         alone_span = max(s.end for s in alone)

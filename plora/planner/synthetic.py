@@ -72,7 +72,8 @@ class AffineCostModel:
     def steps(self, config: LoRAConfig) -> int:
         if config.max_steps is not None:
             return config.max_steps
-        return max(1, math.ceil(config.epochs * self.dataset_size / config.batch_size))
+        epochs = float(config.epochs or 0.0)  # LoRAConfig: exactly one of max_steps, epochs
+        return max(1, math.ceil(epochs * self.dataset_size / config.batch_size))
 
     def _eff(self, d: int, strategy: Strategy) -> float:
         return self.efficiency[strategy] ** math.log2(d) if d > 1 else 1.0

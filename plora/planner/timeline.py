@@ -1,4 +1,5 @@
-"""The simulated timeline of a plan: :class:`Start` records, tail repair, and :class:`Job` s.
+"""The simulated timeline of a plan, shared by the job planner and the baselines: the
+feasibility check, :class:`Start` records, tail repair, and :class:`Job` s.
 
 Tail repair (:func:`rebalance`, our extension of the paper): after each simulation of Alg. 2,
 configs move out of the job that ends last -- into a job that is last on its GPUs, or into a
@@ -15,7 +16,35 @@ from dataclasses import dataclass
 
 from plora.planner.groups import Groups
 from plora.planner.ilp import ClassTable, Pack, make_pack
-from plora.planner.types import GIB, MEM_RTOL, Job
+from plora.planner.types import GIB, MEM_RTOL, Job, NoFeasibleJobError
+
+
+def check_feasible(table: ClassTable, num_gpus: int) -> None:
+    """Raise :class:`NoFeasibleJobError` for the first config that fits no allowed (d, s)."""
+    for c, members in enumerate(table.members):
+        if any(opt.fits[c] and opt.d <= num_gpus for opt in table.options):
+            continue
+        one = table.options[0]
+        need = (one.base + one.mem[c]) / GIB
+        msg = (
+            f"config {members[0].config_id}: needs {need:.1f} GiB per GPU on 1 GPU "
+            f"(base {one.base / GIB:.1f} + adapter {one.mem[c] / GIB:.1f}) "
+            f"but capacity is {one.capacity / GIB:.1f} GiB"
+        )
+        wide = [o for o in table.options if o.d > 1 and o.d <= num_gpus]
+        if wide:
+            o = min(wide, key=lambda o: (o.base + o.mem[c]) - o.capacity)
+            msg += (
+                f" ({(o.base + o.mem[c]) / GIB:.1f} vs {o.capacity / GIB:.1f} GiB "
+                f"on {o.d} GPUs with {o.strategy})"
+            )
+            fix = "use GPUs with more memory, more GPUs, or a smaller rank/batch_size/seq_len"
+        else:
+            fix = (
+                "use GPUs with more memory, a smaller rank/batch_size/seq_len, "
+                "or allow multi-GPU jobs (planner.strategies: [tp] or [fsdp])"
+            )
+        raise NoFeasibleJobError(f"{msg}; {fix}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +134,7 @@ def rebalance(
                 if any(g in starts[a].gpu_ids for g in ids) and shrunk is not None:
                     continue
                 single = make_pack(table, opt, [int(k == c) for k in range(len(table.members))])
+                assert single is not None  # one config: never empty
                 block = tuple(sorted(ids))
                 left = {**after, **without_a} if shrunk is None else after
                 warm = init.track and not init.never_warm
@@ -117,11 +147,15 @@ def rebalance(
                     best = (new, c, None, single, Start(single, begin, block, wait))
         if best is None:
             break
-        _, c, b, grown, fresh = best
+        _, c, target, grown, fresh = best
         shrunk = _with(starts[a].pack, c, -1, table)
-        if b is not None:
-            starts[b] = Start(grown, starts[b].start, starts[b].gpu_ids, starts[b].startup)
+        if target is not None:
+            assert grown is not None
+            starts[target] = Start(
+                grown, starts[target].start, starts[target].gpu_ids, starts[target].startup
+            )
         else:
+            assert fresh is not None
             starts.append(fresh)
         if shrunk is None:
             starts.pop(a)
@@ -175,4 +209,4 @@ def to_jobs(table: ClassTable, started: Sequence[Start], *, prefix: str = "j") -
     return tuple(jobs)
 
 
-__all__ = ["Start", "rebalance", "to_jobs"]
+__all__ = ["Start", "check_feasible", "rebalance", "to_jobs"]

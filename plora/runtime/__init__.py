@@ -1,6 +1,6 @@
 """The Ray runtime: run a sweep's packed jobs, watch them, re-plan as they end.
 
-* :func:`run_sweep` (:mod:`.sweep`) -- what ``plora sweep`` calls: validate, create the sweep
+* :func:`run_sweep` (:mod:`.driver`) -- what ``plora sweep`` calls: validate, create the sweep
   dir, run jobs on resident worker groups, feed the coordinator, ``--resume``.
 * :class:`Coordinator` (:mod:`.coordinator`) -- the event-driven brain (no Ray): config queue,
   plan, free GPUs, refits, re-plans, refills, retries, OOM splits; every decision logged.
@@ -8,9 +8,12 @@
   one :class:`~.worker.PackWorker` per GPU holding the base model (``plora.engine.PackSession``)
   for every job booked on those GPUs.
 * :mod:`.measure` -- streamed step times and overhead seconds the cost model is refit from.
-* :mod:`.monitor` -- Ray connection, GPU pool checks, the relay actor between workers and the
-  coordinator.
-* :class:`SweepStore` (:mod:`.store`) -- the sweep directory (Parquet/JSON, atomic writes).
+* :mod:`.cluster` -- Ray connection and GPU pool checks; :mod:`.relay` -- the relay actor between
+  workers and the coordinator.
+* :mod:`.refill` -- which queued configs refill a running job, how an OOM pack is split;
+  :mod:`.costs` -- the coordinator's questions to the cost model (estimates, refits, profiles);
+  :mod:`.ledger` -- the rows it writes; :mod:`.records` -- its typed decisions and job specs.
+* The sweep directory it writes is :mod:`plora.sweepdir` (:class:`~plora.sweepdir.SweepStore`).
 
 Submodules load lazily: ``import plora.runtime`` does not import Ray.
 """
@@ -28,10 +31,10 @@ _EXPORTS = {
     "JobSpec": "plora.runtime.records",
     "JobStatus": "plora.runtime.records",
     "StaticSource": "plora.runtime.records",
-    "RunOptions": "plora.runtime.sweep",
-    "SweepSummary": "plora.runtime.sweep",
-    "run_sweep": "plora.runtime.sweep",
-    "SweepStore": "plora.runtime.store",
+    "RunOptions": "plora.runtime.driver",
+    "SweepSummary": "plora.runtime.driver",
+    "run_sweep": "plora.runtime.driver",
+    "SweepStore": "plora.sweepdir.store",
 }
 
 

@@ -5,14 +5,14 @@ events -- :meth:`~Coordinator.start`, :meth:`~Coordinator.on_reports`,
 :meth:`~Coordinator.on_job_finished`, :meth:`~Coordinator.on_job_failed`,
 :meth:`~Coordinator.stop_config` -- and each returns the :class:`JobSpec` s to launch now.
 :meth:`~Coordinator.poll` gives a running job its control (stop one adapter, refill a free
-slot). It does no Ray calls: it runs in the driver (:mod:`plora.runtime.sweep`), next to the sweep
+slot). It does no Ray calls: it runs in the driver (:mod:`plora.runtime.driver`), next to the sweep
 directory it writes, and workers reach it through the named relay actor
-:class:`plora.runtime.monitor.CoordinatorActor` (metrics in, control out).
+:class:`plora.runtime.relay.CoordinatorActor` (metrics in, control out).
 
 Resident workers. The driver keeps one worker group per GPU that loaded the base model once
 (:meth:`~Coordinator.on_group_started` / :meth:`~Coordinator.on_group_ready`); jobs are entries
 of the plan run on them. While configs are queued and no GPU is idle, a config that ends frees
-its slot for the next queued config in plan order (:func:`plora.runtime.policy.choose_refills`),
+its slot for the next queued config in plan order (:func:`plora.runtime.refill.choose_refills`),
 even if that makes the job run on: on a resident worker that is a next job without the wait.
 
 Online re-planning. A few steps into the first job (calibration) and whenever GPUs are freed (a
@@ -38,7 +38,7 @@ from plora.config import LoRAConfig
 from plora.cost.overheads import EvalMetric
 from plora.engine.api import Control, PackOutcome, StepReport
 from plora.planner.guard import PlanChoiceKind, choose_plan, continue_plan
-from plora.runtime.costview import (
+from plora.runtime.costs import (
     cost_strategy,
     describe_cost,
     job_memory,
@@ -55,7 +55,6 @@ from plora.runtime.ledger import (
     upsert_job_row,
 )
 from plora.runtime.measure import Measurements
-from plora.runtime.policy import choose_refills, split_halves
 from plora.runtime.records import (
     ConfigSource,
     ConfigStatus,
@@ -68,7 +67,9 @@ from plora.runtime.records import (
     decode_state,
     encode_state,
 )
-from plora.runtime.store import SweepStore
+from plora.runtime.refill import choose_refills, split_halves
+from plora.runtime.residency import Residency
+from plora.sweepdir.store import SweepStore
 
 _DONE = (ConfigStatus.DONE, ConfigStatus.STOPPED, ConfigStatus.FAILED)
 
@@ -153,10 +154,8 @@ class Coordinator:
         self.running: dict[str, _Running] = {}
         self.free_gpus: set[int] = set(range(num_gpus))
         self.measure = Measurements(calibration_steps=calibration_steps)
-        self.groups: set[tuple[int, ...]] = set()
-        """Resident worker groups (their GPU ids) that hold the base model: no start-up cost."""
-        self.starting: dict[tuple[int, ...], float] = {}
-        """Worker groups still starting, with the time they are predicted ready."""
+        self.residency = Residency()
+        """Resident worker groups (warm GPUs) and groups still starting."""
         self.job_rows: list[dict[str, Any]] = []
         self.decisions: list[DecisionRecord] = []
         self._next_job = 0
@@ -294,20 +293,19 @@ class Coordinator:
         """The driver asked for a worker group on ``gpu_ids`` ``elapsed_s`` ago (a group
         started before the sweep's first plan, while the driver read the dataset); until it is
         ready the plan treats its GPUs as busy until ``cost.startup_time(d)`` after the request."""
-        self._drop_groups(gpu_ids)
         key = tuple(sorted(gpu_ids))
         startup = getattr(self.cost, "startup_time", None)
         left = float(startup(len(key))) - elapsed_s if startup is not None else 0.0
-        self.starting[key] = self.now() + max(left, 0.0)
+        ready_at = self.now() + max(left, 0.0)
+        self.residency.start(key, ready_at=ready_at)
         self._decide(Decision.START_WORKERS, gpu_ids=list(key), elapsed_s=elapsed_s,
-                     ready_at_s=self.starting[key])  # fmt: skip
+                     ready_at_s=ready_at)  # fmt: skip
 
     def on_group_ready(
         self, gpu_ids: Sequence[int], *, ready_s: float, load_s: float, node: str | None
     ) -> None:
         """A worker group loaded the base model: its GPUs are warm; start-up was measured."""
-        self._drop_groups(gpu_ids)
-        self.groups.add(tuple(sorted(gpu_ids)))
+        self.residency.ready(gpu_ids)
         if self.running:  # running jobs' predicted ends had the start-up left in them
             self._retime_running()
         self.measure.add_group_ready(ready_s=ready_s, load_s=load_s)
@@ -317,42 +315,20 @@ class Coordinator:
 
     def on_group_lost(self, gpu_ids: Sequence[int]) -> None:
         """A worker group was torn down (a worker died, or its GPUs are needed at another d)."""
-        self._drop_groups(gpu_ids)
+        self.residency.drop(gpu_ids)
 
     @property
     def warm_gpus(self) -> set[int]:
         """GPUs of a resident worker group."""
-        return {g for group in self.groups for g in group}
-
-    def _drop_groups(self, gpu_ids: Sequence[int]) -> None:
-        self.groups = {g for g in self.groups if not set(g) & set(gpu_ids)}
-        self.starting = {g: t for g, t in self.starting.items() if not set(g) & set(gpu_ids)}
+        return self.residency.warm_gpus
 
     def _ready_at(self, gpu_ids: Sequence[int]) -> float:
-        """When a worker group on exactly ``gpu_ids`` is predicted ready: now for a resident
-        one, its predicted time for one starting, else now + ``cost.startup_time(d)`` (the
-        driver starts one for the job)."""
-        key, now = tuple(sorted(gpu_ids)), self.now()
-        if key in self.groups:
-            return now
-        if key in self.starting:
-            return max(self.starting[key], now)
         startup = getattr(self.cost, "startup_time", None)
-        return now + (float(startup(len(key))) if startup is not None else 0.0)
+        return self.residency.ready_at(gpu_ids, now=self.now(), startup_time=startup)
 
     def _starting_idle(self) -> list[Any]:
-        """Groups still starting that no job runs on, as placeholder jobs holding their GPUs
-        until they are ready (what the planner should see of them)."""
-        from plora.planner import Job
-
-        used = {g for r in self.running.values() for g in r.spec.gpu_ids}
-        now = self.now()
-        idle = [(ids, t) for ids, t in sorted(self.starting.items()) if not set(ids) & used]
-        return [
-            Job(job_id=f"start{ids}", config_ids=(), gpus=len(ids), strategy=None, start_s=now,
-                end_s=max(t, now), memory_gib_per_gpu=0.0, gpu_ids=ids)
-            for ids, t in idle
-        ]  # fmt: skip
+        busy = {g for r in self.running.values() for g in r.spec.gpu_ids}
+        return self.residency.idle_starting(busy=busy, now=self.now())
 
     def stop_config(self, config_id: str, *, reason: str = "requested") -> None:
         """Stop one config: dropped from the queue, or from its running job at the next poll."""
@@ -530,7 +506,7 @@ class Coordinator:
             return
         now = self.now()
         starting = self._starting_idle()
-        resident = sorted(self.groups | {j.gpu_ids for j in starting})
+        resident = sorted(self.residency.groups | {j.gpu_ids for j in starting})
         choice = None
         if self._plans == 0 and not self.running and not starting:
             plan = self.planner.plan_sweep(remaining, self.cost, self.num_gpus, resident=resident)

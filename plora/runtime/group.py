@@ -23,12 +23,12 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from plora.config import ConfigError
+from plora.config import SUPPORTED_STRATEGIES, ConfigError
 from plora.engine.api import EngineSpec, PackEngine, PackRequest
 from plora.runtime.worker import PackWorker, WorkerInfo
 
-#: Strategies a group's workers can run for d > 1 (none until plora.parallel's engine lands).
-RUNTIME_STRATEGIES: frozenset[str] = frozenset()
+#: Strategies a group's workers can run for d > 1 (:data:`plora.config.SUPPORTED_STRATEGIES`).
+RUNTIME_STRATEGIES: frozenset[str] = frozenset(str(s) for s in SUPPORTED_STRATEGIES)
 
 
 class UnsupportedJobError(RuntimeError):

@@ -13,6 +13,7 @@ from typing import Any
 from plora.config import LoRAConfig
 from plora.engine.api import StepReport
 from plora.runtime.records import ConfigStatus, JobSpec, JobStatus
+from plora.sweepdir.schema import JOB_TIMINGS
 
 
 def metric_rows(job_id: str, report: StepReport, now: float) -> list[dict[str, Any]]:
@@ -94,10 +95,6 @@ def job_row(
         **{k: _f(t.get(k)) for k in JOB_TIMINGS},
         "model_loads": None if "model_loads" not in t else int(t["model_loads"]),
     }
-
-
-#: The per-phase seconds of a job in ``jobs.parquet`` (``plora.engine.api.JobTimings``).
-JOB_TIMINGS = ("load_s", "start_s", "train_s", "eval_s", "export_s", "checkpoint_s")
 
 
 def upsert_job_row(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from plora.runtime.store import SweepStore
+from plora.sweepdir.store import SweepStore
 
 
 def _fmt_s(s: float | None) -> str:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import base64
 import json
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from plora.config import LoRAConfig
+from plora.sweepdir.schema import ConfigStatus, JobStatus
+from plora.tune.source import ConfigSource, StaticSource
 
 
 class Decision(StrEnum):
@@ -54,27 +56,6 @@ class Decision(StrEnum):
     """The driver restarted from the sweep dir; interrupted jobs resume from checkpoints."""
     SWEEP_DONE = "sweep_done"
     """Every config is done, stopped or failed and the searcher is finished."""
-
-
-class ConfigStatus(StrEnum):
-    """Where one config is."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-    STOPPED = "stopped"
-    FAILED = "failed"
-
-
-class JobStatus(StrEnum):
-    """Where one job attempt is."""
-
-    RUNNING = "running"
-    DONE = "done"
-    DIED = "died"
-    OOM = "oom"
-    FAILED = "failed"
-    INTERRUPTED = "interrupted"
 
 
 class FailureKind(StrEnum):
@@ -127,56 +108,6 @@ class JobSpec:
     @property
     def config_ids(self) -> tuple[str, ...]:
         return tuple(c.config_id for c in self.configs)
-
-
-@runtime_checkable
-class ConfigSource(Protocol):
-    """Where configs come from: the searcher bridge (``plora.tune.search``) or a fixed list."""
-
-    def ask(self, n: int) -> list[LoRAConfig]:
-        """Up to ``n`` new configs; empty when exhausted or waiting for results."""
-        ...
-
-    def tell(self, config_id: str, metrics: dict[str, Any]) -> None:
-        """Report a finished config's metrics."""
-        ...
-
-    def is_finished(self) -> bool:
-        """True when no config will ever come again."""
-        ...
-
-    def get_state(self) -> Any: ...
-
-    def set_state(self, state: Any) -> None: ...
-
-
-class StaticSource:
-    """A :class:`ConfigSource` over a fixed list of configs (grid-like, in order)."""
-
-    def __init__(self, configs: Sequence[LoRAConfig]) -> None:
-        ids = [c.config_id for c in configs]
-        if len(set(ids)) != len(ids):
-            dup = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"duplicate config ids: {', '.join(dup)}")
-        self._configs = list(configs)
-        self._next = 0
-
-    def ask(self, n: int) -> list[LoRAConfig]:
-        out = self._configs[self._next : self._next + max(n, 0)]
-        self._next += len(out)
-        return out
-
-    def tell(self, config_id: str, metrics: dict[str, Any]) -> None:
-        return None
-
-    def is_finished(self) -> bool:
-        return self._next >= len(self._configs)
-
-    def get_state(self) -> dict[str, Any]:
-        return {"next": self._next}
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        self._next = int(state["next"])
 
 
 def encode_state(obj: Any) -> Any:

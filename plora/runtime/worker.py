@@ -47,7 +47,7 @@ class RelayHooks:
     """The engine's :class:`~plora.engine.api.PackHooks`, talking to the coordinator relay.
 
     Args:
-        relay: The :class:`plora.runtime.monitor.CoordinatorActor` handle.
+        relay: The :class:`plora.runtime.relay.CoordinatorActor` handle.
         job_id: This job's id (the relay keys control and reports by it).
         flush_every_s: Send buffered reports at most this often (and before every poll).
         poll_every_s: Ask for control at most this often (0: every step).
@@ -98,7 +98,7 @@ class PackWorker:
         world_size: d, the group's GPU count.
         relay: The coordinator relay actor handle.
         engine: The engine class (``engine(spec)`` loads the base model; a ``PackEngine``);
-            None: :class:`plora.engine.pack.PackSession`, imported in the worker (the driver
+            None: :class:`plora.engine.run.PackSession`, imported in the worker (the driver
             need not import torch to start workers).
         spec: What the engine loads.
         threads: ``torch.set_num_threads`` on CPU (1 keeps concurrent workers from
@@ -149,7 +149,7 @@ class PackWorker:
         t0 = time.perf_counter()
         try:
             if self._engine_cls is None:
-                from plora.engine.pack import PackSession
+                from plora.engine.run import PackSession
 
                 self._engine_cls = PackSession
             self.engine = self._engine_cls(self._spec)

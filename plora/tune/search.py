@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from plora.config import ConfigError, LoRAConfig, SweepConfig
-from plora.runtime.records import StaticSource
+from plora.tune.source import StaticSource
 
 
 def default_max_concurrent(num_samples: int) -> int:
@@ -49,7 +49,7 @@ class SearcherSource:
     def ask(self, n: int) -> list[LoRAConfig]:
         from ray.tune.search import Searcher
 
-        from plora.space import config_from_tune
+        from plora.tune.space import config_from_tune
 
         out: list[LoRAConfig] = []
         while len(out) < n and not self.is_finished() and len(self._pending) < self.max_concurrent:
@@ -113,7 +113,7 @@ class SearcherSource:
 
 def make_searcher(sweep: SweepConfig) -> Any:
     """The Ray Tune searcher named by ``sweep.search``, given the space, metric, mode and seed."""
-    from plora.space import to_tune_param_space
+    from plora.tune.space import to_tune_param_space
 
     space = to_tune_param_space(sweep.space, grid_as_choice=True)
     mode = sweep.mode or ("max" if sweep.metric == "eval_metric" else "min")
@@ -147,7 +147,7 @@ def make_config_source(
 ) -> StaticSource | SearcherSource:
     """The sweep's config source: grid/random expansion or an adaptive Tune searcher."""
     if str(sweep.search) in ("grid", "random"):
-        from plora.space import expand
+        from plora.tune.space import expand
 
         return StaticSource(expand(sweep))
     limit = max_concurrent or default_max_concurrent(sweep.num_samples)

@@ -21,7 +21,7 @@ from _engine_testlib import (
 
 from plora.config import LoRAConfig
 from plora.engine import fused, lora
-from plora.engine.lora import adapter_state_dict
+from plora.engine.adapters import adapter_state_dict
 from plora.engine.trainer import PackedTrainer
 
 pytestmark = pytest.mark.gpu

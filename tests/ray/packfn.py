@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from plora.engine.api import (
+    AdapterStatus,
     ConfigResult,
-    ConfigStatus,
     EngineSpec,
     JobTimings,
     OutcomeStatus,
@@ -28,7 +28,7 @@ from plora.engine.api import (
     PackRequest,
     StepReport,
 )
-from plora.engine.records import StepMetrics, StepProfile
+from plora.engine.reports import StepMetrics, StepProfile
 from plora.utils import atomic_write_json
 
 LOADS = 0
@@ -121,7 +121,7 @@ class PackFnEngine:
             path.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path / "adapter.json", {"w": s["w"]})
             err = float(((x @ torch.tensor(s["w"]) - y) ** 2).mean())
-            status = ConfigStatus.COMPLETED if s["status"] == "done" else ConfigStatus.STOPPED
+            status = AdapterStatus.COMPLETED if s["status"] == "done" else AdapterStatus.STOPPED
             results[cid] = ConfigResult(config_id=cid, status=status, steps=s["step"], tokens=64 * s["step"],
                                         final_train_loss=s["loss"], eval_loss=err, eval_metric=-err,
                                         adapter_path=str(path), eval_s=0.001, export_s=0.001)  # fmt: skip

@@ -25,7 +25,7 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
     from transformers import AutoModelForCausalLM
 
     from plora.config import SweepConfig
-    from plora.space import expand
+    from plora.tune.space import expand
 
     address = ray_cluster.get_runtime_context().gcs_address
     out = tmp_path / "qs"
@@ -43,6 +43,12 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
     for c in configs:
         row = res.loc[c.config_id]
         assert row["steps"] == c.max_steps and row["rank"] == c.rank and row["lr"] == c.lr
+    # the tables are what plora.sweepdir.schema says: columns in order, dtypes
+    from plora.sweepdir import schema
+
+    for name, dtypes in schema.TABLES.items():
+        table = pd.read_parquet(out / name)
+        assert dict(table.dtypes.astype(str)) == dtypes, name
     m = pd.read_parquet(out / "metrics.parquet")
     assert m.groupby("config_id")["step"].max().to_dict() == {
         c.config_id: c.max_steps for c in configs
@@ -73,7 +79,7 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
     # the plan tells the truth: its makespan (worker start, model load, steps, evaluation,
     # export and checkpoints; Ray's own start is before the sweep clock and not in either) is
     # within 25 % of the sweep's measured time, from the plan to sweep_done
-    from plora.runtime.store import SweepStore
+    from plora.sweepdir.store import SweepStore
 
     decisions = SweepStore(out).read_decisions()
     plan = next(d for d in decisions if d["kind"] == "plan")
@@ -98,11 +104,11 @@ def test_engine_job_survives_a_killed_worker(ray_cluster, tmp_path) -> None:
     import ray
 
     from plora.config import SweepConfig
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
+    from plora.runtime.driver import RunOptions, run_sweep
     from plora.runtime.records import StaticSource
-    from plora.runtime.store import SweepStore
-    from plora.runtime.sweep import RunOptions, run_sweep
-    from plora.space import expand
+    from plora.sweepdir.store import SweepStore
+    from plora.tune.space import expand
 
     sweep = SweepConfig.from_yaml(ROOT / "sweeps/quickstart.yaml")
     configs = [c for c in expand(sweep) if c.rank == 4][:3]
@@ -152,11 +158,11 @@ def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> Non
     from test_runtime import overlap_max
 
     from plora.config import SweepConfig
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
+    from plora.runtime.driver import RunOptions, run_sweep
     from plora.runtime.records import StaticSource
-    from plora.runtime.store import SweepStore
-    from plora.runtime.sweep import RunOptions, run_sweep
-    from plora.space import expand
+    from plora.sweepdir.store import SweepStore
+    from plora.tune.space import expand
 
     sweep = SweepConfig.from_yaml(ROOT / "sweeps/quickstart.yaml")
     sweep = dataclasses.replace(sweep, hardware=dataclasses.replace(sweep.hardware, num_gpus=8))

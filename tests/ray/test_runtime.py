@@ -20,9 +20,9 @@ import pandas as pd
 from packfn import PackFnEngine
 
 from plora.config import LoRAConfig, SweepConfig
+from plora.runtime.driver import RunOptions, run_sweep
 from plora.runtime.records import StaticSource
-from plora.runtime.store import SweepStore
-from plora.runtime.sweep import RunOptions, run_sweep
+from plora.sweepdir.store import SweepStore
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -57,7 +57,7 @@ def configs(n: int, *, steps: int = 20) -> list[LoRAConfig]:
 
 
 def cost_of(sweep: SweepConfig):
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
 
     return build_cost_model(sweep, use_profile=False)
 
@@ -141,7 +141,7 @@ import ray
 ray.init(address={address!r}, runtime_env={{"env_vars": {{"PYTHONPATH": {here!r}, "PACKFN_STEP_S": "0.05"}}}})
 from plora.config import LoRAConfig
 from plora.runtime.records import StaticSource
-from plora.runtime.sweep import RunOptions, run_sweep
+from plora.runtime.driver import RunOptions, run_sweep
 sys.path.insert(0, {here!r})
 from test_runtime import configs, cost_of, tiny_sweep
 from packfn import PackFnEngine

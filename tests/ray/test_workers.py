@@ -11,10 +11,10 @@ import pytest
 from packfn import PackFnEngine
 from test_runtime import configs, cost_of, tiny_sweep
 
+from plora.runtime.driver import RunOptions, run_sweep
 from plora.runtime.group import UnsupportedJobError, _worker_cls, start_group
 from plora.runtime.records import StaticSource
-from plora.runtime.store import SweepStore
-from plora.runtime.sweep import RunOptions, run_sweep
+from plora.sweepdir.store import SweepStore
 
 
 def test_workers_form_a_gloo_group(ray_cluster) -> None:

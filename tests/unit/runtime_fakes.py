@@ -149,7 +149,7 @@ def lora(i: int, *, rank: int = 8, steps: int = 10, batch: int = 2) -> LoRAConfi
 def report(*metrics: dict[str, Any], time_s: float = 0.05, seq_len: int = 16) -> Any:
     """A ``StepReport`` of one packed step from per-adapter ``{"config_id", "step", ...}``."""
     from plora.engine.api import StepReport
-    from plora.engine.records import StepMetrics, StepProfile
+    from plora.engine.reports import StepMetrics, StepProfile
 
     ms = tuple(
         StepMetrics(config_id=m["config_id"], step=int(m["step"]), loss=float(m.get("loss", 1.0)),
@@ -164,7 +164,7 @@ def report(*metrics: dict[str, Any], time_s: float = 0.05, seq_len: int = 16) ->
 
 def outcome(job_id: str, results: dict[str, dict[str, Any]]) -> Any:
     """A ``PackOutcome`` from per-config result fields (``status`` "done" means completed)."""
-    from plora.engine.api import ConfigResult, ConfigStatus, PackOutcome
+    from plora.engine.api import AdapterStatus, ConfigResult, PackOutcome
 
     def one(cid: str, r: dict[str, Any]) -> ConfigResult:
         status = {"done": "completed"}.get(r.get("status", "completed"), r.get("status"))
@@ -172,6 +172,6 @@ def outcome(job_id: str, results: dict[str, dict[str, Any]]) -> Any:
         fields.setdefault("steps", 0)
         fields.setdefault("tokens", 0)
         fields.setdefault("final_train_loss", None)
-        return ConfigResult(config_id=cid, status=ConfigStatus(status), **fields)
+        return ConfigResult(config_id=cid, status=AdapterStatus(status), **fields)
 
     return PackOutcome(job_id=job_id, results={c: one(c, r) for c, r in results.items()})

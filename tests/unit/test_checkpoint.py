@@ -12,6 +12,7 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file
 
 from plora.config import LoRAConfig
+from plora.engine.adapters import adapter_state_dict, use_slot
 from plora.engine.checkpoint import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -20,7 +21,6 @@ from plora.engine.checkpoint import (
     load_train_state,
     save_train_state,
 )
-from plora.engine.lora import adapter_state_dict, use_slot
 from plora.engine.trainer import AdapterStatus, PackedTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

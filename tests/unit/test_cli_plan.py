@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from plora.cli import app
 from plora.config import SweepConfig
-from plora.space import expand
+from plora.tune.space import expand
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = sorted((Path(__file__).parent / "bad_sweeps").glob("*.yaml"))
@@ -169,7 +169,8 @@ def test_help_and_plan_import_no_heavy_modules() -> None:
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
-        "from plora.cli import app, load_sweep, make_plan\n"
+        "from plora.api import load_sweep, make_plan\n"
+        "from plora.cli import app\n"
         "assert CliRunner().invoke(app, ['--help']).exit_code == 0\n"
         "heavy = ('torch', 'ray', 'cvxpy', 'matplotlib', 'pandas', 'transformers')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"

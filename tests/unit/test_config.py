@@ -11,7 +11,7 @@ import yaml
 
 from plora.config import (
     BUILTIN_DATASETS,
-    GPU_MEMORY_GIB,
+    GPU_TYPES,
     PLANNER_SOLVERS,
     ConfigError,
     DatasetSpec,
@@ -95,7 +95,7 @@ def test_paper_table1_is_the_papers_testbed() -> None:
 
 
 def test_builtin_datasets_match_the_tasks() -> None:
-    from plora.engine.tasks import TASKS
+    from plora.tasks import TASKS
 
     assert set(BUILTIN_DATASETS) == set(TASKS)
 
@@ -136,7 +136,8 @@ def test_hardware_defaults_and_aliases() -> None:
     assert "num_gpus=0" in error_of(HardwareConfig, num_gpus=0)
     assert "load_factor=0" in error_of(HardwareConfig, load_factor=0)
     assert "gpu_memory_gib=-1" in error_of(HardwareConfig, gpu_memory_gib=-1)
-    assert set(GPU_MEMORY_GIB) >= {"A100-40GB", "H100", "H200", "cpu"}
+    assert set(GPU_TYPES) >= {"A100-40GB", "H100", "H200", "cpu"}
+    assert all(g.memory_gib > 0 for g in GPU_TYPES.values())  # one table: memory and speed
 
 
 def test_planner_options_strategies() -> None:
@@ -266,10 +267,7 @@ def test_replace_revalidates(tmp_path: Path) -> None:
 
 
 def test_gpu_names_are_spelling_insensitive_but_distinct() -> None:
-    from plora.cost.throughput import GPU_TYPES
-
-    assert set(GPU_MEMORY_GIB) == set(GPU_TYPES)  # both tables know the same accelerators
-    for name in GPU_MEMORY_GIB:
+    for name in GPU_TYPES:
         for spelling in (name, name.lower(), name.replace("-", "_"), name.replace("-", " ")):
             assert HardwareConfig(gpu_type=spelling).gpu_type == name
     assert HardwareConfig(gpu_type="A100-40G").gpu_type == "A100-40GB"
@@ -279,7 +277,7 @@ def test_gpu_names_are_spelling_insensitive_but_distinct() -> None:
 
 
 def test_unknown_gpu_plans_with_its_peak(tmp_path: Path) -> None:
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
 
     text = MINIMAL.replace("model: tiny-qwen2", "model: Qwen/Qwen2.5-0.5B")
     hw = "hardware: {gpu_type: MI300X, gpu_memory_gib: 192, peak_tflops: 1307}\n"

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from runtime_fakes import AffineCost, GreedyPlanner, lora, outcome, report
 
 from plora.runtime.coordinator import Coordinator
-from plora.runtime.costview import describe_cost
+from plora.runtime.costs import describe_cost
 from plora.runtime.records import ConfigStatus, Decision, FailureKind, JobSpec
-from plora.runtime.store import SweepStore
+from plora.sweepdir.store import SweepStore
 
 
 class Clock:
@@ -285,9 +285,9 @@ def test_real_planner_and_cost_model_replan_after_refit(tmp_path) -> None:
     """With plora's planner and SweepCostModel: steps measured 20x slower than the prior predicts
     are refit into the model, and the re-plan that follows is made with the refit model."""
     from plora.config import SweepConfig
-    from plora.cost.model import build_cost_model
+    from plora.cost.build import build_cost_model
     from plora.cost.overheads import Overheads
-    from plora.space import expand
+    from plora.tune.space import expand
 
     sweep = SweepConfig.from_yaml("sweeps/quickstart.yaml")
     configs = expand(sweep)
@@ -398,7 +398,7 @@ def test_searcher_is_told_every_ending_and_asked_again() -> None:
     ],
 )
 def test_choose_refills_table(active_steps, queued, slots, want) -> None:
-    from plora.runtime.policy import choose_refills
+    from plora.runtime.refill import choose_refills
 
     cost = AffineCost()  # capacity 4 = base 1 + 0.1 per rank unit -> 30 rank units
     active = [lora(i, rank=10 // len(active_steps), steps=s) for i, s in enumerate(active_steps)]
@@ -413,7 +413,7 @@ def test_choose_refills_table(active_steps, queued, slots, want) -> None:
 
 def test_relay_actor_logic_without_ray() -> None:
     from plora.engine.api import Control
-    from plora.runtime.monitor import CoordinatorActor
+    from plora.runtime.relay import CoordinatorActor
 
     relay = CoordinatorActor()
     relay.push_reports(
@@ -487,7 +487,7 @@ def test_no_config_waits_for_a_new_job_while_a_slot_is_free() -> None:
 
 
 def test_remaining_job_time_takes_the_steps_done_off() -> None:
-    from plora.runtime.costview import remaining_job_time
+    from plora.runtime.costs import remaining_job_time
 
     cost = AffineCost(t0=1.0, sec_per_sample=0.01)
     pack = [lora(0, steps=10, batch=2), lora(1, steps=20, batch=2)]
@@ -504,8 +504,8 @@ def test_remaining_job_time_with_overheads_charges_what_is_still_to_come() -> No
     are all done still needs every config's evaluation and export, and the final train-state
     write."""
     from plora.config import SweepConfig
-    from plora.cost.model import build_cost_model
-    from plora.runtime.costview import remaining_job_time
+    from plora.cost.build import build_cost_model
+    from plora.runtime.costs import remaining_job_time
 
     cost = build_cost_model(SweepConfig.from_yaml("sweeps/quickstart.yaml"), use_profile=False,
                             checkpoint_every=None)  # fmt: skip

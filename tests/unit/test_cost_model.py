@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from plora.config import PROJECTIONS, ConfigError, HardwareConfig, LoRAConfig, SweepConfig
 from plora.cost import CostModel, Strategy
+from plora.cost.build import build_cost_model
 from plora.cost.memory import GIB, Loss, MemoryOptions, adapter_memory, base_memory
-from plora.cost.model import SweepCostModel, build_cost_model
+from plora.cost.model import SweepCostModel
 from plora.cost.overheads import Overheads
 from plora.cost.profile import ProfileStore
 from plora.cost.throughput import (

@@ -11,13 +11,14 @@ import pytest
 
 from plora.config import PROJECTIONS, ConfigError, HardwareConfig, LoRAConfig, SweepConfig
 from plora.cost import CostModel, Strategy
+from plora.cost.build import build_cost_model
 from plora.cost.jobterms import (
     BUILTIN_METRICS,
     active_checkpoints,
     checkpoint_writes,
     eval_defaults,
 )
-from plora.cost.model import SweepCostModel, build_cost_model
+from plora.cost.model import SweepCostModel
 from plora.cost.overheads import (
     COLD_START_MEASURED,
     CPU,
@@ -229,7 +230,7 @@ def test_eval_defaults_from_the_dataset_spec(dataset, rows, metric) -> None:
 
 
 def test_builtin_metrics_match_the_tasks() -> None:
-    from plora.engine.tasks import get_task
+    from plora.tasks import get_task
 
     for name, metric in BUILTIN_METRICS.items():
         assert get_task(name).metric == metric

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plora.config import GPU_MEMORY_GIB, PROJECTIONS, ConfigError
+from plora.config import PROJECTIONS, ConfigError, HardwareConfig
 from plora.cost import Strategy
 from plora.cost.memory import Loss, MemoryOptions, adapter_memory, base_memory
 from plora.cost.throughput import (
@@ -171,8 +171,9 @@ def test_fit_clips_to_physical_ranges() -> None:
 def test_gpu_table_and_unknown_gpus() -> None:
     assert gpu_spec("H200").peak_tflops == 989.0
     assert {"H100", "A100-40GB", "A100-80GB", "A10G", "L4", "cpu"} <= set(GPU_TYPES)
-    # every accelerator HardwareConfig knows by name has a speed
-    assert set(GPU_MEMORY_GIB) <= set(GPU_TYPES)
+    # every accelerator HardwareConfig knows by name has a speed and a memory size
+    for name, gpu in GPU_TYPES.items():
+        assert HardwareConfig(gpu_type=name).gpu_memory_gib == gpu.memory_gib
     with pytest.raises(ConfigError, match="MI300X"):
         gpu_spec("MI300X")
     assert gpu_spec("MI300X", peak_tflops=1307.0).peak_flops == 1.307e15

@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
+from plora import tasks
 from plora.config import ConfigError, DatasetSpec
-from plora.engine import tasks
 from plora.engine.data import (
     IGNORE_INDEX,
     AdapterStream,

@@ -20,11 +20,11 @@ from plora.engine.evaluate import (
     EvalResult,
     eval_loss,
     evaluate,
-    evaluate_adapters,
     exact_match,
     generate_greedy,
     option_scores,
 )
+from plora.engine.evaluate_packed import evaluate_adapters
 from plora.models import load_model
 
 
@@ -165,12 +165,12 @@ def test_peft_training_improves_eval(qwen, tmp_path):
 
 @pytest.mark.parametrize("task", ["sentiment", "arithmetic"])  # scoring / KV-cached generation
 def test_evaluate_adapters_on_packed_model_matches_peft(qwen, tmp_path, task):
-    lora = pytest.importorskip("plora.engine.lora")
+    adapters = pytest.importorskip("plora.engine.adapters")
     checkpoint = pytest.importorskip("plora.engine.checkpoint")
     base, tok = qwen
     ds = load_dataset(DatasetSpec(builtin=task, num_examples=70, eval_fraction=0.3), tok)
     model = copy.deepcopy(base)
-    lora.inject(model)
+    adapters.inject(model)
     configs = [
         LoRAConfig(rank=4, alpha=8, lr=1e-3, batch_size=4, max_steps=1, target_modules="all"),
         LoRAConfig(
@@ -179,7 +179,7 @@ def test_evaluate_adapters_on_packed_model_matches_peft(qwen, tmp_path, task):
     ]
     torch.manual_seed(1)
     for slot, cfg in enumerate(configs):
-        for p in lora.add_adapter(model, slot, cfg):
+        for p in adapters.add_adapter(model, slot, cfg):
             with torch.no_grad():
                 p.normal_(0, 0.05)  # non-zero B: the adapters change the model
     got = evaluate_adapters(model, tok, ds, [0, 1, None], batch_size=8)
@@ -188,7 +188,7 @@ def test_evaluate_adapters_on_packed_model_matches_peft(qwen, tmp_path, task):
     differs = []
     for slot, cfg in enumerate(configs):
         path = checkpoint.export_peft_adapter(
-            tmp_path / f"a{slot}", config=cfg, weights=lora.adapter_state_dict(model, slot)
+            tmp_path / f"a{slot}", config=cfg, weights=adapters.adapter_state_dict(model, slot)
         )
         peft = PeftModel.from_pretrained(copy.deepcopy(base), path)
         ref = evaluate(peft, tok, ds.eval, metric=ds.metric, labels=ds.labels)
@@ -198,7 +198,7 @@ def test_evaluate_adapters_on_packed_model_matches_peft(qwen, tmp_path, task):
         # Token-level: KV-cached greedy generation through the packed layers = PEFT's.
         prompts = [ex.input_ids[: ex.context_len()] for ex in ds.eval]
         gen = dict(pad_id=tok.pad_token_id, stop_ids=[tok.eos_token_id], max_new_tokens=6)
-        with lora.use_slot(model, slot):
+        with adapters.use_slot(model, slot):
             packed_gen = generate_greedy(model, prompts, **gen)
         assert packed_gen == generate_greedy(peft, prompts, **gen)
         differs.append(packed_gen != generate_greedy(base, prompts, **gen))
@@ -233,14 +233,14 @@ OWNER = {"arithmetic": 7, "sentiment": 12, "reverse": 3}  # whose answers become
 @functools.cache
 def _packed_setup(name: str):
     """(model with ADAPTERS in train mode, tokenizer, {task: eval set}) -- built once per model."""
-    from plora.engine import lora
+    from plora.engine import adapters
 
     base, tok = load_model(name)
     model = copy.deepcopy(base)
-    lora.inject(model)
+    adapters.inject(model)
     torch.manual_seed(1)
     for slot, cfg in ADAPTERS.items():
-        for p in lora.add_adapter(model, slot, cfg):
+        for p in adapters.add_adapter(model, slot, cfg):
             with torch.no_grad():
                 p.normal_(0, 0.05)
     model.eval()  # the owners' answers without dropout
@@ -248,7 +248,7 @@ def _packed_setup(name: str):
     for task, owner in OWNER.items():
         ds = load_dataset(DatasetSpec(builtin=task, num_examples=40, eval_fraction=0.3), tok)
         prompts = [ex.input_ids[: ex.context_len()] for ex in ds.eval]
-        with lora.use_slot(model, owner):
+        with adapters.use_slot(model, owner):
             if ds.metric == "accuracy":
                 scores = option_scores(model, tok, ds.eval, ds.labels, batch_size=4)
                 own = [ds.labels[int(k)] for k in scores.argmax(1)]

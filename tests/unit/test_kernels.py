@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from plora.kernels import dropout_mask, packed_lora_delta, packed_lora_linear, packed_lora_reference
+from plora.kernels import (
+    PackedLoRAError,
+    dropout_mask,
+    packed_lora_delta,
+    packed_lora_linear,
+    packed_lora_reference,
+)
 from plora.kernels.meta import make_meta, padded_rank
 from plora.kernels.reference import philox4x32, uniform_from_uint32
 from plora.kernels.testing import Case, make_tensors, random_case, table
-
-from plora.config import ConfigError
 
 # Known-answer vectors of Philox4x32-10 from the Random123 distribution (kat_vectors).
 PHILOX_KAT = [
@@ -132,7 +136,9 @@ def test_valid_table_summaries():
 
 @pytest.mark.parametrize(("patch", "message"), BAD, ids=[m for _, m in BAD])
 def test_bad_tables_raise_one_line_config_errors(patch, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
+    with pytest.raises(
+        PackedLoRAError, match=message.replace("[", r"\[").replace("]", r"\]")
+    ) as err:
         make_meta(n_tokens=6, r_total=48, in_features=4, **{**GOOD, **patch})
     assert "\n" not in str(err.value)
 
@@ -141,17 +147,17 @@ def test_bad_tensor_shapes_raise_config_errors():
     x = torch.randn(6, 4)
     w = torch.randn(5, 4)
     a = torch.randn(48, 4)
-    with pytest.raises(ConfigError, match="lora_b has shape"):
+    with pytest.raises(PackedLoRAError, match="lora_b has shape"):
         packed_lora_linear(x, w, None, a, torch.randn(5, 40), **GOOD, dropout_seed=0)
-    with pytest.raises(ConfigError, match="lora_a has shape"):
+    with pytest.raises(PackedLoRAError, match="lora_a has shape"):
         packed_lora_linear(
             x, w, None, torch.randn(48, 3), torch.randn(5, 48), **GOOD, dropout_seed=0
         )
-    with pytest.raises(ConfigError, match="backend="):
+    with pytest.raises(PackedLoRAError, match="backend="):
         packed_lora_linear(
             x, w, None, a, torch.randn(5, 48), **GOOD, dropout_seed=0, backend="cuda"
         )
-    with pytest.raises(ConfigError, match=r"lora_b is torch.float64 but x is torch.float32"):
+    with pytest.raises(PackedLoRAError, match=r"lora_b is torch.float64 but x is torch.float32"):
         packed_lora_linear(x, w, None, a, torch.randn(5, 48).double(), **GOOD, dropout_seed=0)
 
 

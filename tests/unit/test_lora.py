@@ -11,19 +11,17 @@ from torch import nn
 
 from plora.config import PROJECTIONS, LoRAConfig
 from plora.engine import fused, lora
-from plora.engine.lora import (
-    RANK_ALIGN,
-    PackedLoRALinear,
+from plora.engine.adapters import (
     adapter_parameters,
     adapter_state_dict,
     add_adapter,
     base_only,
-    dropout_mask,
     inject,
     packed_segments,
     remove_adapter,
     use_slot,
 )
+from plora.engine.lora import RANK_ALIGN, PackedLoRALinear, dropout_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

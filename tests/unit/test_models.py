@@ -198,3 +198,16 @@ def test_load_model_errors(tmp_path):
 class _Ref:
     def __init__(self, name_or_path, dtype):
         self.name_or_path, self.dtype = name_or_path, dtype
+
+
+@pytest.mark.parametrize("name", BUILTIN_MODELS)
+def test_shipped_tiny_configs_match_the_built_models(name: str) -> None:
+    """``plora.model_spec`` plans tiny models from shipped JSON (no torch): it must be theirs."""
+    import json
+
+    from plora.model_spec import SHIPPED_CONFIGS
+
+    shipped = json.loads((SHIPPED_CONFIGS / "tiny" / f"{name}.json").read_text())
+    built = json.loads(json.dumps(tiny_config(name).to_dict(), default=str))
+    built.pop("transformers_version", None)
+    assert shipped == built

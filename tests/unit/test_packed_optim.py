@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from plora.engine.lora import PackedLoRALinear, peft_key, use_slot
+from plora.engine.adapters import peft_key, use_slot
+from plora.engine.lora import PackedLoRALinear
 from plora.engine.packed_optim import PackedAdamW
 
 pytestmark = pytest.mark.usefixtures("one_thread")

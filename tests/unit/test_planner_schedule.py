@@ -270,8 +270,8 @@ def test_paper_table1_sweep_with_the_real_cost_model():
     if not path.exists():
         pytest.skip("sweeps/paper-table1.yaml not shipped")
     from plora.config import SweepConfig
-    from plora.cost.model import build_cost_model
-    from plora.space import expand
+    from plora.cost.build import build_cost_model
+    from plora.tune.space import expand
 
     sweep = SweepConfig.from_yaml(path)
     cost = build_cost_model(sweep, use_profile=False)

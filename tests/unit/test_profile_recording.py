@@ -6,10 +6,10 @@ from pathlib import Path
 
 from plora.config import SweepConfig
 from plora.cost import Strategy
-from plora.cost.model import build_cost_model
+from plora.cost.build import build_cost_model
 from plora.cost.profile import ProfileStore
-from plora.runtime.costview import record_profile
-from plora.space import expand
+from plora.runtime.costs import record_profile
+from plora.tune.space import expand
 
 SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
 

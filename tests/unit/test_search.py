@@ -9,8 +9,8 @@ import pytest
 
 from plora.config import LoRAConfig, SweepConfig
 from plora.runtime.records import StaticSource
-from plora.space import expand
 from plora.tune.search import SearcherSource, make_config_source
+from plora.tune.space import expand
 
 SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
 

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plora.config import PROJECTIONS, ConfigError, SearchAlgo, SweepConfig
-from plora.space import Domain, Kind, SearchSpace, config_from_tune, expand, to_tune_param_space
+from plora.config.space import Domain, Kind, SearchSpace
+from plora.tune.space import config_from_tune, expand, to_tune_param_space
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"name": "t", "model": "tiny-qwen2", "dataset": "arithmetic"}

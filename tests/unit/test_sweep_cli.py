@@ -103,7 +103,7 @@ def test_status_and_progress_read_a_sweep_dir(tmp_path) -> None:
 
     from plora.runtime.coordinator import Coordinator
     from plora.runtime.progress import Progress
-    from plora.runtime.store import SweepStore
+    from plora.sweepdir.store import SweepStore
 
     store = SweepStore(tmp_path)
     configs = [lora(i, rank=30) for i in range(3)]

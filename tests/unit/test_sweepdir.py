@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from plora.config import ConfigError
-from plora.runtime.store import SweepStore, check_out_dir, create_sweep_dir
+from plora.sweepdir.schema import SCHEMA_VERSION
+from plora.sweepdir.store import SweepStore, check_out_dir, create_sweep_dir
 
 
 def test_create_sweep_dir_is_atomic(tmp_path) -> None:
@@ -20,7 +21,8 @@ def test_create_sweep_dir_is_atomic(tmp_path) -> None:
     assert not out.exists() and list(tmp_path.iterdir()) == []
     with create_sweep_dir(out) as store:
         store.write_state({"x": 2})
-    assert store.root == out and json.loads((out / "state.json").read_text()) == {"x": 2}
+    state = json.loads((out / "state.json").read_text())
+    assert store.root == out and state == {"x": 2, "sweepdir_version": SCHEMA_VERSION}
     assert [p.name for p in tmp_path.iterdir()] == ["sweep"]
 
 
@@ -79,3 +81,25 @@ def test_check_out_dir(tmp_path) -> None:
     assert check_out_dir(tmp_path / "old", resume=True) == tmp_path / "old"
     with pytest.raises(ConfigError, match="not a plora sweep"):
         SweepStore(tmp_path / "new").read_state()
+
+
+def test_a_newer_sweep_dir_is_refused(tmp_path) -> None:
+    (tmp_path / "state.json").write_text(json.dumps({"sweepdir_version": SCHEMA_VERSION + 1}))
+    with pytest.raises(ConfigError, match="newer than this plora"):
+        SweepStore(tmp_path).read_state()
+
+
+def test_the_schema_lists_a_configs_hparams_and_every_table() -> None:
+    """The schema's dtypes are the ones a real sweep writes (the Ray quickstart test checks a
+    fresh run); here: the schema is self-consistent and names every table once."""
+    from plora.sweepdir import schema
+
+    assert schema.RESULT_COLUMNS[: 1 + len(schema.HPARAM_COLUMNS)] == (
+        "config_id",
+        *schema.HPARAM_COLUMNS,
+    )
+    from plora.config import LoRAConfig
+
+    cfg = LoRAConfig(rank=4, alpha=8, lr=1e-3, batch_size=2, max_steps=3)
+    assert tuple(cfg.hparams()) == schema.HPARAM_COLUMNS
+    assert set(schema.TABLES) == {"results.parquet", "metrics.parquet", "jobs.parquet"}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plora.config import LoRAConfig
-from plora.runtime.costview import job_memory
+from plora.runtime.costs import job_memory
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,18 +1,6 @@
-"""The sweep directory: everything a sweep produced, written atomically.
+"""The atomic writer of a sweep directory (:class:`SweepStore`), and what ``--resume`` reads back.
 
-Layout (``DIR`` is ``plora sweep --out DIR``)::
-
-    DIR/sweep.yaml          the resolved sweep config
-    DIR/base_model/         built-in tiny base model saved as a HF dir (adapters reload on it)
-    DIR/base_model.json     the base-model reference ({"name_or_path", "dtype", "local_dir"})
-    DIR/plan.json           the latest plan; DIR/plans/plan-NNN.json every plan in order
-    DIR/decisions.jsonl     one JSON line per coordinator decision (append-only)
-    DIR/jobs.parquet        job_id, config_ids, gpus, gpu_ids, node, start, end, status, attempt,
-                            strategy, load/start/train/eval/export/checkpoint seconds, model_loads
-    DIR/metrics.parquet     config_id, job_id, step, loss, lr, tokens, grad_norm, step_time_s, time
-    DIR/results.parquet     one row per config: hyperparameters, status, losses, metric, ...
-    DIR/adapters/<id>/      PEFT adapters; DIR/checkpoints/<job_id>/ train-state checkpoints
-    DIR/state.json          coordinator state for ``--resume``
+Layout, columns and dtypes: :mod:`plora.sweepdir.schema`.
 
 Every file except the append-only ``decisions.jsonl`` is replaced atomically (temp + rename), so a
 reader (``plora status``, a notebook) never sees a half-written file, and a driver killed at any
@@ -37,38 +25,9 @@ from typing import Any
 import pandas as pd
 
 from plora.config import ConfigError
+from plora.sweepdir import schema
+from plora.sweepdir.schema import JOB_COLUMNS, METRIC_COLUMNS
 from plora.utils import atomic_path, atomic_write_json, atomic_write_text
-
-JOB_COLUMNS = (
-    "job_id",
-    "config_ids",
-    "gpus",
-    "gpu_ids",
-    "node",
-    "start",
-    "end",
-    "status",
-    "attempt",
-    "strategy",
-    "load_s",
-    "start_s",
-    "train_s",
-    "eval_s",
-    "export_s",
-    "checkpoint_s",
-    "model_loads",
-)
-METRIC_COLUMNS = (
-    "config_id",
-    "job_id",
-    "step",
-    "loss",
-    "lr",
-    "tokens",
-    "grad_norm",
-    "step_time_s",
-    "time",
-)
 
 
 class SweepStore:
@@ -82,51 +41,51 @@ class SweepStore:
     # -- paths -------------------------------------------------------------------------------
     @property
     def sweep_yaml(self) -> Path:
-        return self.root / "sweep.yaml"
+        return self.root / schema.SWEEP_YAML
 
     @property
     def base_model_dir(self) -> Path:
-        return self.root / "base_model"
+        return self.root / schema.BASE_MODEL_DIR
 
     @property
     def base_model_json(self) -> Path:
-        return self.root / "base_model.json"
+        return self.root / schema.BASE_MODEL_JSON
 
     @property
     def plan_json(self) -> Path:
-        return self.root / "plan.json"
+        return self.root / schema.PLAN_JSON
 
     @property
     def plans_dir(self) -> Path:
-        return self.root / "plans"
+        return self.root / schema.PLANS_DIR
 
     @property
     def decisions_jsonl(self) -> Path:
-        return self.root / "decisions.jsonl"
+        return self.root / schema.DECISIONS_JSONL
 
     @property
     def jobs_parquet(self) -> Path:
-        return self.root / "jobs.parquet"
+        return self.root / schema.JOBS_PARQUET
 
     @property
     def metrics_parquet(self) -> Path:
-        return self.root / "metrics.parquet"
+        return self.root / schema.METRICS_PARQUET
 
     @property
     def results_parquet(self) -> Path:
-        return self.root / "results.parquet"
+        return self.root / schema.RESULTS_PARQUET
 
     @property
     def adapters_dir(self) -> Path:
-        return self.root / "adapters"
+        return self.root / schema.ADAPTERS_DIR
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.root / "checkpoints"
+        return self.root / schema.CHECKPOINTS_DIR
 
     @property
     def state_json(self) -> Path:
-        return self.root / "state.json"
+        return self.root / schema.STATE_JSON
 
     def exists(self) -> bool:
         """True when the directory holds a sweep (has a ``state.json``)."""
@@ -183,8 +142,8 @@ class SweepStore:
         _write_parquet(self.results_parquet, pd.DataFrame(rows))
 
     def write_state(self, state: Mapping[str, Any]) -> None:
-        """Replace ``state.json`` (what ``--resume`` reads)."""
-        atomic_write_json(self.state_json, dict(state))
+        """Replace ``state.json`` (what ``--resume`` reads), stamped with the schema version."""
+        atomic_write_json(self.state_json, {**state, "sweepdir_version": schema.SCHEMA_VERSION})
 
     # -- readers -----------------------------------------------------------------------------
     def read_state(self) -> dict[str, Any]:
@@ -195,11 +154,17 @@ class SweepStore:
                 "pass the --out directory of a `plora sweep` run"
             )
         try:
-            return json.loads(self.state_json.read_text())
+            state: dict[str, Any] = json.loads(self.state_json.read_text())
         except json.JSONDecodeError as e:
             raise ConfigError(
                 f"{self.state_json}: unreadable ({e}); the sweep dir is damaged"
             ) from None
+        if int(state.get("sweepdir_version", 1)) > schema.SCHEMA_VERSION:
+            raise ConfigError(
+                f"{self.state_json}: sweep directory version {state['sweepdir_version']} is newer "
+                f"than this plora's ({schema.SCHEMA_VERSION}); upgrade plora to read it"
+            )
+        return state
 
     def read_metrics(self) -> pd.DataFrame:
         """Every metric row so far (empty frame with the columns when there are none)."""
@@ -295,20 +260,17 @@ def write_base_model(
     store: SweepStore,
     ref: Any,
     *,
-    save_builtin: Callable[[Any, Path], None] | None = None,
+    save_builtin: Callable[[Any, Path], Any],
 ) -> None:
     """Record the base model: built-in tiny models are saved under ``base_model/``.
 
     Args:
         store: The sweep directory.
         ref: A :class:`plora.config.ModelRef` (``name_or_path``, ``dtype``, ``is_builtin``).
-        save_builtin: ``save_base_model(ref, out_dir)``; defaults to
-            :func:`plora.models.save_base_model`.
+        save_builtin: ``save_base_model(ref, out_dir)`` (:func:`plora.models.save_base_model`).
     """
     local_dir = None
     if getattr(ref, "is_builtin", False):
-        if save_builtin is None:
-            from plora.models import save_base_model as save_builtin
         with atomic_path(store.base_model_dir) as tmp:
             save_builtin(ref, tmp)
         local_dir = "base_model"

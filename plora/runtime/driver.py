@@ -4,7 +4,7 @@
 lives here in the driver, next to the sweep directory it writes. Jobs run on resident worker
 groups (:mod:`plora.runtime.group`): a group is started on a GPU the first time a job is booked
 there, loads the base model once, and serves every later job on that GPU; its workers reach the
-coordinator through the relay actor (:mod:`plora.runtime.monitor`).
+coordinator through the relay actor (:mod:`plora.runtime.relay`).
 
 Order of work (nothing is created on disk until every input has been checked)::
 
@@ -38,15 +38,17 @@ from typing import Any
 
 import ray
 
-from plora.config import ConfigError, SweepConfig
+from plora.config import SweepConfig
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
 from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackEngine, PackRequest
+from plora.runtime.cluster import check_address, check_gpus, connect, cpus_per_worker
 from plora.runtime.coordinator import Coordinator
-from plora.runtime.costview import record_profile
-from plora.runtime.group import WorkerGroup, check_strategies, start_group, stop_group
-from plora.runtime.monitor import check_address, check_gpus, connect, cpus_per_worker, start_relay
+from plora.runtime.costs import record_profile
+from plora.runtime.group import WorkerGroup, start_group, stop_group
+from plora.runtime.prepare import config_source, fits_one_gpu, prepare
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec
-from plora.runtime.store import (
+from plora.runtime.relay import start_relay
+from plora.sweepdir.store import (
     SweepStore,
     check_out_dir,
     create_sweep_dir,
@@ -107,55 +109,6 @@ class SweepSummary:
         return self.counts.get("failed", 0) == 0
 
 
-def prepare(
-    sweep: SweepConfig,
-    *,
-    source: ConfigSource | None = None,
-    checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
-) -> tuple[Any, ConfigSource, str]:
-    """Check the sweep's inputs and build its cost model and config source (no Ray, no disk).
-
-    The cost model charges what this sweep will run: its training rows, its eval rows and
-    metric (each config's evaluation), and train-state writes every ``checkpoint_every`` steps.
-
-    Returns:
-        ``(cost, source, metric_name)``.
-
-    Raises:
-        ConfigError: missing dataset files, an empty dataset, configs that fit no GPU, ...
-    """
-    from plora.cost.model import build_cost_model
-    from plora.engine.data import load_dataset
-
-    sweep.check_trainable()
-    tokenizer = _load_tokenizer(sweep.model)
-    data = load_dataset(sweep.dataset, tokenizer)
-    if not data.train:
-        raise ConfigError(
-            f"{sweep.source or 'sweep'}: dataset has no training examples; "
-            "point dataset.path at a non-empty file or raise dataset.num_examples"
-        )
-    cost = build_cost_model(
-        sweep,
-        dataset_size=len(data.train),
-        eval_rows=len(data.eval),
-        eval_metric=data.metric,
-        checkpoint_every=checkpoint_every,
-    )
-    check_strategies(cost.strategies())
-    if source is None:
-        source = config_source(sweep)
-    return cost, source, data.metric
-
-
-def config_source(sweep: SweepConfig) -> ConfigSource:
-    """The sweep's config source: grid/random expansion or a Ray Tune searcher in ask/tell
-    mode (:func:`plora.tune.search.make_config_source`)."""
-    from plora.tune.search import make_config_source
-
-    return make_config_source(sweep)
-
-
 def run_sweep(
     sweep: SweepConfig | None,
     out: str | os.PathLike[str],
@@ -209,7 +162,7 @@ def run_sweep(
         ray_start_s = time.monotonic() - t0
         check_gpus(sweep.hardware.num_gpus)
         driver = _Driver(sweep=sweep, options=options, on_update=on_update)
-        if options.prestart and _fits_one_gpu(sweep):
+        if options.prestart and fits_one_gpu(sweep):
             driver.prestart(range(sweep.hardware.num_gpus))
         t_wait = time.monotonic()
         if prepared is None:
@@ -237,7 +190,9 @@ def run_sweep(
         else:
             with create_sweep_dir(out) as store:
                 write_sweep_yaml(store, sweep.to_yaml())
-                write_base_model(store, sweep.model)
+                from plora.models import save_base_model  # lazy: torch
+
+                write_base_model(store, sweep.model, save_builtin=save_base_model)
                 coord = make(store)
         setup_s = time.monotonic() - t0
         driver.attach(coord, store)
@@ -477,31 +432,6 @@ class _Driver:
             self.posted.update(ended)
         if self.on_update is not None:
             self.on_update(snap)
-
-
-def _fits_one_gpu(sweep: SweepConfig) -> bool:
-    """Whether the frozen base leaves room for adapters on one GPU (bf16 weights under 3/4 of
-    its memory), i.e. one-GPU jobs are likely; built-in tiny models always fit."""
-    if getattr(sweep.model, "is_builtin", False) or sweep.hardware.is_cpu:
-        return True
-    from plora.model_spec import ModelSpec
-
-    try:
-        spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
-    except Exception:  # the dataset check and the plan report a model that cannot be read
-        return False
-    return 2.0 * spec.total_params < 0.75 * sweep.hardware.gpu_memory_gib * 2**30
-
-
-def _load_tokenizer(ref: Any) -> Any:
-    """The base model's tokenizer alone (no weights): built-ins resolve to their local dir."""
-    from transformers import AutoTokenizer
-
-    from plora.models import resolve_model_path
-
-    return AutoTokenizer.from_pretrained(
-        resolve_model_path(ref), trust_remote_code=ref.trust_remote_code
-    )
 
 
 def _first_line(e: BaseException) -> str:

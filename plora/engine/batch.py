@@ -11,19 +11,17 @@ Both are re-exported by :mod:`plora.engine.data`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from plora.config import ConfigError
+from plora.engine.example import IGNORE_INDEX, Example
 
-if TYPE_CHECKING:
-    from plora.engine.data import Example
-
-IGNORE_INDEX = -100
 _T = TypeVar("_T")
 
 
@@ -211,4 +209,41 @@ def micro_batches(rows: Sequence[_T], max_rows: int) -> list[list[_T]]:
     return [list(rows[i : i + max_rows]) for i in range(0, len(rows), max_rows)]
 
 
-__all__ = ["AdapterStream", "PackedBatch", "Segment", "micro_batches", "pack_batch"]
+def plan_micro_batches(
+    batches: dict[int, list[Any]], max_rows: int | None
+) -> list[dict[int, tuple[int, list[Any]]]]:
+    """Split the step's rows (slot order) into micro-batches of at most ``max_rows`` rows.
+
+    Returns a list of ``{slot: (row offset in the slot's batch, examples)}``.
+    """
+    flat = [(slot, j, ex) for slot in sorted(batches) for j, ex in enumerate(batches[slot])]
+    size = max_rows or max(1, len(flat))
+    micros = []
+    for i in range(0, len(flat), size):
+        micro: dict[int, tuple[int, list[Any]]] = {}
+        for slot, j, ex in flat[i : i + size]:
+            micro.setdefault(slot, (j, []))[1].append(ex)
+        micros.append(micro)
+    return micros
+
+
+def target_count(ex: Any) -> int:
+    return sum(1 for y in ex.labels[1:] if y != IGNORE_INDEX)
+
+
+def truncate(ex: Any, n: int) -> Any:
+    if len(ex.input_ids) <= n:
+        return ex
+    return dataclasses.replace(ex, input_ids=list(ex.input_ids[:n]), labels=list(ex.labels[:n]))
+
+
+__all__ = [
+    "AdapterStream",
+    "PackedBatch",
+    "Segment",
+    "micro_batches",
+    "pack_batch",
+    "plan_micro_batches",
+    "target_count",
+    "truncate",
+]

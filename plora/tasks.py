@@ -208,7 +208,7 @@ def get_task(name: str) -> Task:
 
 def shipped_data_path(name: str = "reverse_200.jsonl") -> Path:
     """Path of a data file shipped in the package (``plora/data/<name>``)."""
-    path = Path(__file__).resolve().parent.parent / "data" / name
+    path = Path(__file__).resolve().parent / "data" / name
     if not path.is_file():
         raise ConfigError(
             "no such shipped data file",

@@ -10,13 +10,13 @@ from typing import Any
 
 from plora.config import LoRAConfig
 from plora.cost import Strategy
+from plora.planner.types import call_strategy
 
 
 def cost_strategy(d: int, strategy: str | Strategy | None) -> Strategy:
-    """The strategy to pass the cost model: d = 1 jobs have none (TP is a no-op at d = 1)."""
-    if strategy is None:
-        return Strategy.TP
-    return Strategy(strategy)
+    """The strategy to pass the cost model for a job's (possibly string) strategy: the
+    planner's rule (:func:`plora.planner.types.call_strategy`: d = 1 jobs have none, TP)."""
+    return call_strategy(d, None if strategy is None else Strategy(strategy))
 
 
 def job_memory(

@@ -10,11 +10,17 @@ from plora.config import LoRAConfig
 
 
 class AdapterStatus(StrEnum):
-    """Where an adapter is in its life inside a pack."""
+    """Where an adapter is in its life inside a pack, and how its training there ended
+    (``ConfigResult.status``: completed, stopped or aborted)."""
 
     ACTIVE = "active"
+    """Training: it takes part in the next step."""
     COMPLETED = "completed"
+    """Trained for all its steps."""
     STOPPED = "stopped"
+    """Stopped early (a scheduler's or the user's stop); exported as it was."""
+    ABORTED = "aborted"
+    """The pack was aborted before it finished; resumable from its checkpoint."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -35,7 +35,6 @@ from plora.engine import checkpoint as ckpt
 from plora.engine.api import (
     CheckpointPolicy,
     ConfigResult,
-    ConfigStatus,
     EngineSpec,
     JobTimings,
     OutcomeStatus,
@@ -44,7 +43,7 @@ from plora.engine.api import (
     PackRequest,
     StepReport,
 )
-from plora.engine.records import Control
+from plora.engine.reports import Control
 from plora.engine.trainer import AdapterStatus, PackedTrainer, PackProfile
 from plora.utils import atomic_write_json
 
@@ -319,7 +318,7 @@ class _PackRun:
             loss, metric, eval_s = scores.get(cid, (None, None, 0.0))
             self.results[cid] = ConfigResult(
                 config_id=cid,
-                status=ConfigStatus.COMPLETED if cid in completed else ConfigStatus.STOPPED,
+                status=AdapterStatus.COMPLETED if cid in completed else AdapterStatus.STOPPED,
                 steps=ad.step,
                 tokens=ad.tokens,
                 final_train_loss=ad.last_loss,
@@ -338,7 +337,7 @@ class _PackRun:
             ad = self.trainer.adapter(cid)
             self.results[cid] = ConfigResult(
                 config_id=cid,
-                status=ConfigStatus.ABORTED,
+                status=AdapterStatus.ABORTED,
                 steps=ad.step,
                 tokens=ad.tokens,
                 final_train_loss=ad.last_loss,
@@ -362,7 +361,7 @@ def _evaluate(
     together on the eval split (``plora.engine.evaluate``)."""
     if not getattr(data, "eval", None):
         return {}
-    from plora.engine.evaluate import evaluate_adapters
+    from plora.engine.evaluate_packed import evaluate_adapters
 
     slots = {trainer.adapter(c).slot: c for c in config_ids}
     res = evaluate_adapters(trainer.model, tokenizer, data, list(slots))  # packed forwards
@@ -377,7 +376,6 @@ def _evaluate(
 
 __all__ = [
     "ConfigResult",
-    "ConfigStatus",
     "Control",
     "PackHooks",
     "PackResult",

@@ -10,7 +10,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from plora.config import ConfigError, DatasetSpec, LoRAConfig
-from plora.engine import ConfigStatus, Control, run_pack
+from plora.engine import AdapterStatus, Control, run_pack
 from plora.models import load_model, resolve_model_path
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -48,9 +48,9 @@ def test_run_pack_stop_add_export_eval(tmp_path):
     res = run_pack(model="tiny-qwen2", configs=configs, dataset=DATA, out_dir=tmp_path, hooks=hooks)
     r = res.results
     assert set(r) == {"keep", "short", "late"}
-    assert r["keep"].status is ConfigStatus.COMPLETED and r["keep"].steps == 4
-    assert r["short"].status is ConfigStatus.STOPPED and r["short"].steps == 1
-    assert r["late"].status is ConfigStatus.COMPLETED and r["late"].steps == 3
+    assert r["keep"].status is AdapterStatus.COMPLETED and r["keep"].steps == 4
+    assert r["short"].status is AdapterStatus.STOPPED and r["short"].steps == 1
+    assert r["late"].status is AdapterStatus.COMPLETED and r["late"].steps == 3
     assert r["keep"].eval_loss is not None and r["keep"].eval_loss > 0
     assert r["short"].eval_loss is None  # stopped adapters are exported, not evaluated
     by_cfg = {}
@@ -78,13 +78,13 @@ def test_abort_then_resume_equals_uninterrupted(tmp_path):
     first = run_pack(model="tiny-llama", configs=configs, dataset=DATA, out_dir=tmp_path / "b",
                      checkpoint_dir=ckpt, checkpoint_every=1, hooks=hooks)  # fmt: skip
     assert {c: r.status for c, r in first.results.items()} == {
-        "p": ConfigStatus.ABORTED,
-        "q": ConfigStatus.ABORTED,
+        "p": AdapterStatus.ABORTED,
+        "q": AdapterStatus.ABORTED,
     }
     second = run_pack(model="tiny-llama", configs=configs, dataset=DATA, out_dir=tmp_path / "b",
                       checkpoint_dir=ckpt, checkpoint_every=1)  # fmt: skip
     for cid in ("p", "q"):
-        assert second.results[cid].status is ConfigStatus.COMPLETED
+        assert second.results[cid].status is AdapterStatus.COMPLETED
         assert second.results[cid].steps == straight.results[cid].steps
         a = load_file(tmp_path / "a" / "adapters" / cid / "adapter_model.safetensors")
         b = load_file(tmp_path / "b" / "adapters" / cid / "adapter_model.safetensors")
@@ -159,9 +159,9 @@ def test_resident_session_serves_successive_packs_with_one_load(tmp_path):
     assert all(
         r.eval_s > 0 and r.export_s > 0 for r in [*first.results.values(), *second.results.values()]
     )
-    from plora.engine import lora
+    from plora.engine import adapters
 
-    assert all(not layer.specs for layer in lora.packed_layers(session.model).values())
+    assert all(not layer.specs for layer in adapters.packed_layers(session.model).values())
 
     alone = run_pack(
         model="tiny-qwen2", configs=[_cfg("ccc", lr=1e-2)], dataset=DATA, out_dir=tmp_path / "alone"

@@ -1,0 +1,109 @@
+"""The Ray cluster a sweep runs on: connecting (or starting a local one), and its GPU pool.
+
+Every problem a user can fix (an unreachable ``--address``, too few GPUs) is a one-line
+:class:`~plora.config.ConfigError` raised before anything is started.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import ray
+
+from plora.config import ConfigError
+
+
+def connect(address: str | None, *, num_gpus: int) -> bool:
+    """Connect to Ray; returns True when this call started a local (embedded) cluster.
+
+    ``address`` None and no ``RAY_ADDRESS``: start a local Ray; on a machine without CUDA it gets
+    ``num_gpus`` *logical* GPUs so jobs can be placed (the engine then runs on CPU). Otherwise
+    connect to ``address`` (``auto``, ``ray://...`` or ``host:port``).
+
+    Raises:
+        ConfigError: the address cannot be reached.
+    """
+    if ray.is_initialized():
+        return False
+    where = "--address" if address else "RAY_ADDRESS"
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    runtime_env = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}}
+    if address is None:
+        kwargs: dict[str, Any] = {}
+        if not _has_cuda():
+            kwargs["num_gpus"] = num_gpus
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        try:
+            ray.init(
+                include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **kwargs
+            )
+        except ValueError:  # a `ray start` cluster on this machine was found: use it as it is
+            if not kwargs:
+                raise
+            ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
+            return False
+        return True
+    check_address(address)
+    try:  # the job's runtime_env (``ray job submit --working-dir``) is left as submitted
+        ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"{where} {address}: cannot connect to a Ray cluster ({first}); start one with "
+            "`ray start --head` or drop --address to run locally"
+        ) from None
+    return False
+
+
+def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:
+    """Fail fast on an unreachable ``host:port`` (Ray itself retries for minutes)."""
+    where = "--address" if address else "RAY_ADDRESS"
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None or address == "auto" or address.startswith("local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(
+            f"{where} {address}: not host:port, ray://host:port or auto; "
+            "e.g. --address 10.0.0.1:6379"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"{where} {address}: cannot reach a Ray cluster ({e.strerror or e}); start one with "
+            "`ray start --head` or drop --address to run locally"
+        ) from None
+
+
+def check_gpus(num_gpus: int) -> float:
+    """The cluster's GPU count; ConfigError when it has fewer than the sweep wants."""
+    have = float(ray.cluster_resources().get("GPU", 0.0))
+    if have < num_gpus:
+        raise ConfigError(
+            f"hardware.num_gpus: the sweep wants {num_gpus} GPUs but the Ray cluster has "
+            f"{have:g}; lower hardware.num_gpus or add GPU nodes"
+        )
+    return have
+
+
+def cpus_per_worker() -> float:
+    """CPUs to reserve per GPU worker: 1, or the cluster's CPU/GPU ratio when smaller."""
+    res = ray.cluster_resources()
+    gpus = float(res.get("GPU", 0.0)) or 1.0
+    return max(0.01, min(1.0, float(res.get("CPU", 1.0)) / gpus))
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return False
+
+
+__all__ = ["check_address", "check_gpus", "connect", "cpus_per_worker"]

@@ -1,0 +1,93 @@
+"""What the driver checks and builds before any Ray work: the dataset, the cost model, the
+config source, and whether one-GPU worker groups are likely (so they may start early).
+
+Nothing here starts Ray or writes to disk; every problem a user can fix is a
+:class:`~plora.config.ConfigError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plora.config import ConfigError, SweepConfig
+from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
+from plora.runtime.group import check_strategies
+from plora.runtime.records import ConfigSource
+
+
+def prepare(
+    sweep: SweepConfig,
+    *,
+    source: ConfigSource | None = None,
+    checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
+) -> tuple[Any, ConfigSource, str]:
+    """Check the sweep's inputs and build its cost model and config source (no Ray, no disk).
+
+    The cost model charges what this sweep will run: its training rows, its eval rows and
+    metric (each config's evaluation), and train-state writes every ``checkpoint_every`` steps.
+
+    Returns:
+        ``(cost, source, metric_name)``.
+
+    Raises:
+        ConfigError: missing dataset files, an empty dataset, configs that fit no GPU, ...
+    """
+    from plora.cost.build import build_cost_model
+    from plora.engine.data import load_dataset
+
+    sweep.check_trainable()
+    tokenizer = load_tokenizer(sweep.model)
+    data = load_dataset(sweep.dataset, tokenizer)
+    if not data.train:
+        raise ConfigError(
+            f"{sweep.source or 'sweep'}: dataset has no training examples; "
+            "point dataset.path at a non-empty file or raise dataset.num_examples"
+        )
+    cost = build_cost_model(
+        sweep,
+        dataset_size=len(data.train),
+        eval_rows=len(data.eval),
+        eval_metric=data.metric,
+        checkpoint_every=checkpoint_every,
+    )
+    check_strategies(cost.strategies())
+    if source is None:
+        source = config_source(sweep)
+    return cost, source, data.metric
+
+
+def config_source(sweep: SweepConfig) -> ConfigSource:
+    """The sweep's config source: grid/random expansion or a Ray Tune searcher in ask/tell
+    mode (:func:`plora.tune.search.make_config_source`)."""
+    from plora.tune.search import make_config_source
+
+    return make_config_source(sweep)
+
+
+def fits_one_gpu(sweep: SweepConfig) -> bool:
+    """Whether the frozen base leaves room for adapters on one GPU (bf16 weights under 3/4 of
+    its memory), i.e. one-GPU jobs are likely; built-in tiny models always fit."""
+    if getattr(sweep.model, "is_builtin", False) or sweep.hardware.is_cpu:
+        return True
+    from plora.model_spec import ModelSpec
+
+    try:
+        spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
+    except Exception:  # the dataset check and the plan report a model that cannot be read
+        return False
+    memory_gib = float(sweep.hardware.gpu_memory_gib or 0.0)  # set by HardwareConfig
+    return 2.0 * spec.total_params < 0.75 * memory_gib * 2**30
+
+
+def load_tokenizer(ref: Any) -> Any:
+    """The base model's tokenizer alone (no weights): built-ins resolve to their local dir."""
+    from transformers import AutoTokenizer
+
+    from plora.models import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(
+        resolve_model_path(ref), trust_remote_code=ref.trust_remote_code
+    )
+
+
+__all__ = ["config_source", "fits_one_gpu", "load_tokenizer", "prepare"]

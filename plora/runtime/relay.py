@@ -1,0 +1,110 @@
+"""The relay actor between workers and the coordinator.
+
+The :class:`~plora.runtime.coordinator.Coordinator` runs in the driver (next to the sweep dir);
+workers reach it through :class:`CoordinatorActor`, a thin named actor that buffers per-adapter
+step reports from workers and hands each job the control (stop / add) the coordinator posted for it.
+The driver drains and posts a few times per second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any
+
+import ray
+
+from plora.engine.api import Control, StepMetrics, StepReport
+
+
+class CoordinatorActor:
+    """Relay between workers and the driver's coordinator (one per sweep, named).
+
+    Worker side: :meth:`push_reports`, :meth:`poll`. Driver side: :meth:`drain`,
+    :meth:`post_control`, :meth:`post_results`, :meth:`forget`, :meth:`set_snapshot`. Others
+    (a Tune proxy trial following one config, a user) may call :meth:`stop_config`,
+    :meth:`config_view` and :meth:`snapshot`.
+    """
+
+    def __init__(self) -> None:
+        self._reports: dict[str, list[StepReport]] = defaultdict(list)
+        self._control: dict[str, Control] = {}
+        self._aborted: set[str] = set()
+        self._stops: list[str] = []
+        self._snapshot: dict[str, Any] = {}
+        self._last: dict[str, StepMetrics] = {}
+        self._results: dict[str, dict[str, Any]] = {}
+
+    def push_reports(self, job_id: str, reports: list[StepReport]) -> None:
+        self._reports[job_id].extend(reports)
+        for report in reports:
+            for m in report.metrics:
+                self._last[m.config_id] = m
+
+    def post_results(self, results: dict[str, dict[str, Any]]) -> None:
+        """Result rows (``results.parquet`` shape) of configs that ended."""
+        self._results.update(results)
+
+    def config_view(self, config_id: str) -> dict[str, Any]:
+        """One config as seen now: its latest step metrics and, once it ended, its result."""
+        last = self._last.get(config_id)
+        return {
+            "last": None if last is None else dataclasses.asdict(last),
+            "result": self._results.get(config_id),
+        }
+
+    def poll(self, job_id: str) -> Control:
+        ctl = self._control.pop(job_id, None) or Control()
+        if job_id in self._aborted:
+            ctl = dataclasses.replace(ctl, abort=True)
+        return ctl
+
+    def drain(self) -> tuple[dict[str, list[StepReport]], list[str]]:
+        """``({job_id: step reports}, config ids asked to stop)`` since the last drain."""
+        out, self._reports = dict(self._reports), defaultdict(list)
+        stops, self._stops = self._stops, []
+        return out, stops
+
+    def post_control(self, job_id: str, control: Control) -> None:
+        cur = self._control.get(job_id) or Control()
+        self._control[job_id] = Control(
+            stop=cur.stop | control.stop,
+            add=cur.add + control.add,
+            abort=cur.abort or control.abort,
+        )
+
+    def abort(self, job_id: str) -> None:
+        self._aborted.add(job_id)
+
+    def forget(self, job_id: str) -> None:
+        self._control.pop(job_id, None)
+        self._aborted.discard(job_id)
+
+    def stop_config(self, config_id: str) -> None:
+        self._stops.append(config_id)
+
+    def set_snapshot(self, snapshot: dict[str, Any]) -> None:
+        self._snapshot = snapshot
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._snapshot
+
+
+def start_relay(name: str) -> Any:
+    """Create the named relay actor on the driver's node (0 CPUs, so it never blocks jobs)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    return (
+        ray.remote(CoordinatorActor)
+        .options(
+            name=name,
+            num_cpus=0,
+            max_concurrency=1,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True),
+        )
+        .remote()
+    )
+
+
+__all__ = ["CoordinatorActor", "start_relay"]

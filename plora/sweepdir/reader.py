@@ -1,0 +1,230 @@
+"""Read a sweep directory into pandas DataFrames and dicts: no Ray, no torch.
+
+The reader of what :mod:`plora.sweepdir.store` writes (files and columns:
+:mod:`plora.sweepdir.schema`), used by :mod:`plora.analysis` (hence notebooks and ``plora
+report``). It is tolerant: a missing optional file gives an empty frame with the schema's
+columns, ``results.parquet`` may hold its hyperparameters as one ``hyperparameters`` column of
+dicts / JSON strings, ``jobs.parquet`` times may be datetimes and its ``gpus`` a list of GPU ids.
+``decisions.parquet`` is read in place of ``decisions.jsonl`` when present.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from plora.config import ConfigError
+from plora.sweepdir import schema
+
+#: Files of which a sweep directory holds at least one.
+SWEEP_FILES: tuple[str, ...] = (
+    schema.RESULTS_PARQUET,
+    schema.METRICS_PARQUET,
+    schema.JOBS_PARQUET,
+    schema.PLAN_JSON,
+)
+
+
+def check_sweep_dir(path: str | Path) -> Path:
+    """``path`` as a :class:`Path`; :class:`ConfigError` unless it holds a sweep."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"sweep dir {str(path)!r}: not a directory; pass the sweep's output dir")
+    if not any((path / f).exists() for f in SWEEP_FILES):
+        raise ConfigError(
+            f"sweep dir {str(path)!r}: none of {', '.join(SWEEP_FILES)} found; "
+            "pass the directory `plora sweep` wrote"
+        )
+    return path
+
+
+def read_results(path: Path) -> pd.DataFrame:
+    """``results.parquet``: one row per config, hyperparameters as flat columns."""
+    return _normalize_results(_read_parquet(path / schema.RESULTS_PARQUET, schema.RESULT_COLUMNS))
+
+
+def read_metrics(path: Path) -> pd.DataFrame:
+    """``metrics.parquet``, sorted by (config_id, step)."""
+    return _normalize_metrics(_read_parquet(path / schema.METRICS_PARQUET, schema.METRIC_COLUMNS))
+
+
+def read_jobs(path: Path) -> pd.DataFrame:
+    """``jobs.parquet``; ``start``/``end`` in seconds since the first start, plus ``num_gpus``."""
+    return _normalize_jobs(_read_parquet(path / schema.JOBS_PARQUET, schema.JOB_COLUMNS))
+
+
+def read_plan(path: Path) -> dict[str, Any]:
+    """``plan.json`` (``{}`` when absent)."""
+    return _read_json(path / schema.PLAN_JSON)
+
+
+def read_sweep(path: Path) -> dict[str, Any]:
+    """``sweep.yaml`` as a plain dict (``{}`` when absent)."""
+    return _read_sweep(path / schema.SWEEP_YAML)
+
+
+def read_decisions(path: Path) -> pd.DataFrame:
+    """Coordinator decisions, one row each (empty when absent)."""
+    return _read_decisions(path)
+
+
+#: Statuses that mean a config finished (plora writes ``done``; other tools' words too).
+SUCCESS_STATUSES = frozenset(
+    {
+        str(schema.ConfigStatus.DONE),
+        "finished",
+        "completed",
+        "complete",
+        "succeeded",
+        "success",
+        "ok",
+    }
+)
+
+
+def _read_parquet(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        raise ConfigError(
+            f"{path}: cannot read parquet ({type(exc).__name__}: {exc}); re-run or remove the file"
+        ) from None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON ({exc}); re-run the planner") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _read_sweep(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML ({exc})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _read_decisions(path: Path) -> pd.DataFrame:
+    if (path / "decisions.parquet").exists():
+        return pd.read_parquet(path / "decisions.parquet")
+    jl = path / schema.DECISIONS_JSONL
+    if jl.exists():
+        rows = [json.loads(line) for line in jl.read_text().splitlines() if line.strip()]
+        return pd.DataFrame(rows)
+    return pd.DataFrame()
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str) and value:
+        data = json.loads(value)
+        return data if isinstance(data, dict) else {}
+    return {}
+
+
+def _normalize_results(df: pd.DataFrame) -> pd.DataFrame:
+    """Flatten a ``hyperparameters`` column and make list-valued cells hashable strings."""
+    df = df.copy()
+    if "hyperparameters" in df.columns:
+        hp = pd.DataFrame([_as_dict(v) for v in df["hyperparameters"]], index=df.index)
+        df = df.drop(columns="hyperparameters")
+        for col in hp.columns:
+            if col not in df.columns:
+                df[col] = hp[col]
+    if "target_modules" in df.columns:
+        df["target_modules"] = df["target_modules"].map(_modules_str)
+    for col in ("final_train_loss", "eval_loss", "eval_metric", "gpu_seconds"):
+        if col in df.columns:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    return df.reset_index(drop=True)
+
+
+def _modules_str(value: Any) -> Any:
+    if isinstance(value, str) or value is None:
+        return value
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return ",".join(str(v) for v in value)
+
+
+def _normalize_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty:
+        return df
+    df = df.copy()
+    for col in ("step", "loss", "lr", "tokens", "time"):
+        if col in df.columns:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    keys = [c for c in ("config_id", "step") if c in df.columns]
+    return df.sort_values(keys, kind="stable").reset_index(drop=True) if keys else df
+
+
+def _to_seconds(col: pd.Series) -> pd.Series:
+    if pd.api.types.is_datetime64_any_dtype(col):
+        return (col - col.min()).dt.total_seconds()
+    return pd.to_numeric(col, errors="coerce")
+
+
+def _normalize_jobs(df: pd.DataFrame) -> pd.DataFrame:
+    """Times to seconds since the first start; ``config_ids`` to lists; add ``num_gpus``."""
+    if df.empty:
+        return df.assign(num_gpus=pd.Series(dtype="int64"))
+    df = df.copy()
+    start, end = _to_seconds(df["start"]), _to_seconds(df["end"])
+    if pd.api.types.is_datetime64_any_dtype(df["start"]):
+        origin = df["start"].min()
+        end = (df["end"] - origin).dt.total_seconds()
+    t0 = start.min()
+    df["start"], df["end"] = start - t0, end - t0
+    df["config_ids"] = df["config_ids"].map(_as_list)
+    gpus = df["gpus"]
+    df["num_gpus"] = [len(_as_list(g)) if _is_listlike(g) else int(g) for g in gpus]
+    if "gpu_ids" not in df.columns:
+        df["gpu_ids"] = [[int(i) for i in _as_list(g)] if _is_listlike(g) else None for g in gpus]
+    return df.sort_values("start", kind="stable").reset_index(drop=True)
+
+
+def _is_listlike(value: Any) -> bool:
+    return not isinstance(value, str | bytes | int | float) and hasattr(value, "__len__")
+
+
+def _as_list(value: Any) -> list[Any]:
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return [v for v in value.split(",") if v]
+        return list(parsed) if isinstance(parsed, list) else [parsed]
+    if value is None:
+        return []
+    return list(value)
+
+
+__all__ = [
+    "SUCCESS_STATUSES",
+    "SWEEP_FILES",
+    "check_sweep_dir",
+    "read_decisions",
+    "read_jobs",
+    "read_metrics",
+    "read_plan",
+    "read_results",
+    "read_sweep",
+]

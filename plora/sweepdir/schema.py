@@ -1,0 +1,179 @@
+"""The sweep directory's schema: its files, the columns of its tables and their dtypes.
+
+A sweep directory is the interface between a run and everything that reads it (DESIGN
+decision 9): the runtime writes it (:mod:`plora.sweepdir.store`), ``plora status`` / ``plora
+report``, the notebooks and :mod:`plora.analysis` read it (:mod:`plora.sweepdir.reader`). This
+module is the one place that says what is in it. Layout (``DIR`` is ``plora sweep --out DIR``)::
+
+    DIR/sweep.yaml          the resolved sweep config
+    DIR/base_model/         built-in tiny base model saved as a HF dir (adapters reload on it)
+    DIR/base_model.json     the base-model reference ({"name_or_path", "dtype", "local_dir"})
+    DIR/plan.json           the latest plan; DIR/plans/plan-NNN.json every plan in order
+    DIR/decisions.jsonl     one JSON line per coordinator decision (append-only)
+    DIR/jobs.parquet        one row per job attempt (:data:`JOB_COLUMNS`)
+    DIR/metrics.parquet     one row per (config, step) (:data:`METRIC_COLUMNS`)
+    DIR/results.parquet     one row per config (:data:`RESULT_COLUMNS`)
+    DIR/adapters/<id>/      PEFT adapters; DIR/checkpoints/<job_id>/ train-state checkpoints
+    DIR/state.json          coordinator state for ``--resume`` (holds :data:`SCHEMA_VERSION`)
+
+Dtypes are pandas' names as ``DataFrame.dtypes`` shows them after a round trip through
+Parquet (``str`` columns may hold None; ``object`` columns hold lists, or values that may be
+None throughout).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ConfigStatus(StrEnum):
+    """Where one config is in the sweep (``results.parquet``'s ``status``)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class JobStatus(StrEnum):
+    """Where one job attempt is (``jobs.parquet``'s ``status``)."""
+
+    RUNNING = "running"
+    DONE = "done"
+    DIED = "died"
+    OOM = "oom"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+#: Version of this layout; bump it when a file or column changes meaning.
+SCHEMA_VERSION = 1
+
+SWEEP_YAML = "sweep.yaml"
+BASE_MODEL_DIR = "base_model"
+BASE_MODEL_JSON = "base_model.json"
+PLAN_JSON = "plan.json"
+PLANS_DIR = "plans"
+DECISIONS_JSONL = "decisions.jsonl"
+JOBS_PARQUET = "jobs.parquet"
+METRICS_PARQUET = "metrics.parquet"
+RESULTS_PARQUET = "results.parquet"
+ADAPTERS_DIR = "adapters"
+CHECKPOINTS_DIR = "checkpoints"
+STATE_JSON = "state.json"
+
+#: Hyperparameter columns of ``results.parquet`` (``LoRAConfig.hparams()``), in the order
+#: tables and plots show them.
+HPARAM_DTYPES: dict[str, str] = {
+    "rank": "int64",
+    "alpha": "float64",
+    "lr": "float64",
+    "batch_size": "int64",
+    "target_modules": "str",  # comma-joined projection names
+    "dropout": "float64",
+    "max_steps": "int64",
+    "epochs": "object",  # float or None
+    "warmup_steps": "int64",
+    "schedule": "str",
+    "weight_decay": "float64",
+    "max_grad_norm": "float64",
+    "use_rslora": "bool",
+    "seed": "int64",
+}
+
+#: ``results.parquet``: one row per config, its hyperparameters and how its training ended.
+RESULT_DTYPES: dict[str, str] = {
+    "config_id": "str",
+    **HPARAM_DTYPES,
+    "status": "str",  # ConfigStatus
+    "final_train_loss": "float64",
+    "eval_loss": "float64",
+    "eval_metric": "float64",
+    "metric_name": "str",
+    "steps": "int64",
+    "tokens": "int64",
+    "gpu_seconds": "float64",
+    "job_id": "str",
+    "adapter_path": "str",
+    "error": "object",  # str or None
+}
+
+#: ``metrics.parquet``: one row per (config, optimizer step).
+METRIC_DTYPES: dict[str, str] = {
+    "config_id": "str",
+    "job_id": "str",
+    "step": "int64",
+    "loss": "float64",
+    "lr": "float64",
+    "tokens": "int64",
+    "grad_norm": "float64",
+    "step_time_s": "float64",
+    "time": "float64",  # seconds since the sweep started
+}
+
+#: The per-phase seconds of a job on its workers (``plora.engine.api.JobTimings``).
+JOB_TIMINGS: tuple[str, ...] = (
+    "load_s",
+    "start_s",
+    "train_s",
+    "eval_s",
+    "export_s",
+    "checkpoint_s",
+)
+
+#: ``jobs.parquet``: one row per attempt of a job.
+JOB_DTYPES: dict[str, str] = {
+    "job_id": "str",
+    "config_ids": "object",  # list of config ids
+    "gpus": "int64",
+    "gpu_ids": "object",  # list of GPU ids
+    "node": "str",
+    "start": "float64",
+    "end": "float64",
+    "status": "str",  # JobStatus
+    "attempt": "int64",
+    "strategy": "object",  # str or None (d = 1)
+    **dict.fromkeys(JOB_TIMINGS, "float64"),
+    "model_loads": "int64",
+}
+
+HPARAM_COLUMNS: tuple[str, ...] = tuple(HPARAM_DTYPES)
+RESULT_COLUMNS: tuple[str, ...] = tuple(RESULT_DTYPES)
+METRIC_COLUMNS: tuple[str, ...] = tuple(METRIC_DTYPES)
+JOB_COLUMNS: tuple[str, ...] = tuple(JOB_DTYPES)
+
+#: The tables, by file name.
+TABLES: dict[str, dict[str, str]] = {
+    RESULTS_PARQUET: RESULT_DTYPES,
+    METRICS_PARQUET: METRIC_DTYPES,
+    JOBS_PARQUET: JOB_DTYPES,
+}
+
+__all__ = [
+    "ADAPTERS_DIR",
+    "BASE_MODEL_DIR",
+    "BASE_MODEL_JSON",
+    "CHECKPOINTS_DIR",
+    "DECISIONS_JSONL",
+    "HPARAM_COLUMNS",
+    "HPARAM_DTYPES",
+    "JOBS_PARQUET",
+    "JOB_COLUMNS",
+    "JOB_DTYPES",
+    "JOB_TIMINGS",
+    "METRICS_PARQUET",
+    "METRIC_COLUMNS",
+    "METRIC_DTYPES",
+    "PLANS_DIR",
+    "PLAN_JSON",
+    "RESULTS_PARQUET",
+    "RESULT_COLUMNS",
+    "RESULT_DTYPES",
+    "SCHEMA_VERSION",
+    "STATE_JSON",
+    "SWEEP_YAML",
+    "TABLES",
+    "ConfigStatus",
+    "JobStatus",
+]
