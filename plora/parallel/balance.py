@@ -25,6 +25,7 @@ Pure Python, no torch.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 
@@ -100,7 +101,7 @@ def balanced_micro_batches(
     flat = [(slot, j, t) for slot in sorted(rows) for j, t in enumerate(rows[slot])]
     bounds = linear_partition([t for _, _, t in flat], k)
     bins: list[dict[int, tuple[int, int]]] = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         part: dict[int, tuple[int, int]] = {}
         for slot, j, _ in flat[lo:hi]:
             offset, count = part.get(slot, (j, 0))

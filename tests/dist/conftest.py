@@ -1,0 +1,11 @@
+"""The dist tier: gloo process groups of 2 and 4 CPU processes spawned by the tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/dist/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.dist)
