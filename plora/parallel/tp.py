@@ -29,8 +29,11 @@ steps), :class:`~plora.engine.packed_optim.PackedAdamW` adopts them into flat bu
 DTensor parameter survives none of these, and wrapping each kernel call in ``to_local`` /
 ``from_local`` is the same two collectives with more machinery. So each rank keeps its local
 shards as ordinary tensors and the layer gets Megatron's two conjugate operators as module
-hooks: ``f`` before a column-wise layer (identity forward, all-reduce of ``∂x`` backward) and
-``g`` after a row-wise one (all-reduce forward, identity backward). The partial parameter
+hooks: ``f`` on the input of a block of column-wise layers (identity forward, all-reduce of
+``∂x`` backward; one per attention and one per MLP, since q/k/v and gate/up read the block's
+input -- true of the Llama/Qwen2 families the engine wraps) and ``g`` after a row-wise layer
+(all-reduce forward, identity backward): per layer and token, 2 all-reduces of ``h`` values
+forward and 2 backward. The partial parameter
 gradients (``∂A`` column-wise, ``∂Bt`` row-wise) are all-reduced by
 :class:`plora.parallel.optim.ParallelPackedAdamW` before its step, which also sums each slot's
 gradient norm over the shards. Keyed dropout draws full-width masks and slices them
@@ -124,7 +127,6 @@ def _shard_layer(layer: PackedLoRALinear, style: TPStyle, group, name: str) -> N
             if base.bias is not None:
                 base.bias = nn.Parameter(base.bias[cut].clone(), requires_grad=False)
             layer._replace(layer.A.detach().clone(), layer.Bt.detach()[:, cut].clone())
-            layer.register_forward_pre_hook(lambda _m, args: (_CopyToTP.apply(args[0], group),))
         else:
             cut = _span(layer.in_features, size, rank, f"{name}.in_features")
             base.weight = nn.Parameter(base.weight[:, cut].clone(), requires_grad=False)
@@ -169,6 +171,29 @@ def apply_tp(model: nn.Module, *, tp_group: dist.ProcessGroup, plan=TP_PLAN) -> 
         if proj not in plan:
             raise ValueError(f"apply_tp: no TP style for {name}; plan has {sorted(plan)}")
         _shard_layer(layer, TPStyle(plan[proj]), tp_group, name)
+    # One ``f`` per block input, not per projection: q/k/v read the attention's input and
+    # gate/up the MLP's, so one all-reduce of ∂x per block (Megatron's 2 per layer backward).
+    parents = {n.rsplit(".", 1)[0] for n, m in layers.items() if m.tp_style is TPStyle.COLWISE}
+    for parent in sorted(parents):
+        model.get_submodule(parent).register_forward_pre_hook(
+            _copy_block_input(tp_group), with_kwargs=True
+        )
+
+
+def _copy_block_input(group):
+    """A pre-hook putting ``f`` on a block's input (first positional or ``hidden_states``)."""
+
+    def hook(module, args, kwargs):
+        if args:
+            return (_CopyToTP.apply(args[0], group), *args[1:]), kwargs
+        if "hidden_states" in kwargs:
+            return args, {
+                **kwargs,
+                "hidden_states": _CopyToTP.apply(kwargs["hidden_states"], group),
+            }
+        raise RuntimeError(f"apply_tp: cannot find the input of {type(module).__name__}")
+
+    return hook
 
 
 def gather_factor(layer: PackedLoRALinear, factor: str, t: torch.Tensor) -> torch.Tensor:
