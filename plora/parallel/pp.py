@@ -92,6 +92,15 @@ class PipelineStageModule(nn.Module):
         self._calls = 0
 
     @property
+    def hidden_dtype(self) -> torch.dtype:
+        """dtype of the residual stream between stages: the frozen base's (not the fp32 LoRA
+        factors'), as autocast leaves the residual additions in the weights' dtype."""
+        for name, p in self.blocks.named_parameters():
+            if not name.endswith((".A", ".Bt")):
+                return p.dtype
+        return torch.float32
+
+    @property
     def is_first(self) -> bool:
         return self.stage == 0
 
@@ -161,7 +170,6 @@ def run_1f1b(
     labels: torch.Tensor,
     micro: Sequence[MicroBatchRouting],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    hidden_dtype: torch.dtype = torch.float32,
 ) -> None:
     """Forward and backward of one step's ``M = len(micro)`` micro-batches with 1F1B.
 
@@ -179,7 +187,7 @@ def run_1f1b(
         raise ValueError(f"run_1f1b: {input_ids.shape[0]} rows do not split into {n} micro-batches")
     rows, width = input_ids.shape[0] // n, input_ids.shape[1]
     # static shapes (no metadata inference): hidden states carry gradients between stages
-    hidden = torch.empty(rows, width, module.config.hidden_size, dtype=hidden_dtype,
+    hidden = torch.empty(rows, width, module.config.hidden_size, dtype=module.hidden_dtype,
                          device=input_ids.device, requires_grad=True)  # fmt: skip
     first_in = input_ids[:rows]
     stage = PipelineStage(

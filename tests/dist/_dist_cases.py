@@ -37,6 +37,32 @@ CONFIGS = [
                target_modules=("gate_proj", "up_proj", "down_proj", "k_proj"),
                schedule="cosine", use_rslora=True, max_grad_norm=None),
 ]  # fmt: skip
+#: Joins after step 2 into the slot "b" leaves (refill cases).
+JOINER = LoRAConfig(config_id="e", rank=12, alpha=24, lr=1e-2, batch_size=2, seed=9, max_steps=3,
+                    target_modules=("q_proj", "up_proj", "down_proj"), dropout=0.05)  # fmt: skip
+
+
+def train(trainer, *, refill: bool) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Add the pack and step until every adapter is done; with ``refill``, "b" stops after
+    step 2 and "e" takes its slot. Returns per-adapter losses and gradient norms per step."""
+    for cfg in CONFIGS:
+        trainer.add(cfg)
+    losses: dict[str, list[float]] = {}
+    norms: dict[str, list[float]] = {}
+    while trainer.active:
+        if refill and trainer.global_step == 2:
+            trainer.remove("b")
+            trainer.release("b")
+            trainer.add(JOINER)
+        for m in trainer.step():
+            losses.setdefault(m.config_id, []).append(m.loss)
+            norms.setdefault(m.config_id, []).append(m.grad_norm)
+    return losses, norms
+
+
+def trained_ids(refill: bool) -> list[str]:
+    """Adapters whose weights a case keeps (a released adapter's are gone)."""
+    return ["a", "c", "e"] if refill else [c.config_id for c in CONFIGS]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,6 +75,7 @@ class Case:
     tp: int = 1
     microbatches: int | None = None
     shard_base: bool = True
+    refill: bool = False
 
     @property
     def world_size(self) -> int:
@@ -76,17 +103,11 @@ def _run_case(rank: int, case: Case, port: int, out: Path) -> None:
             model, TOKENIZER, toy_dataset(), device="cpu", dims=dims, mesh=mesh, stage=stage,
             microbatches=case.microbatches,
         )  # fmt: skip
-        for cfg in CONFIGS:
-            trainer.add(cfg)
-        losses: dict[str, list[float]] = {}
-        norms: dict[str, list[float]] = {}
-        for _ in range(STEPS):
-            for m in trainer.step():
-                losses.setdefault(m.config_id, []).append(m.loss)
-                norms.setdefault(m.config_id, []).append(m.grad_norm)
-        weights = {c.config_id: trainer.adapter_weights(c.config_id) for c in CONFIGS}
-        for cfg in CONFIGS:
-            trainer.export_adapter(cfg.config_id, out / case.name / cfg.config_id)
+        losses, norms = train(trainer, refill=case.refill)
+        ids = trained_ids(case.refill)
+        weights = {cid: trainer.adapter_weights(cid) for cid in ids}
+        for cid in ids:
+            trainer.export_adapter(cid, out / case.name / cid)
         result = {"losses": losses, "norms": norms, "weights": weights, "layout": _layout(trainer)}
         torch.save(result, out / f"{case.name}.rank{rank}.pt")
     finally:

@@ -14,9 +14,10 @@ import time
 
 import pytest
 import torch
-from _dist_cases import CONFIGS, STEPS, Case, spawn
+from _dist_cases import CONFIGS, JOINER, STEPS, Case, spawn, train, trained_ids
 from _engine_testlib import TOKENIZER, assert_same_adapter, tiny_model, toy_dataset
 
+from plora.engine.lora import adapter_state_dict
 from plora.engine.trainer import PackedTrainer
 
 TWO = [
@@ -24,6 +25,7 @@ TWO = [
     Case(name="fsdp2", fsdp=2, microbatches=4),  # 8 bins for 6 rows: rank 1 idles twice a step
     Case(name="fsdp2-base-whole", fsdp=2, shard_base=False),
     Case(name="pp2", pp=2, microbatches=3),
+    Case(name="tp2-refill", tp=2, refill=True),  # "b" leaves after step 2, "e" takes its slot
 ]
 FOUR = [Case(name="fsdp2xtp2", fsdp=2, tp=2)]
 
@@ -35,6 +37,7 @@ LAYOUT = {
     "fsdp2": ((16, 32), 32, True, 2, (0, 2 * STEPS)),
     "fsdp2-base-whole": ((32, 32), 32, False, 2, (0, 0)),
     "pp2": ((32, 32), 32, False, 1, (0, 0)),
+    "tp2-refill": ((16, 32), 16, False, 2, (0, 0)),
     "fsdp2xtp2": ((8, 32), 16, True, 2, (0, 0, 0, 0)),
 }
 TIMINGS: dict[str, float] = {}
@@ -42,25 +45,21 @@ TIMINGS: dict[str, float] = {}
 
 @pytest.fixture(scope="module")
 def reference():
-    """Per-step losses, norms and final weights of one process training the same pack."""
+    """Per-step losses, norms and final weights of one process training the same pack
+    (``{refill: result}``)."""
     torch.set_num_threads(1)
     base = tiny_model("qwen2")
-    trainer = PackedTrainer(copy.deepcopy(base), TOKENIZER, toy_dataset(), device="cpu")
-    for cfg in CONFIGS:
-        trainer.add(cfg)
-    losses: dict[str, list[float]] = {}
-    norms: dict[str, list[float]] = {}
-    for _ in range(STEPS):
-        for m in trainer.step():
-            losses.setdefault(m.config_id, []).append(m.loss)
-            norms.setdefault(m.config_id, []).append(m.grad_norm)
-    from plora.engine.lora import adapter_state_dict
-
-    weights = {
-        c.config_id: adapter_state_dict(trainer.model, trainer.slot_of(c.config_id))
-        for c in CONFIGS
-    }
-    return {"losses": losses, "norms": norms, "weights": weights, "base": base}
+    out = {}
+    for refill in (False, True):
+        trainer = PackedTrainer(copy.deepcopy(base), TOKENIZER, toy_dataset(), device="cpu")
+        losses, norms = train(trainer, refill=refill)
+        weights = {
+            cid: adapter_state_dict(trainer.model, trainer.slot_of(cid))
+            for cid in trained_ids(refill)
+        }
+        out[refill] = {"losses": losses, "norms": norms, "weights": weights}
+    out["base"] = base
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -84,17 +83,23 @@ def test_parallel_equals_single_process(case, runs, reference):
         assert (layout["base_dtensors"] > 0) == fsdp
         assert layout["layers_here"] == layers
         assert layout["idle_micro_batches"] == idle[rank]
-        for cfg in CONFIGS:
-            cid = cfg.config_id
+        ref = reference[case.refill]
+        assert sorted(got["losses"]) == sorted(ref["losses"])
+        for cid in ref["losses"]:
             torch.testing.assert_close(
-                torch.tensor(got["losses"][cid]), torch.tensor(reference["losses"][cid]),
+                torch.tensor(got["losses"][cid]), torch.tensor(ref["losses"][cid]),
                 rtol=1e-5, atol=1e-6,
             )  # fmt: skip
             torch.testing.assert_close(
-                torch.tensor(got["norms"][cid]), torch.tensor(reference["norms"][cid]),
+                torch.tensor(got["norms"][cid]), torch.tensor(ref["norms"][cid]),
                 rtol=1e-5, atol=1e-6,
             )  # fmt: skip
-            assert_same_adapter(got["weights"][cid], reference["weights"][cid])
+        assert sorted(got["weights"]) == trained_ids(case.refill)
+        for cid in trained_ids(case.refill):
+            assert_same_adapter(got["weights"][cid], ref["weights"][cid])
+            assert any(  # the adapter trained: B moved from its zero init
+                v.abs().max() > 1e-4 for k, v in got["weights"][cid].items() if "lora_B" in k
+            )
             # the adapter trained: B moved from zero
             assert any(
                 v.abs().max() > 1e-4 for k, v in got["weights"][cid].items() if "lora_B" in k
@@ -105,13 +110,14 @@ def test_parallel_equals_single_process(case, runs, reference):
 def test_exported_adapters_reload_with_peft(case, runs, reference):
     from peft import PeftModel, get_peft_model_state_dict
 
-    for cfg in CONFIGS:
+    ranks = {c.config_id: c.rank for c in [*CONFIGS, JOINER]}
+    for cid in trained_ids(case.refill):
         pm = PeftModel.from_pretrained(
-            copy.deepcopy(reference["base"]), str(runs / case.name / cfg.config_id)
+            copy.deepcopy(reference["base"]), str(runs / case.name / cid)
         )
         loaded = {k: v.detach() for k, v in get_peft_model_state_dict(pm).items()}
-        assert_same_adapter(loaded, reference["weights"][cfg.config_id])
-        assert pm.peft_config["default"].r == cfg.rank
+        assert_same_adapter(loaded, reference[case.refill]["weights"][cid])
+        assert pm.peft_config["default"].r == ranks[cid]
 
 
 def test_dist_group_timing(runs):
