@@ -34,17 +34,12 @@ def parallelize(
     3. TP (:func:`~plora.parallel.tp.apply_tp`): split each projection (base and LoRA
        placements together) over the ``tp`` ranks.
     4. FSDP (:func:`~plora.parallel.fsdp.apply_fsdp`): shard each layer's (TP-local) frozen
-       base over the ``fsdp`` ranks, adapters left replicated; ``shard_base=False`` keeps the
-       base whole.
+       base over the ``fsdp`` ranks (the stage as root under PP), adapters left replicated;
+       ``shard_base=False`` keeps the base whole.
 
-    Adapters are added afterwards (the trainer's ``add``). Combinations tested: tp, fsdp, pp
-    and fsdp x tp; PP with TP or FSDP is refused until tested.
+    Adapters are added afterwards (the trainer's ``add``). Tested (``tests/dist``): tp, fsdp,
+    pp, fsdp x tp, pp x tp and pp x fsdp (not yet all three at once: 8 processes).
     """
-    if dims.pp > 1 and (dims.tp > 1 or dims.fsdp > 1):
-        raise ValueError(
-            f"parallelize: pp={dims.pp} with tp={dims.tp}/fsdp={dims.fsdp} is not supported "
-            "yet; use pipeline parallelism alone or fsdp x tp"
-        )
     if dims.world_size > 1 and mesh is None:
         raise ValueError("parallelize: world_size > 1 needs the mesh (dims.build_mesh(...))")
     if not packed_layers(model):
@@ -61,7 +56,7 @@ def parallelize(
     if dims.fsdp > 1:
         from plora.parallel.fsdp import apply_fsdp
 
-        apply_fsdp(model, dp_mesh=mesh["fsdp"], shard_base=shard_base)
+        apply_fsdp(model, dp_mesh=mesh["fsdp"], shard_base=shard_base, stage=stage)
     return stage
 
 

@@ -38,6 +38,7 @@ def apply_fsdp(
     dp_mesh: DeviceMesh,
     shard_base: bool = True,
     reshard_after_forward: bool = True,
+    stage: nn.Module | None = None,
 ) -> None:
     """Shard the frozen base of ``model``'s decoder over ``dp_mesh`` (in place).
 
@@ -50,6 +51,8 @@ def apply_fsdp(
         shard_base: False keeps the base replicated (only the adapters' gradients are summed).
         reshard_after_forward: free each layer's gathered weights after its forward (ZeRO-3);
             False keeps them until backward (ZeRO-2-like, more memory, half the all-gathers).
+        stage: this rank's pipeline stage (:func:`plora.parallel.pp.apply_pp`): it, not the
+            decoder, is the root unit (the pipeline calls it; it holds the embeddings / norm).
     """
     if dp_mesh.ndim != 1:
         raise ValueError(f"apply_fsdp: dp_mesh must be 1-D, got {dp_mesh.ndim} dims")
@@ -68,7 +71,8 @@ def apply_fsdp(
                 reshard_after_forward=reshard_after_forward,
                 ignored_params=adapters,
             )
-    fully_shard(decoder, mesh=dp_mesh, reshard_after_forward=False, ignored_params=adapters)
+    root = decoder if stage is None else stage
+    fully_shard(root, mesh=dp_mesh, reshard_after_forward=False, ignored_params=adapters)
 
 
 __all__ = ["apply_fsdp"]

@@ -1,4 +1,4 @@
-"""The packed trainer on one rank of a parallel job (FSDP, TP, PP and FSDP x TP).
+"""The packed trainer on one rank of a parallel job (FSDP, TP, PP and their products).
 
 Every rank runs the same :class:`~plora.engine.trainer.PackedTrainer` step: each adapter
 draws its own batch (the same on every rank: streams are seeded per config), the loss weights
@@ -10,8 +10,12 @@ What differs is which rows a rank runs and which shard of the weights it holds:
   micro-batches. A rank left without rows (fewer rows than bins) runs one pad row with zero
   weight, so every rank issues the same FSDP collectives. Gradients are summed over ranks.
 - **tensor parallel** (``tp``): every TP rank runs the same rows on its shards.
-- **pipeline parallel** (``pp``): the rows are cut into ``M`` token-balanced micro-batches
-  run by 1F1B (:mod:`plora.parallel.pp`); the last stage computes the loss.
+- **pipeline parallel** (``pp``): the rows (with FSDP: the rank's token-balanced share) are
+  cut into ``M`` token-balanced micro-batches run by 1F1B (:mod:`plora.parallel.pp`); the last
+  stage computes the loss.
+
+``max_rows`` sets the number of bins (``⌈rows / (F · max_rows)⌉`` per rank); a token-balanced
+bin may hold a few more rows than ``max_rows`` when its rows are short.
 
 Per-adapter CE sums are summed over data-parallel ranks (and broadcast from the last stage),
 so every rank reports the same losses; gradients and norms are combined by
@@ -139,20 +143,30 @@ class ParallelPackedTrainer(PackedTrainer):
             (hidden.sum() * 0.0).backward()
 
     def _accumulate_pp(self, batches, denoms, active):
-        """The step's rows as ``M`` token-balanced, equally padded micro-batches through 1F1B."""
+        """This data-parallel rank's share of the step's rows (all of them without FSDP) as
+        ``M`` token-balanced, equally padded micro-batches through 1F1B."""
         slots = sorted(batches)
+        fsdp = self.dims.fsdp
         total = sum(len(b) for b in batches.values())
         count = self.microbatches or max(
-            self.dims.pp, -(-total // self.max_rows) if self.max_rows else 1
+            self.dims.pp, -(-total // (fsdp * self.max_rows)) if self.max_rows else 1
         )
-        if count < self.dims.pp or total < count:
+        shares = self._bins(batches, fsdp)  # every rank computes every share: same checks
+        fewest = min(sum(c for _, c in share.values()) for share in shares)
+        if count < self.dims.pp or fewest < count:
             raise ValueError(
-                f"pipeline: {count} micro-batches for {total} rows and pp={self.dims.pp}; 1F1B "
-                "needs pp <= micro-batches <= rows (raise batch sizes or lower microbatches)"
+                f"pipeline: {count} micro-batches, pp={self.dims.pp}, {total} rows over "
+                f"fsdp={fsdp} ranks; 1F1B needs pp <= micro-batches <= rows per rank (raise "
+                "batch sizes or lower microbatches)"
             )
+        share = shares[self.coords["fsdp"]]
+        start = {s: o for s, (o, _) in share.items()}
+        mine = {s: batches[s][o : o + c] for s, (o, c) in share.items()}
         packs = [
-            self._pack({s: (o, batches[s][o : o + c]) for s, (o, c) in part.items()}, active)
-            for part in self._bins(batches, count)
+            self._pack(
+                {s: (start[s] + o, mine[s][o : o + c]) for s, (o, c) in part.items()}, active
+            )
+            for part in self._bins(mine, count)
         ]
         r_mb = max(pb.input_ids.shape[0] for pb, _ in packs)
         width = max(pb.input_ids.shape[1] for pb, _ in packs)
@@ -197,6 +211,8 @@ class ParallelPackedTrainer(PackedTrainer):
         for sums in sums_seen:
             for s, v in sums.items():
                 ce[slots.index(s)] += v
+        if self.dp_group is not None:
+            dist.all_reduce(ce, group=self.dp_group)
         last = dist.get_global_rank(self.pp_group, self.dims.pp - 1)
         dist.broadcast(ce, src=last, group=self.pp_group)
         return [(slots, ce)], packs, ids.shape[0], ids.numel(), width

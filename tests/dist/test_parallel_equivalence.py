@@ -1,7 +1,8 @@
 """Parallel packed training == single-process packed training (fp32, gloo, 2 and 4 processes).
 
-For tp=2, fsdp=2 (with idle ranks: more bins than rows), pp=2 (1F1B, 3 micro-batches) and
-fsdp=2 x tp=2, three adapters that differ in rank, targets, lr, batch size, clipping and
+For tp=2 (also with an adapter leaving and another joining its slot), fsdp=2 (with idle
+ranks: more bins than rows; and with the base kept whole), pp=2 (1F1B, 3 micro-batches),
+fsdp=2 x tp=2, pp=2 x tp=2 and pp=2 x fsdp=2, three adapters that differ in rank, targets, lr, batch size, clipping and
 dropout train for a few steps; every step's loss and gradient norm, and the final weights
 gathered from the shards, must equal a single-process ``PackedTrainer`` run (itself tested
 equal to PEFT), and the exported adapters must reload with PEFT and hold those weights.
@@ -27,7 +28,11 @@ TWO = [
     Case(name="pp2", pp=2, microbatches=3),
     Case(name="tp2-refill", tp=2, refill=True),  # "b" leaves after step 2, "e" takes its slot
 ]
-FOUR = [Case(name="fsdp2xtp2", fsdp=2, tp=2)]
+FOUR = [
+    Case(name="fsdp2xtp2", fsdp=2, tp=2),
+    Case(name="pp2xtp2", pp=2, tp=2, microbatches=3),
+    Case(name="pp2xfsdp2", pp=2, fsdp=2, microbatches=2),  # 3 rows per FSDP rank's pipeline
+]
 
 #: What each rank must hold (tiny model: q_proj 32 x 32, 2 layers): proof of the split.
 #: ``(q_proj local weight shape, q_proj Bt columns, base params sharded by FSDP?, layers held,
@@ -39,6 +44,8 @@ LAYOUT = {
     "pp2": ((32, 32), 32, False, 1, (0, 0)),
     "tp2-refill": ((16, 32), 16, False, 2, (0, 0)),
     "fsdp2xtp2": ((8, 32), 16, True, 2, (0, 0, 0, 0)),
+    "pp2xtp2": ((16, 32), 16, False, 1, (0, 0, 0, 0)),
+    "pp2xfsdp2": ((16, 32), 32, True, 1, (0, 0, 0, 0)),
 }
 TIMINGS: dict[str, float] = {}
 
