@@ -75,11 +75,14 @@ class ParallelPackedAdamW(PackedAdamW):
         if self.dp_group is not None:
             for g in self._groups:
                 dist.all_reduce(g.grad, group=self.dp_group)
-        if self.tp_group is not None:
-            for g in self._groups:
-                for m in g.members:
-                    if m.attr == _partial_attr(m.layer):
-                        dist.all_reduce(m.grad, group=self.tp_group)
+        if self.tp_group is not None:  # one bucket: the partial gradients of every layer
+            parts = [m.grad for g in self._groups for m in g.members
+                     if m.attr == _partial_attr(m.layer)]  # fmt: skip
+            if parts:
+                flat = torch.cat([p.reshape(-1) for p in parts])
+                dist.all_reduce(flat, group=self.tp_group)
+                for p, v in zip(parts, flat.split([p.numel() for p in parts]), strict=True):
+                    p.copy_(v.view_as(p))
         return super().step(lrs)
 
     def _slot_norm_sq(self) -> torch.Tensor:
