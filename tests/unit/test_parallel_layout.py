@@ -64,3 +64,44 @@ def test_stage_layers(n, stages, expected):
 def test_stage_layers_rejects_more_stages_than_layers():
     with pytest.raises(ValueError, match="stage 0 of 3 for 2 layers"):
         stage_layers(2, 3, 0)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_one_process_token_balanced_micro_batches_equal_the_plain_trainer():
+    """d = 1: three token-balanced micro-batches (rows of an adapter split across them, keyed
+    dropout offsets carried) train exactly like one packed forward."""
+    import copy
+
+    from _engine_testlib import TOKENIZER, assert_same_adapter, tiny_model, toy_dataset
+
+    from plora.config import LoRAConfig
+    from plora.engine.lora import adapter_state_dict
+    from plora.engine.trainer import PackedTrainer
+    from plora.parallel import ParallelDims
+    from plora.parallel.trainer import ParallelPackedTrainer
+
+    configs = [
+        LoRAConfig(config_id="a", rank=4, alpha=8, lr=2e-2, batch_size=3, seed=1, max_steps=3,
+                   target_modules="all", dropout=0.2),
+        LoRAConfig(config_id="b", rank=8, alpha=8, lr=1e-2, batch_size=2, seed=2, max_steps=3,
+                   target_modules=("q_proj", "down_proj")),
+    ]  # fmt: skip
+    base, data = tiny_model("llama"), toy_dataset()
+    plain = PackedTrainer(copy.deepcopy(base), TOKENIZER, data, device="cpu")
+    split = ParallelPackedTrainer(
+        copy.deepcopy(base), TOKENIZER, data, device="cpu", dims=ParallelDims(), mesh=None,
+        microbatches=3,
+    )  # fmt: skip
+    for trainer in (plain, split):
+        for cfg in configs:
+            trainer.add(cfg)
+    for _ in range(3):
+        want = {m.config_id: m.loss for m in plain.step()}
+        got = {m.config_id: m.loss for m in split.step()}
+        assert split.last_step.micro_batches == 3
+        assert got == pytest.approx(want, rel=1e-6)
+    for cfg in configs:
+        assert_same_adapter(
+            adapter_state_dict(split.model, split.slot_of(cfg.config_id)),
+            adapter_state_dict(plain.model, plain.slot_of(cfg.config_id)),
+        )
