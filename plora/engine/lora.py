@@ -343,7 +343,10 @@ class PackedLoRALinear(nn.Module):
             return self.base_layer(x)
         fn = kernel() if x.is_cuda and _compute_dtype(x) in _FUSED_DTYPES else None
         if fn is not None:
-            return fused_forward(fn, self, x, pieces, seed=_mix(routing.nonce, self.key))
+            seed = _mix(routing.nonce, self.key)
+            if self.in_slice is not None:  # row-wise TP: each shard its own dropout stream
+                seed = _mix(seed, self.in_slice.start)
+            return fused_forward(fn, self, x, pieces, seed=seed)
         return _add_rows(self.base_layer(x), _lora_delta(self, x, pieces, routing), pieces)
 
     def _pieces(self, routing: Routing, rows: int) -> list[tuple[int, int, int]]:
