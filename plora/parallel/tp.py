@@ -214,4 +214,17 @@ def gather_factor(layer: PackedLoRALinear, factor: str, t: torch.Tensor) -> torc
     return torch.cat(parts, dim=dim.dim)
 
 
-__all__ = ["TP_PLAN", "TPStyle", "apply_tp", "gather_factor", "lora_placements"]
+def shard_factor(layer: PackedLoRALinear, factor: str, t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of one slot's whole ``A`` (r, in) or ``B`` (out, r): the inverse of
+    :func:`gather_factor` (no communication)."""
+    style = getattr(layer, "tp_style", None)
+    if style is None:
+        return t
+    dim = lora_placements(style)[0 if factor == "A" else 1]
+    if not isinstance(dim, Shard):
+        return t
+    group = layer.tp_group
+    return t.chunk(dist.get_world_size(group), dim=dim.dim)[dist.get_rank(group)].clone()
+
+
+__all__ = ["TP_PLAN", "TPStyle", "apply_tp", "gather_factor", "lora_placements", "shard_factor"]

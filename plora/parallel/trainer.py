@@ -38,7 +38,7 @@ from plora.engine.loss import packed_loss
 from plora.engine.trainer import PackedTrainer
 from plora.parallel.balance import balanced_micro_batches
 from plora.parallel.dims import ParallelDims
-from plora.parallel.export import full_adapter_state_dict
+from plora.parallel.export import full_adapter_state_dict, gather_keyed, shard_keyed
 from plora.parallel.optim import ParallelPackedAdamW
 from plora.parallel.pp import MicroBatchRouting, PipelineStageModule, run_1f1b
 
@@ -246,13 +246,38 @@ class ParallelPackedTrainer(PackedTrainer):
             dist.barrier()
 
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError(
-            "checkpoints of a parallel job are not written yet (issue 13, runtime item); "
-            "export the adapters with export_adapter"
-        )
+        """:meth:`PackedTrainer.state_dict` with whole adapters and moments (collective: every
+        rank calls it and gets the same state). It is layout-free: it resumes this job, a job
+        of other degrees, or a single-process :class:`PackedTrainer`."""
+        state = super().state_dict()
+        for cid in sorted(state["adapters"]):
+            st = state["adapters"][cid]
+            st["weights"] = gather_keyed(self.model, st["weights"], pp_group=self.pp_group)
+            opt = st["optimizer"]
+            if opt is not None:
+                for name in ("exp_avg", "exp_avg_sq"):
+                    opt[name] = gather_keyed(self.model, opt[name], pp_group=self.pp_group)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError("resuming a parallel job is not supported yet (issue 13)")
+        """Restore a whole state (this class's or a single process's :meth:`state_dict`, version
+        2) into this rank's shards and stage."""
+        if state.get("version") != 2:
+            raise ValueError(
+                f"parallel resume reads train-state version 2, got {state.get('version')!r}"
+            )
+        adapters = {}
+        for cid, st in state["adapters"].items():
+            st = {**st, "weights": shard_keyed(self.model, st["weights"])}
+            if st["optimizer"] is not None:
+                opt = st["optimizer"]
+                st["optimizer"] = {
+                    **opt,
+                    "exp_avg": shard_keyed(self.model, opt["exp_avg"]),
+                    "exp_avg_sq": shard_keyed(self.model, opt["exp_avg_sq"]),
+                }
+            adapters[cid] = st
+        super().load_state_dict({**state, "adapters": adapters})
 
 
 __all__ = ["ParallelPackedTrainer"]

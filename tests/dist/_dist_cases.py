@@ -42,14 +42,25 @@ JOINER = LoRAConfig(config_id="e", rank=12, alpha=24, lr=1e-2, batch_size=2, see
                     target_modules=("q_proj", "up_proj", "down_proj"), dropout=0.05)  # fmt: skip
 
 
-def train(trainer, *, refill: bool) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def train(trainer, *, refill: bool, rebuild=None, keep=None):
     """Add the pack and step until every adapter is done; with ``refill``, "b" stops after
-    step 2 and "e" takes its slot. Returns per-adapter losses and gradient norms per step."""
+    step 2 and "e" takes its slot; with ``rebuild`` (a function making a fresh trainer), the
+    run checkpoints after step 2 (``keep(state)`` sees it) and resumes in a new trainer.
+
+    Returns per-adapter losses and gradient norms per step, and the final trainer.
+    """
     for cfg in CONFIGS:
         trainer.add(cfg)
     losses: dict[str, list[float]] = {}
     norms: dict[str, list[float]] = {}
     while trainer.active:
+        if rebuild is not None and trainer.global_step == 2:
+            state = trainer.state_dict()
+            if keep is not None:
+                keep(state)
+            trainer = rebuild()
+            trainer.load_state_dict(state)
+            rebuild = None
         if refill and trainer.global_step == 2:
             trainer.remove("b")
             trainer.release("b")
@@ -57,7 +68,7 @@ def train(trainer, *, refill: bool) -> tuple[dict[str, list[float]], dict[str, l
         for m in trainer.step():
             losses.setdefault(m.config_id, []).append(m.loss)
             norms.setdefault(m.config_id, []).append(m.grad_norm)
-    return losses, norms
+    return losses, norms, trainer
 
 
 def trained_ids(refill: bool) -> list[str]:
@@ -76,6 +87,8 @@ class Case:
     microbatches: int | None = None
     shard_base: bool = True
     refill: bool = False
+    resume: bool = False
+    """Checkpoint after step 2 and go on in a freshly built model and trainer."""
 
     @property
     def world_size(self) -> int:
@@ -97,13 +110,22 @@ def _run_case(rank: int, case: Case, port: int, out: Path) -> None:
     try:
         dims = ParallelDims(pp=case.pp, fsdp=case.fsdp, tp=case.tp, world_size=case.world_size)
         mesh = dims.build_mesh("cpu")
-        model = tiny_model("qwen2")
-        stage = parallelize(model, dims=dims, mesh=mesh, shard_base=case.shard_base)
-        trainer = ParallelPackedTrainer(
-            model, TOKENIZER, toy_dataset(), device="cpu", dims=dims, mesh=mesh, stage=stage,
-            microbatches=case.microbatches,
-        )  # fmt: skip
-        losses, norms = train(trainer, refill=case.refill)
+
+        def build():
+            model = tiny_model("qwen2")
+            stage = parallelize(model, dims=dims, mesh=mesh, shard_base=case.shard_base)
+            return ParallelPackedTrainer(
+                model, TOKENIZER, toy_dataset(), device="cpu", dims=dims, mesh=mesh, stage=stage,
+                microbatches=case.microbatches,
+            )  # fmt: skip
+
+        def keep(state):
+            if rank == 0:
+                torch.save(state, out / f"{case.name}.state.pt")
+
+        losses, norms, trainer = train(
+            build(), refill=case.refill, rebuild=build if case.resume else None, keep=keep
+        )
         ids = trained_ids(case.refill)
         weights = {cid: trainer.adapter_weights(cid) for cid in ids}
         for cid in ids:

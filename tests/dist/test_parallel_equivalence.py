@@ -32,6 +32,7 @@ FOUR = [
     Case(name="fsdp2xtp2", fsdp=2, tp=2),
     Case(name="pp2xtp2", pp=2, tp=2, microbatches=3),
     Case(name="pp2xfsdp2", pp=2, fsdp=2, microbatches=2),  # 3 rows per FSDP rank's pipeline
+    Case(name="pp2xtp2-resume", pp=2, tp=2, resume=True),  # checkpoint at step 2, go on anew
 ]
 
 #: What each rank must hold (tiny model: q_proj 32 x 32, 2 layers): proof of the split.
@@ -46,6 +47,7 @@ LAYOUT = {
     "fsdp2xtp2": ((8, 32), 16, True, 2, (0, 0, 0, 0)),
     "pp2xtp2": ((16, 32), 16, False, 1, (0, 0, 0, 0)),
     "pp2xfsdp2": ((16, 32), 32, True, 1, (0, 0, 0, 0)),
+    "pp2xtp2-resume": ((16, 32), 16, False, 1, (0, 0, 0, 0)),
 }
 TIMINGS: dict[str, float] = {}
 
@@ -59,7 +61,7 @@ def reference():
     out = {}
     for refill in (False, True):
         trainer = PackedTrainer(copy.deepcopy(base), TOKENIZER, toy_dataset(), device="cpu")
-        losses, norms = train(trainer, refill=refill)
+        losses, norms, _ = train(trainer, refill=refill)
         weights = {
             cid: adapter_state_dict(trainer.model, trainer.slot_of(cid))
             for cid in trained_ids(refill)
@@ -125,6 +127,21 @@ def test_exported_adapters_reload_with_peft(case, runs, reference):
         loaded = {k: v.detach() for k, v in get_peft_model_state_dict(pm).items()}
         assert_same_adapter(loaded, reference[case.refill]["weights"][cid])
         assert pm.peft_config["default"].r == ranks[cid]
+
+
+def test_parallel_checkpoint_resumes_on_one_process(runs, reference):
+    """The pp2 x tp2 job's step-2 checkpoint is whole: a single-process trainer resumes it and
+    ends with the uninterrupted run's weights."""
+    state = torch.load(runs / "pp2xtp2-resume.state.pt", weights_only=False)
+    assert state["global_step"] == 2
+    trainer = PackedTrainer(
+        copy.deepcopy(reference["base"]), TOKENIZER, toy_dataset(), device="cpu"
+    )
+    trainer.load_state_dict(state)
+    while trainer.active:
+        trainer.step()
+    for cid, want in reference[False]["weights"].items():
+        assert_same_adapter(adapter_state_dict(trainer.model, trainer.slot_of(cid)), want)
 
 
 def test_dist_group_timing(runs):
