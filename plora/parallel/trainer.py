@@ -37,7 +37,7 @@ from plora.engine.lora import _mix
 from plora.engine.loss import packed_loss
 from plora.engine.trainer import PackedTrainer
 from plora.parallel.balance import balanced_micro_batches
-from plora.parallel.dims import ParallelDims
+from plora.parallel.dims import MESH_DIMS, ParallelDims
 from plora.parallel.export import full_adapter_state_dict, gather_keyed, shard_keyed
 from plora.parallel.optim import ParallelPackedAdamW
 from plora.parallel.pp import MicroBatchRouting, PipelineStageModule, run_1f1b
@@ -83,7 +83,8 @@ class ParallelPackedTrainer(PackedTrainer):
             return mesh[name].get_group() if name in dims.enabled else None
 
         self.dp_group, self.tp_group, self.pp_group = group("fsdp"), group("tp"), group("pp")
-        self.coords = dims.coords(dist.get_rank() if dist.is_initialized() else 0)
+        self.coords = {n: mesh.get_local_rank(n) if n in dims.enabled else 0 for n in MESH_DIMS}
+        """This rank's ``{"pp", "fsdp", "tp"}`` coordinates in the mesh."""
         self.optimizer = ParallelPackedAdamW(
             self.layers, dp_group=self.dp_group, tp_group=self.tp_group, pp_group=self.pp_group
         )
