@@ -51,12 +51,15 @@ LAYOUT = {
 }
 TIMINGS: dict[str, float] = {}
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def reference():
     """Per-step losses, norms and final weights of one process training the same pack
     (``{refill: result}``)."""
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the workers: same matmul reduction order
     base = tiny_model("qwen2")
     out = {}
     for refill in (False, True):
@@ -68,6 +71,7 @@ def reference():
         }
         out[refill] = {"losses": losses, "norms": norms, "weights": weights}
     out["base"] = base
+    torch.set_num_threads(threads)
     return out
 
 
