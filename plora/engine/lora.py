@@ -166,6 +166,9 @@ class PackedLoRALinear(nn.Module):
             moved); optimizers over these parameters re-sync on a new version.
         memo: per-version memo of host-side tables (gather indices, kernel slot tables);
             cleared with every new version.
+        in_slice: under row-wise tensor parallelism (:mod:`plora.parallel.tp`), the columns of
+            the full input this rank holds (``A`` then has those columns only; init and dropout
+            masks are drawn at full width and sliced); ``None`` otherwise.
 
     Shapes: input ``(R, ..., in)`` (rows first), output ``(R, ..., out)``.
     """
@@ -186,6 +189,7 @@ class PackedLoRALinear(nn.Module):
         self._order: tuple[int, ...] = ()
         self._splits: list[int] = []
         self.memo: dict = {}
+        self.in_slice: slice | None = None
         base_layer.requires_grad_(False)
 
     # ------------------------------------------------------------------ slots
@@ -217,6 +221,8 @@ class PackedLoRALinear(nn.Module):
         gen = torch.Generator().manual_seed(_mix(seed, self.key, 0x10A))
         a = torch.empty(rank, self.in_features, dtype=torch.float32)
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=gen)
+        if self.in_slice is not None:
+            a = a[:, self.in_slice]
         self.specs[slot] = SlotSpec(rank=rank, scale=float(scale), dropout=dropout, seed=seed)
         at = sum(_padded(self.specs[s].rank) for s in self._order if s < slot)
         pad = _padded(rank)
@@ -336,7 +342,10 @@ class PackedLoRALinear(nn.Module):
             return self.base_layer(x)
         fn = kernel() if x.is_cuda and _compute_dtype(x) in _FUSED_DTYPES else None
         if fn is not None:
-            return fused_forward(fn, self, x, pieces, seed=_mix(routing.nonce, self.key))
+            seed = _mix(routing.nonce, self.key)
+            if self.in_slice is not None:  # row-wise TP: each shard its own dropout stream
+                seed = _mix(seed, self.in_slice.start)
+            return fused_forward(fn, self, x, pieces, seed=seed)
         return _add_rows(self.base_layer(x), _lora_delta(self, x, pieces, routing), pieces)
 
     def _pieces(self, routing: Routing, rows: int) -> list[tuple[int, int, int]]:
@@ -371,20 +380,23 @@ def _dropped_input(
     if spec.dropout <= 0.0 or not layer.training:
         return xs
     step, offset = routing.dropout_keys.get(slot, (0, start))
+    cols = layer.in_slice  # row-wise TP: this rank's columns of the full-width mask
+    shape = xs.shape[1:] if cols is None else (*xs.shape[1:-1], layer.in_features)
     masks = [
         dropout_mask(
             seed=spec.seed,
             step=step,
             row=offset + j,
             key=layer.key,
-            shape=xs.shape[1:],
+            shape=shape,
             p=spec.dropout,
             device=xs.device,
             dtype=xs.dtype,
         )
         for j in range(stop - start)
     ]
-    return xs * torch.stack(masks)
+    mask = torch.stack(masks)
+    return xs * (mask if cols is None else mask[..., cols])
 
 
 def _lora_delta(

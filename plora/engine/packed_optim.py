@@ -272,18 +272,25 @@ class PackedAdamW:
         if device.type == "cuda":
             host = host.pin_memory()
         tab = host.to(device, non_blocking=True)
-        row_norms = torch.cat([torch.linalg.vector_norm(g.grad, dim=1) for g in self._groups])
-        order, offsets = self._by_slot
-        sq = torch.segment_reduce(
-            row_norms.double().square().index_select(0, order), "sum", offsets=offsets, unsafe=True
-        )
-        norm = sq.sqrt().float()
+        norm = self._slot_norm_sq().sqrt().float()
         clip = ((norm + _CLIP_EPS).reciprocal() * tab[:, _MAX_NORM]).clamp(max=1.0)
         coef = torch.where(tab[:, _CLIP] > 0, clip, tab[:, _ACTIVE])
         per_slot = torch.cat([tab[:, :_COEF], coef[:, None]], dim=1)
         for g in self._groups:
             self._update(g, per_slot.index_select(0, g.row_slot))
         return norm
+
+    def _slot_norm_sq(self) -> torch.Tensor:
+        """float64 ``(n,)``: each slot's sum of squared gradients over this process's rows.
+
+        Sharded optimizers (:mod:`plora.parallel.optim`) override this to add the other
+        ranks' shares; keep the row-then-slot order (deterministic, no atomics).
+        """
+        row_norms = torch.cat([torch.linalg.vector_norm(g.grad, dim=1) for g in self._groups])
+        order, offsets = self._by_slot
+        return torch.segment_reduce(
+            row_norms.double().square().index_select(0, order), "sum", offsets=offsets, unsafe=True
+        )
 
     def _update(self, g: _Group, f: torch.Tensor) -> None:
         """The AdamW update of one group with per-row factors ``f`` (rows, 6)."""

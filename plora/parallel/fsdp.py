@@ -1,0 +1,78 @@
+"""Fully sharded data parallelism (FSDP2) for the packed engine: the frozen base sharded.
+
+Each of ``F`` data-parallel ranks trains on its token-balanced share of every adapter's rows
+(:mod:`plora.parallel.balance`); the loss it backpropagates is its share
+``Σ_{t ∈ rank} CE_t / N_i`` (``N_i``: target tokens of adapter ``i``'s whole step batch), so
+the gradients *summed* over ranks are the full batch's, exactly as on one process.
+
+What is sharded. The frozen base weights of every decoder layer (one ``fully_shard`` unit per
+layer, plus the decoder as the root unit holding the embeddings and final norm) are sharded
+over the ``fsdp`` mesh dimension and all-gathered per layer in forward and again in backward
+(``reshard_after_forward``). The LM head stays whole on every rank (``packed_loss`` calls it
+chunk-wise outside the decoder; transformers' own plan keeps it full too).
+
+What is not. The packed LoRA factors ``A``/``Bt`` are *ignored* by FSDP (``ignored_params``)
+and replicated: an adapter joins or leaves by re-allocating them between steps, which FSDP's
+managed parameters cannot follow, and :class:`~plora.engine.packed_optim.PackedAdamW` keeps
+them in flat buffers; they are a few per cent of the base. Their gradients are summed over the
+``fsdp`` group by :class:`plora.parallel.optim.ParallelPackedAdamW` (one all-reduce per buffer
+width) and every rank takes the same AdamW step.
+
+``shard_base=False`` keeps the base whole on every rank (no FSDP at all: pure data parallelism
+of the adapters) when it fits -- FSDP re-gathers the base every micro-step, which costs more
+than it saves when memory is not the limit.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+
+from plora.engine.lora import packed_layers
+
+
+def apply_fsdp(
+    model: nn.Module,
+    *,
+    dp_mesh: DeviceMesh,
+    shard_base: bool = True,
+    reshard_after_forward: bool = True,
+    stage: nn.Module | None = None,
+) -> None:
+    """Shard the frozen base of ``model``'s decoder over ``dp_mesh`` (in place).
+
+    Call after ``inject`` and :func:`plora.parallel.tp.apply_tp` (FSDP then shards each rank's
+    TP shards over the data-parallel ranks), before the trainer is built.
+
+    Args:
+        model: a HF causal LM with :class:`~plora.engine.lora.PackedLoRALinear` projections.
+        dp_mesh: the 1-D ``fsdp`` mesh (``mesh["fsdp"]``).
+        shard_base: False keeps the base replicated (only the adapters' gradients are summed).
+        reshard_after_forward: free each layer's gathered weights after its forward (ZeRO-3);
+            False keeps them until backward (ZeRO-2-like, more memory, half the all-gathers).
+        stage: this rank's pipeline stage (:func:`plora.parallel.pp.apply_pp`): it, not the
+            decoder, is the root unit (the pipeline calls it; it holds the embeddings / norm).
+    """
+    if dp_mesh.ndim != 1:
+        raise ValueError(f"apply_fsdp: dp_mesh must be 1-D, got {dp_mesh.ndim} dims")
+    if not shard_base:
+        return
+    layers = packed_layers(model)
+    if not layers:
+        raise ValueError("apply_fsdp: no PackedLoRALinear in the model; inject it first")
+    adapters = {p for layer in layers.values() for p in (layer.A, layer.Bt)}
+    decoder = getattr(model, model.base_model_prefix)
+    for block in decoder.layers:
+        if any(True for _ in block.parameters()):  # pipeline stages leave placeholders
+            fully_shard(
+                block,
+                mesh=dp_mesh,
+                reshard_after_forward=reshard_after_forward,
+                ignored_params=adapters,
+            )
+    root = decoder if stage is None else stage
+    fully_shard(root, mesh=dp_mesh, reshard_after_forward=False, ignored_params=adapters)
+
+
+__all__ = ["apply_fsdp"]

@@ -1,0 +1,284 @@
+"""The packed trainer on one rank of a parallel job (FSDP, TP, PP and their products).
+
+Every rank runs the same :class:`~plora.engine.trainer.PackedTrainer` step: each adapter
+draws its own batch (the same on every rank: streams are seeded per config), the loss weights
+``1 / N_i`` come from the adapter's *whole* batch, and each adapter takes its own AdamW step.
+What differs is which rows a rank runs and which shard of the weights it holds:
+
+- **data parallel** (``fsdp``): the step's rows are cut into ``F · m`` token-balanced bins
+  (:mod:`plora.parallel.balance`); FSDP rank ``f`` runs bins ``[f·m, (f+1)·m)`` as its ``m``
+  micro-batches. A rank left without rows (fewer rows than bins) runs one pad row with zero
+  weight, so every rank issues the same FSDP collectives. Gradients are summed over ranks.
+- **tensor parallel** (``tp``): every TP rank runs the same rows on its shards.
+- **pipeline parallel** (``pp``): the rows (with FSDP: the rank's token-balanced share) are
+  cut into ``M`` token-balanced micro-batches run by 1F1B (:mod:`plora.parallel.pp`); the last
+  stage computes the loss.
+
+``max_rows`` sets the number of bins (``⌈rows / (F · max_rows)⌉`` per rank); a token-balanced
+bin may hold a few more rows than ``max_rows`` when its rows are short.
+
+Per-adapter CE sums are summed over data-parallel ranks (and broadcast from the last stage),
+so every rank reports the same losses; gradients and norms are combined by
+:class:`~plora.parallel.optim.ParallelPackedAdamW`. Hence per-step losses and final weights
+equal single-process packed training (tested in ``tests/dist``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from plora.engine import lora
+from plora.engine.lora import _mix
+from plora.engine.loss import packed_loss
+from plora.engine.trainer import PackedTrainer
+from plora.parallel.balance import balanced_micro_batches
+from plora.parallel.dims import MESH_DIMS, ParallelDims
+from plora.parallel.export import full_adapter_state_dict, gather_keyed, shard_keyed
+from plora.parallel.optim import ParallelPackedAdamW
+from plora.parallel.pp import MicroBatchRouting, PipelineStageModule, run_1f1b
+
+
+class ParallelPackedTrainer(PackedTrainer):
+    """:class:`PackedTrainer` for one rank of a job parallelised by :func:`plora.parallel.parallelize`.
+
+    Args:
+        model, tokenizer, dataset: as for :class:`PackedTrainer`; ``model`` already
+            parallelised (PP stage kept, TP shards, FSDP units).
+        dims: the job's degrees.
+        mesh: the job's device mesh (``dims.build_mesh``); ``None`` when ``world_size == 1``.
+        stage: this rank's pipeline stage (returned by ``parallelize``) when ``dims.pp > 1``.
+        microbatches: micro-batches per data-parallel rank, or pipeline micro-batches for PP
+            (default: enough for ``max_rows`` rows each; at least ``pp`` for PP).
+        **kwargs: the other :class:`PackedTrainer` arguments.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        dataset: Any,
+        *,
+        dims: ParallelDims,
+        mesh: DeviceMesh | None,
+        stage: PipelineStageModule | None = None,
+        microbatches: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, tokenizer, dataset, **kwargs)
+        if dims.pp > 1 and stage is None:
+            raise ValueError("ParallelPackedTrainer: pp > 1 needs the stage from parallelize()")
+        if microbatches is not None and microbatches < 1:
+            raise ValueError(f"ParallelPackedTrainer: microbatches={microbatches} must be >= 1")
+        self.dims, self.mesh, self.stage_module = dims, mesh, stage
+        self.microbatches = microbatches
+        self.idle_micro_batches = 0
+        """Micro-batches this rank ran as a zero-weighted pad row (no rows of its own)."""
+
+        def group(name: str) -> dist.ProcessGroup | None:
+            return mesh[name].get_group() if name in dims.enabled else None
+
+        self.dp_group, self.tp_group, self.pp_group = group("fsdp"), group("tp"), group("pp")
+        self.coords = {n: mesh.get_local_rank(n) if n in dims.enabled else 0 for n in MESH_DIMS}
+        """This rank's ``{"pp", "fsdp", "tp"}`` coordinates in the mesh."""
+        self.optimizer = ParallelPackedAdamW(
+            self.layers, dp_group=self.dp_group, tp_group=self.tp_group, pp_group=self.pp_group
+        )
+
+    # ------------------------------------------------------------------ step
+    def _accumulate(self, batches, denoms, active):
+        if self.dims.pp > 1:
+            return self._accumulate_pp(batches, denoms, active)
+        return self._accumulate_dp(batches, denoms, active)
+
+    def _bins(self, batches, count: int) -> list[dict[int, tuple[int, int]]]:
+        lengths = {s: [len(ex.input_ids) for ex in exs] for s, exs in batches.items()}
+        return balanced_micro_batches(lengths, count)
+
+    def _per_rank(self, total_rows: int) -> int:
+        if self.microbatches is not None:
+            return self.microbatches
+        if self.max_rows is None:
+            return 1
+        return max(1, -(-total_rows // (self.dims.fsdp * self.max_rows)))
+
+    def _accumulate_dp(self, batches, denoms, active):
+        """Token-balanced bins of the step's rows; this FSDP rank's ``m`` of them, in turn."""
+        slots = sorted(batches)
+        m = self._per_rank(sum(len(b) for b in batches.values()))
+        f = self.coords["fsdp"]
+        mine = self._bins(batches, self.dims.fsdp * m)[f * m : (f + 1) * m]
+        ce = torch.zeros(len(slots), dtype=torch.float64, device=self.device)
+        rows = padded = seq_len = 0
+        for j, part in enumerate(mine):
+            if not part:
+                self._idle_backward(active)
+                continue
+            micro = {s: (o, batches[s][o : o + c]) for s, (o, c) in part.items()}
+            pb, keys = self._pack(micro, active)
+            rows += pb.input_ids.shape[0]
+            padded += pb.input_ids.numel()
+            seq_len = max(seq_len, pb.input_ids.shape[1])
+            nonce = _mix(self.global_step, f * m + j)
+            with lora.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
+                loss, sums = self._forward_loss(pb, denoms)
+                loss.backward()
+            for s, v in sums.items():
+                ce[slots.index(s)] += v
+        if self.dp_group is not None:
+            dist.all_reduce(ce, group=self.dp_group)
+        return [(slots, ce)], mine, rows, padded, seq_len
+
+    def _idle_backward(self, active) -> None:
+        """A zero-weighted forward + backward of one pad row (FSDP collectives stay in step)."""
+        self.idle_micro_batches += 1
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
+        with lora.packed_segments(self.model, [(active[0].slot, 0, 1)]):
+            hidden = self._decoder(
+                input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False
+            ).last_hidden_state
+            (hidden.sum() * 0.0).backward()
+
+    def _accumulate_pp(self, batches, denoms, active):
+        """This data-parallel rank's share of the step's rows (all of them without FSDP) as
+        ``M`` token-balanced, equally padded micro-batches through 1F1B."""
+        slots = sorted(batches)
+        fsdp = self.dims.fsdp
+        total = sum(len(b) for b in batches.values())
+        count = self.microbatches or max(
+            self.dims.pp, -(-total // (fsdp * self.max_rows)) if self.max_rows else 1
+        )
+        shares = self._bins(batches, fsdp)  # every rank computes every share: same checks
+        fewest = min(sum(c for _, c in share.values()) for share in shares)
+        if count < self.dims.pp or fewest < count:
+            raise ValueError(
+                f"pipeline: {count} micro-batches, pp={self.dims.pp}, {total} rows over "
+                f"fsdp={fsdp} ranks; 1F1B needs pp <= micro-batches <= rows per rank (raise "
+                "batch sizes or lower microbatches)"
+            )
+        share = shares[self.coords["fsdp"]]
+        start = {s: o for s, (o, _) in share.items()}
+        mine = {s: batches[s][o : o + c] for s, (o, c) in share.items()}
+        packs = [
+            self._pack(
+                {s: (start[s] + o, mine[s][o : o + c]) for s, (o, c) in part.items()}, active
+            )
+            for part in self._bins(mine, count)
+        ]
+        r_mb = max(pb.input_ids.shape[0] for pb, _ in packs)
+        width = max(pb.input_ids.shape[1] for pb, _ in packs)
+        ids = torch.full((count * r_mb, width), self.pad_id, dtype=torch.long)
+        labels = torch.full((count * r_mb, width), -100, dtype=torch.long)
+        routing = []
+        for k, (pb, keys) in enumerate(packs):
+            r, w = pb.input_ids.shape
+            ids[k * r_mb : k * r_mb + r, :w] = pb.input_ids.cpu()
+            labels[k * r_mb : k * r_mb + r, :w] = pb.labels
+            mask = torch.zeros(r_mb, width, dtype=torch.long)
+            mask[:r, :w] = pb.attention_mask.cpu()
+            mask[r:, 0] = 1  # pad rows attend to one pad token (no empty softmax)
+            segs = tuple((s.slot, s.start, s.stop) for s in pb.segments if s.stop > s.start)
+            routing.append(
+                MicroBatchRouting(
+                    attention_mask=mask.to(self.device),
+                    segments=segs,
+                    dropout_keys=keys,
+                    nonce=_mix(self.global_step, k),
+                )
+            )
+        sums_seen: list[dict[int, torch.Tensor]] = []
+
+        def loss_fn(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            loss, sums = packed_loss(
+                self._head, hidden, target, routing[len(sums_seen)].segments, denoms
+            )
+            sums_seen.append(sums)
+            return loss
+
+        with self._autocast():
+            run_1f1b(
+                self.stage_module,
+                pp_group=self.pp_group,
+                input_ids=ids.to(self.device),
+                labels=labels.to(self.device),
+                micro=routing,
+                loss_fn=loss_fn,
+            )
+        ce = torch.zeros(len(slots), dtype=torch.float64, device=self.device)
+        for sums in sums_seen:
+            for s, v in sums.items():
+                ce[slots.index(s)] += v
+        if self.dp_group is not None:
+            dist.all_reduce(ce, group=self.dp_group)
+        last = dist.get_global_rank(self.pp_group, self.dims.pp - 1)
+        dist.broadcast(ce, src=last, group=self.pp_group)
+        return [(slots, ce)], packs, ids.shape[0], ids.numel(), width
+
+    def _autocast(self):
+        if self.autocast_dtype is not None:
+            return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+        return torch.autocast(self.device.type, enabled=False)
+
+    # --------------------------------------------------------------- outputs
+    def adapter_weights(self, config_id: str) -> dict[str, torch.Tensor]:
+        """``config_id``'s whole PEFT-keyed weights on every rank (collective: call on all)."""
+        return full_adapter_state_dict(
+            self.model, self.adapter(config_id).slot, pp_group=self.pp_group
+        )
+
+    def export_adapter(self, config_id: str, path: Any) -> None:
+        """Gather ``config_id``'s adapter and write it in PEFT format from global rank 0
+        (collective: every rank calls it)."""
+        from plora.engine.checkpoint import export_peft_adapter
+
+        weights = self.adapter_weights(config_id)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            export_peft_adapter(
+                path,
+                config=self.adapter(config_id).config,
+                weights=weights,
+                base_model_name_or_path=self.base_model_name_or_path,
+            )
+        if dist.is_initialized():
+            dist.barrier()
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`PackedTrainer.state_dict` with whole adapters and moments (collective: every
+        rank calls it and gets the same state). It is layout-free: it resumes this job, a job
+        of other degrees, or a single-process :class:`PackedTrainer`."""
+        state = super().state_dict()
+        for cid in sorted(state["adapters"]):
+            st = state["adapters"][cid]
+            st["weights"] = gather_keyed(self.model, st["weights"], pp_group=self.pp_group)
+            opt = st["optimizer"]
+            if opt is not None:
+                for name in ("exp_avg", "exp_avg_sq"):
+                    opt[name] = gather_keyed(self.model, opt[name], pp_group=self.pp_group)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a whole state (this class's or a single process's :meth:`state_dict`, version
+        2) into this rank's shards and stage."""
+        if state.get("version") != 2:
+            raise ValueError(
+                f"parallel resume reads train-state version 2, got {state.get('version')!r}"
+            )
+        adapters = {}
+        for cid, st in state["adapters"].items():
+            st = {**st, "weights": shard_keyed(self.model, st["weights"])}
+            if st["optimizer"] is not None:
+                opt = st["optimizer"]
+                st["optimizer"] = {
+                    **opt,
+                    "exp_avg": shard_keyed(self.model, opt["exp_avg"]),
+                    "exp_avg_sq": shard_keyed(self.model, opt["exp_avg_sq"]),
+                }
+            adapters[cid] = st
+        super().load_state_dict({**state, "adapters": adapters})
+
+
+__all__ = ["ParallelPackedTrainer"]

@@ -1,0 +1,169 @@
+"""The distributed equivalence cases: configs, the per-rank training run and the spawner.
+
+Each worker process builds the same tiny model, parallelises it for its rank, trains three
+adapters with :class:`plora.parallel.trainer.ParallelPackedTrainer` and (rank 0) saves the
+per-step losses, gradient norms and gathered weights; every rank takes part in the export.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))
+
+from _engine_testlib import TOKENIZER, tiny_model, toy_dataset
+
+from plora.config import LoRAConfig
+
+STEPS = 4
+
+#: Three adapters that differ in rank, targets (column- and row-wise projections), lr, batch
+#: size, schedule, clipping and dropout (keyed masks, sliced under row-wise TP).
+CONFIGS = [
+    LoRAConfig(config_id="a", rank=4, alpha=8, lr=2e-2, batch_size=2, seed=1, max_steps=STEPS,
+               target_modules=("q_proj", "v_proj", "o_proj"), warmup_steps=1),
+    LoRAConfig(config_id="b", rank=8, alpha=16, lr=1e-2, batch_size=3, seed=2, max_steps=STEPS,
+               target_modules="all", schedule="linear", weight_decay=0.01, max_grad_norm=0.05,
+               dropout=0.1),
+    LoRAConfig(config_id="c", rank=16, alpha=8, lr=5e-3, batch_size=1, seed=3, max_steps=STEPS,
+               target_modules=("gate_proj", "up_proj", "down_proj", "k_proj"),
+               schedule="cosine", use_rslora=True, max_grad_norm=None),
+]  # fmt: skip
+#: Joins after step 2 into the slot "b" leaves (refill cases).
+JOINER = LoRAConfig(config_id="e", rank=12, alpha=24, lr=1e-2, batch_size=2, seed=9, max_steps=3,
+                    target_modules=("q_proj", "up_proj", "down_proj"), dropout=0.05)  # fmt: skip
+
+
+def train(trainer, *, refill: bool, rebuild=None, keep=None):
+    """Add the pack and step until every adapter is done; with ``refill``, "b" stops after
+    step 2 and "e" takes its slot; with ``rebuild`` (a function making a fresh trainer), the
+    run checkpoints after step 2 (``keep(state)`` sees it) and resumes in a new trainer.
+
+    Returns per-adapter losses and gradient norms per step, and the final trainer.
+    """
+    for cfg in CONFIGS:
+        trainer.add(cfg)
+    losses: dict[str, list[float]] = {}
+    norms: dict[str, list[float]] = {}
+    while trainer.active:
+        if rebuild is not None and trainer.global_step == 2:
+            state = trainer.state_dict()
+            if keep is not None:
+                keep(state)
+            trainer = rebuild()
+            trainer.load_state_dict(state)
+            rebuild = None
+        if refill and trainer.global_step == 2:
+            trainer.remove("b")
+            trainer.release("b")
+            trainer.add(JOINER)
+        for m in trainer.step():
+            losses.setdefault(m.config_id, []).append(m.loss)
+            norms.setdefault(m.config_id, []).append(m.grad_norm)
+    return losses, norms, trainer
+
+
+def trained_ids(refill: bool) -> list[str]:
+    """Adapters whose weights a case keeps (a released adapter's are gone)."""
+    return ["a", "c", "e"] if refill else [c.config_id for c in CONFIGS]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Case:
+    """One parallel layout to train."""
+
+    name: str
+    pp: int = 1
+    fsdp: int = 1
+    tp: int = 1
+    microbatches: int | None = None
+    shard_base: bool = True
+    refill: bool = False
+    resume: bool = False
+    """Checkpoint after step 2 and go on in a freshly built model and trainer."""
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.fsdp * self.tp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_case(rank: int, case: Case, port: int, out: Path) -> None:
+    from plora.parallel import ParallelDims, parallelize
+    from plora.parallel.trainer import ParallelPackedTrainer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=case.world_size)
+    try:
+        dims = ParallelDims(pp=case.pp, fsdp=case.fsdp, tp=case.tp, world_size=case.world_size)
+        mesh = dims.build_mesh("cpu")
+
+        def build():
+            model = tiny_model("qwen2")
+            stage = parallelize(model, dims=dims, mesh=mesh, shard_base=case.shard_base)
+            return ParallelPackedTrainer(
+                model, TOKENIZER, toy_dataset(), device="cpu", dims=dims, mesh=mesh, stage=stage,
+                microbatches=case.microbatches,
+            )  # fmt: skip
+
+        def keep(state):
+            if rank == 0:
+                torch.save(state, out / f"{case.name}.state.pt")
+
+        losses, norms, trainer = train(
+            build(), refill=case.refill, rebuild=build if case.resume else None, keep=keep
+        )
+        ids = trained_ids(case.refill)
+        weights = {cid: trainer.adapter_weights(cid) for cid in ids}
+        for cid in ids:
+            trainer.export_adapter(cid, out / case.name / cid)
+        result = {"losses": losses, "norms": norms, "weights": weights, "layout": _layout(trainer)}
+        torch.save(result, out / f"{case.name}.rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _layout(trainer) -> dict:
+    """What this rank holds: proof that the model really was split (checked by the tests)."""
+    from torch.distributed.tensor import DTensor
+
+    decoder = trainer.model.model
+    q = decoder.layers[-1].self_attn.q_proj if trainer.coords["pp"] == trainer.dims.pp - 1 else (
+        decoder.layers[0].self_attn.q_proj)  # fmt: skip
+    weight = q.base_layer.weight
+    return {
+        "q_local_shape": tuple(
+            (weight.to_local() if isinstance(weight, DTensor) else weight).shape
+        ),
+        "q_bt_cols": q.Bt.shape[1],
+        "base_dtensors": sum(isinstance(p, DTensor) for p in decoder.parameters()),
+        "layers_here": sum(any(True for _ in b.parameters()) for b in decoder.layers),
+        "idle_micro_batches": trainer.idle_micro_batches,
+    }
+
+
+def _worker(rank: int, cases: list[Case], ports: list[int], out: str) -> None:
+    torch.set_num_threads(1)
+    for case, port in zip(cases, ports, strict=True):
+        _run_case(rank, case, port, Path(out))
+
+
+def spawn(cases: list[Case], out: Path) -> None:
+    """Run ``cases`` (all of one world size) in one set of spawned processes, one after another."""
+    world = {c.world_size for c in cases}
+    assert len(world) == 1, world
+    ports = [free_port() for _ in cases]
+    mp.spawn(_worker, args=(cases, ports, str(out)), nprocs=world.pop(), join=True)
