@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -190,6 +191,9 @@ class PackedLoRALinear(nn.Module):
         self._splits: list[int] = []
         self.memo: dict = {}
         self.in_slice: slice | None = None
+        # set by plora.parallel.tp.apply_tp: the base's split (colwise/rowwise) and its group
+        self.tp_style: Any = None
+        self.tp_group: Any = None
         base_layer.requires_grad_(False)
 
     # ------------------------------------------------------------------ slots

@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from plora.engine.lora import inject, packed_layers
+from plora.engine.adapters import inject, packed_layers
 from plora.parallel.dims import ParallelDims
 from plora.parallel.pp import PipelineStageModule
 
@@ -44,6 +44,9 @@ def parallelize(
         raise ValueError("parallelize: world_size > 1 needs the mesh (dims.build_mesh(...))")
     if not packed_layers(model):
         inject(model)
+    if dims.world_size == 1:
+        return None
+    assert mesh is not None
     stage = None
     if dims.pp > 1:
         from plora.parallel.pp import apply_pp

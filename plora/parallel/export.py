@@ -1,7 +1,7 @@
 """Whole adapters and optimizer moments from a parallel job's shards and stages, and back.
 
 PEFT-keyed per-factor tensors (``...lora_A.weight`` (r, in), ``...lora_B.weight`` (out, r)):
-an adapter's weights (``plora.engine.lora.adapter_state_dict``) or its AdamW moments
+an adapter's weights (``plora.engine.adapters.adapter_state_dict``) or its AdamW moments
 (``PackedAdamW.slot_state``), which are laid out like the weights. :func:`gather_keyed` makes
 them whole on every rank (TP shards all-gathered, stages' layers merged); :func:`shard_keyed`
 takes this rank's part of whole ones. A whole state is independent of the layout: it loads
@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from plora.engine.lora import PackedLoRALinear, adapter_state_dict, packed_layers, peft_key
+from plora.engine.adapters import adapter_state_dict, packed_layers, peft_key
+from plora.engine.lora import PackedLoRALinear
 from plora.parallel.tp import gather_factor, shard_factor
 
 

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from plora.engine.lora import packed_layers
+from plora.engine.adapters import packed_layers
 
 
 def apply_fsdp(
@@ -62,7 +62,7 @@ def apply_fsdp(
     if not layers:
         raise ValueError("apply_fsdp: no PackedLoRALinear in the model; inject it first")
     adapters = {p for layer in layers.values() for p in (layer.A, layer.Bt)}
-    decoder = getattr(model, model.base_model_prefix)
+    decoder = getattr(model, str(model.base_model_prefix))
     for block in decoder.layers:
         if any(True for _ in block.parameters()):  # pipeline stages leave placeholders
             fully_shard(

@@ -95,6 +95,7 @@ class ParallelPackedAdamW(PackedAdamW):
                     rows = slice(m.start, m.start + m.param.shape[0])
                     sq[rows] = sq[rows] / tp
             parts.append(sq)
+        assert self._by_slot is not None  # built with the groups
         order, offsets = self._by_slot
         sq = torch.segment_reduce(
             torch.cat(parts).index_select(0, order), "sum", offsets=offsets, unsafe=True

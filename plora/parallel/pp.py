@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from plora.engine.lora import packed_segments
+from plora.engine.adapters import packed_segments
 
 
 def stage_layers(n_layers: int, stages: int, stage: int) -> range:
@@ -74,9 +74,11 @@ class PipelineStageModule(nn.Module):
     final norm). Set the step's micro-batches with :meth:`feed` before running the schedule.
     """
 
+    model: nn.Module  #: the whole (PP-pruned) model: a reference, not a submodule
+
     def __init__(self, model: nn.Module, *, stage: int, stages: int) -> None:
         super().__init__()
-        decoder = getattr(model, model.base_model_prefix)
+        decoder = getattr(model, str(model.base_model_prefix))
         cfg = decoder.config
         if getattr(decoder, "has_sliding_layers", False):
             raise ValueError("apply_pp: sliding-window attention layers are not supported")
@@ -123,7 +125,11 @@ class PipelineStageModule(nn.Module):
             raise RuntimeError(f"stage {self.stage}: more forwards than fed micro-batches")
         mb = self._micro[self._calls]
         self._calls += 1
-        h = self.embed(x) if self.is_first else x
+        if self.is_first:
+            assert self.embed is not None  # stage 0 keeps the embeddings
+            h = self.embed(x)
+        else:
+            h = x
         position_ids = torch.arange(h.shape[1], device=h.device)[None]
         mask = create_causal_mask(
             config=self.config,
@@ -137,7 +143,10 @@ class PipelineStageModule(nn.Module):
             for block in self.blocks:
                 h = block(h, attention_mask=mask, position_ids=position_ids,
                           position_embeddings=rope)  # fmt: skip
-        return self.norm(h) if self.is_last else h
+        if self.is_last:
+            assert self.norm is not None  # the last stage keeps the final norm
+            return self.norm(h)
+        return h
 
 
 def apply_pp(model: nn.Module, *, pp_group: dist.ProcessGroup) -> PipelineStageModule:
@@ -148,7 +157,7 @@ def apply_pp(model: nn.Module, *, pp_group: dist.ProcessGroup) -> PipelineStageM
     final norm and LM head are dropped where not needed.
     """
     stages, stage = dist.get_world_size(pp_group), dist.get_rank(pp_group)
-    decoder = getattr(model, model.base_model_prefix)
+    decoder = getattr(model, str(model.base_model_prefix))
     module = PipelineStageModule(model, stage=stage, stages=stages)
     for i in range(len(decoder.layers)):
         if i not in module.layer_ids:
@@ -158,7 +167,7 @@ def apply_pp(model: nn.Module, *, pp_group: dist.ProcessGroup) -> PipelineStageM
     if stage != stages - 1:
         decoder.norm = None
         if hasattr(model, "lm_head"):
-            model.lm_head = None
+            model.register_module("lm_head", None)
     return module
 
 

@@ -49,7 +49,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import Placement, Replicate, Shard
 
-from plora.engine.lora import PackedLoRALinear, packed_layers
+from plora.engine.adapters import packed_layers
+from plora.engine.lora import PackedLoRALinear
 
 
 class TPStyle(StrEnum):
@@ -131,7 +132,9 @@ def _shard_layer(layer: PackedLoRALinear, style: TPStyle, group, name: str) -> N
             cut = _span(layer.in_features, size, rank, f"{name}.in_features")
             base.weight = nn.Parameter(base.weight[:, cut].clone(), requires_grad=False)
             if base.bias is not None and rank != 0:
-                base.bias = None  # the bias is added once, by rank 0, before the all-reduce
+                base.register_parameter(
+                    "bias", None
+                )  # the bias is added once, by rank 0, before the all-reduce
             layer.in_slice = cut
             layer._replace(layer.A.detach()[:, cut].clone(), layer.Bt.detach().clone())
             layer.register_forward_hook(lambda _m, _args, out: _ReduceFromTP.apply(out, group))
@@ -143,7 +146,7 @@ def _shard_layer(layer: PackedLoRALinear, style: TPStyle, group, name: str) -> N
 def apply_tp(model: nn.Module, *, tp_group: dist.ProcessGroup, plan=TP_PLAN) -> None:
     """Split every packed projection of ``model`` over ``tp_group`` by ``plan`` (in place).
 
-    Call after ``plora.engine.lora.inject`` (all seven projections wrapped) and before any
+    Call after ``plora.engine.adapters.inject`` (all seven projections wrapped) and before any
     adapter is added or the model is sharded by FSDP; adapters added later are created at
     full size and sliced (same init as one process). Needs ``num_attention_heads`` and
     ``num_key_value_heads`` divisible by the TP degree.

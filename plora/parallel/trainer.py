@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from plora.engine import lora
+from plora.engine import adapters
 from plora.engine.lora import _mix
 from plora.engine.loss import packed_loss
 from plora.engine.trainer import PackedTrainer
@@ -80,10 +80,16 @@ class ParallelPackedTrainer(PackedTrainer):
         """Micro-batches this rank ran as a zero-weighted pad row (no rows of its own)."""
 
         def group(name: str) -> dist.ProcessGroup | None:
-            return mesh[name].get_group() if name in dims.enabled else None
+            if name not in dims.enabled:
+                return None
+            assert mesh is not None  # checked by parallelize(): world_size > 1 has a mesh
+            return mesh[name].get_group()
 
         self.dp_group, self.tp_group, self.pp_group = group("fsdp"), group("tp"), group("pp")
-        self.coords = {n: mesh.get_local_rank(n) if n in dims.enabled else 0 for n in MESH_DIMS}
+        self.coords = {
+            n: mesh.get_local_rank(n) if mesh is not None and n in dims.enabled else 0
+            for n in MESH_DIMS
+        }
         """This rank's ``{"pp", "fsdp", "tp"}`` coordinates in the mesh."""
         self.optimizer = ParallelPackedAdamW(
             self.layers, dp_group=self.dp_group, tp_group=self.tp_group, pp_group=self.pp_group
@@ -124,7 +130,7 @@ class ParallelPackedTrainer(PackedTrainer):
             padded += pb.input_ids.numel()
             seq_len = max(seq_len, pb.input_ids.shape[1])
             nonce = _mix(self.global_step, f * m + j)
-            with lora.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
+            with adapters.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
                 loss, sums = self._forward_loss(pb, denoms)
                 loss.backward()
             for s, v in sums.items():
@@ -137,7 +143,7 @@ class ParallelPackedTrainer(PackedTrainer):
         """A zero-weighted forward + backward of one pad row (FSDP collectives stay in step)."""
         self.idle_micro_batches += 1
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
-        with lora.packed_segments(self.model, [(active[0].slot, 0, 1)]):
+        with adapters.packed_segments(self.model, [(active[0].slot, 0, 1)]):
             hidden = self._decoder(
                 input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False
             ).last_hidden_state

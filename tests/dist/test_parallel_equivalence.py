@@ -18,7 +18,7 @@ import torch
 from _dist_cases import CONFIGS, JOINER, STEPS, Case, spawn, train, trained_ids
 from _engine_testlib import TOKENIZER, assert_same_adapter, tiny_model, toy_dataset
 
-from plora.engine.lora import adapter_state_dict
+from plora.engine.adapters import adapter_state_dict
 from plora.engine.trainer import PackedTrainer
 
 TWO = [

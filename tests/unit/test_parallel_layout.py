@@ -75,7 +75,7 @@ def test_one_process_token_balanced_micro_batches_equal_the_plain_trainer():
     from _engine_testlib import TOKENIZER, assert_same_adapter, tiny_model, toy_dataset
 
     from plora.config import LoRAConfig
-    from plora.engine.lora import adapter_state_dict
+    from plora.engine.adapters import adapter_state_dict
     from plora.engine.trainer import PackedTrainer
     from plora.parallel import ParallelDims
     from plora.parallel.trainer import ParallelPackedTrainer
