@@ -374,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     gpu = (names[gpus[0]] if gpus[0] < len(names) else names[0]) if gpus else "cpu"
     gpu_type = args.gpu_type or (gpu_type_of(gpu) if gpus else "cpu")
     if gpu_type is None:
-        raise SystemExit(f"unknown GPU {gpu!r}: pass --gpu-type (a key of plora.config.hardware.GPU_TYPES)")
+        raise SystemExit(
+            f"unknown GPU {gpu!r}: pass --gpu-type (a key of plora.config.hardware.GPU_TYPES)"
+        )
     stamp = dt.datetime.now(dt.UTC)
     work = (args.work or args.out.absolute().parent / "e2e-work").absolute()
     run_dir = work / f"run-{stamp:%Y%m%dT%H%M%S}"
