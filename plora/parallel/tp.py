@@ -199,32 +199,34 @@ def _copy_block_input(group):
     return hook
 
 
+def _sharded_dim(layer: PackedLoRALinear, factor: str) -> Shard | None:
+    """The dim along which ``factor`` ("A" or "B") of ``layer`` is split over its TP group, or
+    None when the layer is not tensor-parallel or the factor is replicated."""
+    if layer.tp_style is None:
+        return None
+    dim = lora_placements(layer.tp_style)[0 if factor == "A" else 1]
+    return dim if isinstance(dim, Shard) else None
+
+
 def gather_factor(layer: PackedLoRALinear, factor: str, t: torch.Tensor) -> torch.Tensor:
     """The full ``A`` (r, in) or ``B`` (out, r) of one slot from this rank's shard ``t``.
 
     A collective over ``layer.tp_group`` (every TP rank must call it, in the same order);
     returns ``t`` itself for a layer that is not tensor-parallel or a replicated factor.
     """
-    style = getattr(layer, "tp_style", None)
-    if style is None:
+    dim = _sharded_dim(layer, factor)
+    if dim is None:
         return t
-    dim = lora_placements(style)[0 if factor == "A" else 1]
-    if not isinstance(dim, Shard):
-        return t
-    group = layer.tp_group
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, t.contiguous(), group=group)
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(layer.tp_group))]
+    dist.all_gather(parts, t.contiguous(), group=layer.tp_group)
     return torch.cat(parts, dim=dim.dim)
 
 
 def shard_factor(layer: PackedLoRALinear, factor: str, t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of one slot's whole ``A`` (r, in) or ``B`` (out, r): the inverse of
     :func:`gather_factor` (no communication)."""
-    style = getattr(layer, "tp_style", None)
-    if style is None:
-        return t
-    dim = lora_placements(style)[0 if factor == "A" else 1]
-    if not isinstance(dim, Shard):
+    dim = _sharded_dim(layer, factor)
+    if dim is None:
         return t
     group = layer.tp_group
     return t.chunk(dist.get_world_size(group), dim=dim.dim)[dist.get_rank(group)].clone()
