@@ -145,7 +145,7 @@ def run_sweep(
     options = options or RunOptions()
     t0 = time.monotonic()
     # absolute: workers write adapters and checkpoints from their own working directory
-    out = check_out_dir(out, resume=resume).absolute()
+    out = check_out_dir(out, resume=resume, force_unlock=options.force_unlock).absolute()
     check_address(address)
     # one writer per sweep directory, from here to the last record (released on every exit)
     with hold_lock(out, force=options.force_unlock) as lock:

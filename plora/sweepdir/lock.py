@@ -10,7 +10,8 @@ Rules:
 
 * **Taking it** is atomic and exclusive: the owner's record is written to a temporary file and
   hard-linked to the lock's name (``os.link`` fails when the name exists, also on NFS), so a reader
-  never sees a half-written lock and of two writers exactly one wins.
+  never sees a half-written lock and of two writers exactly one wins (on a file system without
+  hard links: ``O_CREAT | O_EXCL``).
 * **A live owner** (same host, its pid alive and started before the lock was taken) is honoured:
   the second writer gets a :class:`SweepLockedError`, one line naming the owner, and changes nothing.
 * **A stale lock** (same host, the pid gone, or reused by a process started after the lock) is
@@ -107,13 +108,16 @@ def owner_alive(owner: LockOwner) -> bool | None:
     return not (started is not None and taken is not None and started > taken + 2.0)
 
 
-def check_not_locked(sweep_dir: str | os.PathLike[str], *, mine: SweepLock | None = None) -> None:
-    """Raise :class:`SweepLockedError` when a live (or unverifiable) owner other than ``mine``
-    holds ``sweep_dir``."""
+def check_not_locked(
+    sweep_dir: str | os.PathLike[str], *, mine: SweepLock | None = None, force: bool = False
+) -> None:
+    """Raise :class:`SweepLockedError` when a live owner other than ``mine`` holds ``sweep_dir``
+    (or one on another host, unless ``force``)."""
     owner = read_owner(sweep_dir)
     if owner is None or (mine is not None and owner.token == mine.owner.token):
         return
-    if owner_alive(owner) is not False:
+    alive = owner_alive(owner)
+    if alive or (alive is None and not force):
         raise _locked(Path(sweep_dir), owner)
 
 
@@ -154,7 +158,7 @@ class SweepLock:
         try:
             for _ in range(5):
                 try:
-                    os.link(record, path)
+                    _link_or_create(record, path)
                     return cls(sweep_dir, me, note)
                 except FileExistsError:
                     pass
@@ -233,6 +237,23 @@ def _write_temp(path: Path, owner: LockOwner) -> Path:
         f.flush()
         os.fsync(f.fileno())
     return tmp
+
+
+def _link_or_create(record: Path, path: Path) -> None:
+    """Put ``record`` at ``path`` unless ``path`` exists (FileExistsError): a hard link, or, on a
+    file system without hard links, an ``O_CREAT | O_EXCL`` copy."""
+    try:
+        os.link(record, path)
+        return
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here (some FUSE / object-store mounts)
+        pass
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(record.read_bytes())
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _read(path: Path) -> LockOwner | None:

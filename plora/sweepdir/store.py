@@ -208,9 +208,14 @@ def _write_parquet(path: Path, df: pd.DataFrame) -> None:
 
 
 def check_out_dir(
-    out: str | os.PathLike[str], *, resume: bool, lock: SweepLock | None = None
+    out: str | os.PathLike[str],
+    *,
+    resume: bool,
+    lock: SweepLock | None = None,
+    force_unlock: bool = False,
 ) -> Path:
-    """Validate ``--out`` before anything is created (``lock``: the caller's own lock of it).
+    """Validate ``--out`` before anything is created (``lock``: the caller's own lock of it;
+    ``force_unlock``: a lock from another host does not count, ``--force-unlock``).
 
     Raises:
         ConfigError: ``out`` exists and is not resumed, ``--resume`` names no sweep dir, or the
@@ -219,7 +224,7 @@ def check_out_dir(
             (:mod:`plora.sweepdir.lock`).
     """
     out = Path(out)
-    check_not_locked(out, mine=lock)
+    check_not_locked(out, mine=lock, force=force_unlock)
     if resume:
         if not (out / "state.json").is_file():
             raise ConfigError(

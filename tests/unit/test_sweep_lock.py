@@ -93,6 +93,18 @@ def test_lock_from_another_host_is_honoured_unless_forced(tmp_path) -> None:
     assert not lock_path(out).exists()
 
 
+def test_force_unlock_reaches_the_driver(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "out"
+    write_lock(out, pid=os.getpid(), host="elsewhere.invalid")
+    monkeypatch.setattr(driver, "_run", lambda sweep, out_, **kw: read_owner(out_))
+    monkeypatch.setattr(driver, "check_address", lambda address: None)
+    with pytest.raises(SweepLockedError, match="--force-unlock"):
+        driver.run_sweep(None, out)
+    owner = driver.run_sweep(None, out, options=driver.RunOptions(force_unlock=True))
+    assert owner.pid == os.getpid() and owner.host == socket.gethostname()
+    assert not lock_path(out).exists()
+
+
 def test_force_never_breaks_a_live_owner_on_this_host(tmp_path) -> None:
     out = tmp_path / "out"
     write_lock(out, pid=os.getpid())
@@ -172,3 +184,33 @@ def test_acquire_is_fast(tmp_path) -> None:
             pass
     assert time.monotonic() - t0 < 2.0
     no_sweep_dir(tmp_path / "o0")
+
+
+def test_without_hard_links_o_excl_still_gives_one_owner(tmp_path, monkeypatch) -> None:
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    out = tmp_path / "out"
+    with hold_lock(out) as lock:
+        assert read_owner(out) == lock.owner
+        with pytest.raises(SweepLockedError, match=f"pid {os.getpid()}"):
+            SweepLock.acquire(out)
+    assert not lock_path(out).exists()
+
+
+def test_cli_passes_force_unlock(tmp_path, monkeypatch) -> None:
+    import plora.api
+
+    seen = {}
+
+    def fake_run(spec, out, **kwargs):
+        seen["force"] = kwargs["options"].force_unlock
+        raise KeyboardInterrupt  # end the command without a summary
+
+    monkeypatch.setattr(plora.api, "run", fake_run)
+    path = str(sweep_file(tmp_path))
+    run("sweep", path, "--out", str(tmp_path / "out"), "--force-unlock")
+    assert seen == {"force": True}
+    run("sweep", path, "--out", str(tmp_path / "out"))
+    assert seen == {"force": False}
