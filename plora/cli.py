@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import click
 import typer
+import typer.exceptions
 from typer.core import TyperGroup
 
 from plora.api import BaselineOption, PlanReport, load_sweep, make_plan
@@ -31,6 +31,21 @@ from plora.utils import fmt_duration
 
 if TYPE_CHECKING:
     from plora.planner import Plan
+
+
+def _click_exits() -> tuple[type[BaseException], ...]:
+    """Typer's and click's own ways out (exit codes, usage errors): typer vendors click as
+    ``typer._click`` (0.2x), older typers raise click's classes."""
+    kinds: list[type[BaseException]] = [typer.Exit, typer.Abort]
+    kinds += [getattr(typer.exceptions, "TyperException", typer.Exit)]
+    with contextlib.suppress(ImportError):
+        import click
+
+        kinds += [click.exceptions.Exit, click.ClickException, click.Abort]
+    return tuple(kinds)
+
+
+_CLICK_EXITS = _click_exits()
 
 
 class _ErrorBoundary(TyperGroup):
@@ -42,10 +57,10 @@ class _ErrorBoundary(TyperGroup):
     exits (``--help``, usage errors, :func:`fail`) pass through.
     """
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:  # click's Context (typer vendors click as typer._click)
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException, click.Abort):
+        except _CLICK_EXITS:
             raise
         except ConfigError as err:
             fail(str(err))
@@ -107,7 +122,7 @@ def plora_version() -> str:
         return "unknown"
 
 
-def debug_enabled(ctx: click.Context | None = None) -> bool:
+def debug_enabled(ctx: typer.Context | None = None) -> bool:
     """``--debug`` was given (on ``ctx``'s root command) or ``PLORA_DEBUG`` is set to 1/true/yes."""
     if os.environ.get("PLORA_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
         return True

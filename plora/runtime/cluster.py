@@ -38,7 +38,7 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # Ray's start-up lines (local instance started, token set-up) are not the user's news:
         # the embedded cluster starts quietly, later warnings of Ray still show.
-        quiet = {"logging_level": logging.ERROR}
+        quiet: dict[str, Any] = {"logging_level": logging.ERROR}
         try:
             ray.init(
                 include_dashboard=False,

@@ -87,3 +87,10 @@ def test_ctrl_c_in_sweep_hints_resume(tmp_path, monkeypatch) -> None:
     assert result.exit_code == 130 and len(result.output.strip().splitlines()) == 1
     assert f"plora sweep {path} --out {out} --resume" in result.output
     assert Path(out / "state.json").is_file()
+
+
+def test_usage_errors_and_help_pass_through() -> None:
+    result = run("validate")
+    assert result.exit_code == 2 and "Missing argument" in result.output
+    assert "failed:" not in result.output
+    assert run("--help").exit_code == 0
