@@ -4,6 +4,10 @@ Commands only parse and print: the work is :mod:`plora.api` (plan, run, load). B
 (a :class:`~plora.config.ConfigError`, including the planner's ``NoFeasibleJobError``) ends the
 command with one red ``error: ...`` line on stderr, exit code 2 and nothing written; use
 :func:`user_errors` and :func:`plora.api.load_sweep` in new commands to get the same behaviour.
+Any other exception is caught by the app's one error boundary (:class:`_ErrorBoundary`): one line
+``error: plora CMD failed: TYPE: CAUSE; WHAT TO DO`` and exit 2, or the traceback with
+``plora --debug`` / ``PLORA_DEBUG=1``. Ctrl-C in ``plora sweep`` prints how to ``--resume``
+(exit 130).
 Heavy modules (torch, ray, cvxpy, matplotlib) are imported inside commands, so ``plora --help``
 starts fast.
 """
@@ -12,11 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+import typer.exceptions
+from typer.core import TyperGroup
 
 from plora.api import BaselineOption, PlanReport, load_sweep, make_plan
 from plora.config import ConfigError
@@ -25,8 +32,47 @@ from plora.utils import fmt_duration
 if TYPE_CHECKING:
     from plora.planner import Plan
 
+
+def _click_exits() -> tuple[type[BaseException], ...]:
+    """Typer's and click's own ways out (exit codes, usage errors): typer vendors click as
+    ``typer._click`` (0.2x), older typers raise click's classes."""
+    kinds: list[type[BaseException]] = [typer.Exit, typer.Abort]
+    kinds += [getattr(typer.exceptions, "TyperException", typer.Exit)]
+    with contextlib.suppress(ImportError):
+        import click
+
+        kinds += [click.exceptions.Exit, click.ClickException, click.Abort]
+    return tuple(kinds)
+
+
+_CLICK_EXITS = _click_exits()
+
+
+class _ErrorBoundary(TyperGroup):
+    """The one error boundary of every ``plora`` command.
+
+    A :class:`ConfigError` that a command did not catch is printed as it is; any other exception
+    becomes one line ``error: plora CMD failed: TYPE: CAUSE; WHAT TO DO`` and exit code 2, unless
+    ``--debug`` (or ``PLORA_DEBUG=1``) asks for the traceback instead. Typer's and click's own
+    exits (``--help``, usage errors, :func:`fail`) pass through.
+    """
+
+    def invoke(self, ctx: Any) -> Any:  # click's Context (typer vendors click as typer._click)
+        try:
+            return super().invoke(ctx)
+        except _CLICK_EXITS:
+            raise
+        except ConfigError as err:
+            fail(str(err))
+        except Exception as err:
+            if debug_enabled(ctx):
+                raise
+            fail(crash_line(ctx.invoked_subcommand, err))
+
+
 app = typer.Typer(
     name="plora",
+    cls=_ErrorBoundary,
     help="Packed LoRA hyperparameter sweeps: plan and run many LoRA configs at once.",
     no_args_is_help=True,
     add_completion=False,
@@ -38,9 +84,64 @@ app = typer.Typer(
 EXIT_USER_ERROR = 2
 
 
+#: Exit code of a command stopped with Ctrl-C.
+EXIT_INTERRUPTED = 130
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"plora {plora_version()}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main() -> None:
+def _main(
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug", help="Show the traceback of an unexpected error (also PLORA_DEBUG=1)."
+        ),
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     """Packed LoRA hyperparameter sweeps: plan and run many LoRA configs at once."""
+
+
+def plora_version() -> str:
+    """The installed plora's version (``unknown`` when it is not installed as a package)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("plora")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def debug_enabled(ctx: typer.Context | None = None) -> bool:
+    """``--debug`` was given (on ``ctx``'s root command) or ``PLORA_DEBUG`` is set to 1/true/yes."""
+    if os.environ.get("PLORA_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    return bool(ctx is not None and ctx.find_root().params.get("debug"))
+
+
+def crash_line(command: str | None, err: BaseException) -> str:
+    """The one line of an unexpected exception: what failed, its cause, what to do."""
+    text = str(err).strip()
+    cause = f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+    cause = cause if len(cause) <= 300 else cause[:297] + "..."
+    if isinstance(err, OSError):
+        todo = "check that path (exists, free space, permissions) and rerun"
+    elif isinstance(err, MemoryError):
+        todo = "free memory or make the sweep smaller and rerun"
+    else:
+        todo = "rerun with --debug (or PLORA_DEBUG=1) for the traceback and report it"
+    what = f"plora {command}" if command else "plora"
+    return f"{what} failed: {cause}; {todo}"
 
 
 # ------------------------------------------------------------------------------ shared helpers
@@ -229,29 +330,44 @@ def sweep(
             "--checkpoint-minutes", min=0.0, help="Also checkpoint every M minutes of a job."
         ),
     ] = None,
+    force_unlock: Annotated[
+        bool,
+        typer.Option(
+            "--force-unlock",
+            help="Take over --out's lock held by a sweep on another host that is known dead.",
+        ),
+    ] = False,
 ) -> None:
-    """Run a sweep on Ray: plan, train every config in packed jobs, re-plan as jobs finish."""
+    """Run a sweep on Ray: plan, train every config in packed jobs, re-plan as jobs finish.
+
+    One sweep at a time writes a sweep directory: a second ``plora sweep`` (or ``--resume``) on
+    the same ``--out`` is refused while the first runs (a lock beside the directory)."""
     from plora import api
     from plora.runtime.driver import RunOptions
     from plora.runtime.progress import Progress
 
-    with user_errors(str(sweep_file)):
-        spec = load_sweep(sweep_file)
-        out = out if out is not None else Path("runs") / spec.name
-        with Progress() as progress:
-            summary = api.run(
-                spec,
-                out,
-                address=address,
-                resume=resume,
-                options=RunOptions(
-                    checkpoint_every=checkpoint_every,
-                    checkpoint_every_s=None
-                    if checkpoint_minutes is None
-                    else 60 * checkpoint_minutes,
-                ),
-                on_update=progress,
-            )
+    try:
+        with user_errors(str(sweep_file)):
+            spec = load_sweep(sweep_file)
+            out = out if out is not None else Path("runs") / spec.name
+            with Progress() as progress:
+                summary = api.run(
+                    spec,
+                    out,
+                    address=address,
+                    resume=resume,
+                    options=RunOptions(
+                        checkpoint_every=checkpoint_every,
+                        checkpoint_every_s=None
+                        if checkpoint_minutes is None
+                        else 60 * checkpoint_minutes,
+                        force_unlock=force_unlock,
+                    ),
+                    on_update=progress,
+                )
+    except KeyboardInterrupt:
+        typer.echo(interrupted_hint(sweep_file, out), err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     c = summary.counts
     typer.echo(
         f"sweep {summary.out}: {c['done']} done, {c['stopped']} stopped, {c['failed']} failed "
@@ -261,6 +377,14 @@ def sweep(
     )
     if not summary.ok:
         raise typer.Exit(1)
+
+
+def interrupted_hint(sweep_file: Path, out: Path | None) -> str:
+    """The one line ``plora sweep`` prints on Ctrl-C: how to continue."""
+    if out is not None and (out / "state.json").is_file():
+        return (f"interrupted: {out} keeps every finished config and the latest checkpoints; "
+                f"continue with `plora sweep {sweep_file} --out {out} --resume`")  # fmt: skip
+    return "interrupted before the sweep directory was created; nothing was written, rerun to start"
 
 
 @app.command()
@@ -292,4 +416,4 @@ def report(
     typer.echo(f"wrote {path}")
 
 
-__all__ = ["EXIT_USER_ERROR", "app", "fail", "user_errors"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_USER_ERROR", "app", "crash_line", "fail", "user_errors"]

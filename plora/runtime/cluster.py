@@ -6,6 +6,7 @@ Every problem a user can fix (an unreachable ``--address``, too few GPUs) is a o
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any
@@ -35,15 +36,24 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
         if not _has_cuda():
             kwargs["num_gpus"] = num_gpus
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Ray's start-up lines (local instance started, token set-up) are not the user's news:
+        # the embedded cluster starts quietly, later warnings of Ray still show.
+        quiet: dict[str, Any] = {"logging_level": logging.ERROR}
         try:
             ray.init(
-                include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **kwargs
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env=runtime_env,
+                **quiet,
+                **kwargs,
             )
         except ValueError:  # a `ray start` cluster on this machine was found: use it as it is
             if not kwargs:
                 raise
-            ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
+            ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **quiet)
             return False
+        finally:
+            logging.getLogger("ray").setLevel(logging.WARNING)
         return True
     check_address(address)
     try:  # the job's runtime_env (``ray job submit --working-dir``) is left as submitted

@@ -14,6 +14,10 @@ Order of work (nothing is created on disk until every input has been checked)::
     loop: wait for a job result (or tick) -> drain step reports -> finished/failed -> launch on
           the GPUs' resident groups (start one where none is) -> control
 
+The driver holds the sweep directory's lock (:mod:`plora.sweepdir.lock`) from its first check to
+its return, so a second ``plora sweep`` (or ``--resume``) on the same ``--out`` is refused with one
+line naming the running one.
+
 ``--resume`` reads ``state.json``: finished configs stay finished, interrupted jobs restart from
 their checkpoints, the rest is re-planned.
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 import os
 import shutil
 import time
@@ -48,6 +53,7 @@ from plora.runtime.group import WorkerGroup, start_group, stop_group
 from plora.runtime.prepare import config_source, fits_one_gpu, prepare
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec
 from plora.runtime.relay import start_relay
+from plora.sweepdir.lock import hold_lock
 from plora.sweepdir.store import (
     SweepStore,
     check_out_dir,
@@ -81,6 +87,9 @@ class RunOptions:
     """The engine class resident workers build (default ``plora.engine.PackSession``)."""
     calibration_steps: int = 3
     """Refit and re-plan once this many steps of the first job are measured (0: never)."""
+    force_unlock: bool = False
+    """Take over a sweep directory lock held from another host (``--force-unlock``); a lock whose
+    owner is alive on this host is never broken, a dead one is always taken over."""
     prestart: bool = True
     """Start a one-GPU worker group on every GPU right after Ray is up, so the workers import,
     initialise CUDA and load the base model while the driver reads the dataset and plans (not
@@ -136,8 +145,32 @@ def run_sweep(
     options = options or RunOptions()
     t0 = time.monotonic()
     # absolute: workers write adapters and checkpoints from their own working directory
-    out = check_out_dir(out, resume=resume).absolute()
+    out = check_out_dir(out, resume=resume, force_unlock=options.force_unlock).absolute()
     check_address(address)
+    # one writer per sweep directory, from here to the last record (released on every exit)
+    with hold_lock(out, force=options.force_unlock) as lock:
+        if lock.note:
+            logging.getLogger(__name__).warning("note: %s", lock.note)
+        check_out_dir(out, resume=resume, lock=lock)  # again: a sweep may have ended meanwhile
+        return _run(
+            sweep, out, t0=t0, address=address, resume=resume, options=options, source=source,
+            cost=cost, on_update=on_update,
+        )  # fmt: skip
+
+
+def _run(
+    sweep: SweepConfig | None,
+    out: Path,
+    *,
+    t0: float,
+    address: str | None,
+    resume: bool,
+    options: RunOptions,
+    source: ConfigSource | None,
+    cost: Any,
+    on_update: Callable[[dict[str, Any]], None] | None,
+) -> SweepSummary:
+    """:func:`run_sweep` once ``out`` is checked and its lock is held."""
     store: SweepStore | None = None
     if resume:
         store = SweepStore(out)

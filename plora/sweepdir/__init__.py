@@ -2,6 +2,7 @@
 
 * :mod:`plora.sweepdir.schema` -- files, table columns and dtypes, statuses, the layout version;
 * :mod:`plora.sweepdir.store` -- :class:`SweepStore`, the atomic writer (and ``--resume``'s reader);
+* :mod:`plora.sweepdir.lock` -- one writer per sweep directory (the lock ``plora sweep`` holds);
 * :mod:`plora.sweepdir.reader` -- tolerant readers into DataFrames (:mod:`plora.analysis` uses them).
 
 The schema imports nothing heavy; the reader and the store (pandas) load on first use.
@@ -27,6 +28,9 @@ _LAZY = {
     "SweepStore": "plora.sweepdir.store",
     "check_out_dir": "plora.sweepdir.store",
     "create_sweep_dir": "plora.sweepdir.store",
+    "SweepLock": "plora.sweepdir.lock",
+    "SweepLockedError": "plora.sweepdir.lock",
+    "hold_lock": "plora.sweepdir.lock",
 }
 
 

@@ -15,6 +15,7 @@ module is the one place that says what is in it. Layout (``DIR`` is ``plora swee
     DIR/results.parquet     one row per config (:data:`RESULT_COLUMNS`)
     DIR/adapters/<id>/      PEFT adapters; DIR/checkpoints/<job_id>/ train-state checkpoints
     DIR/state.json          coordinator state for ``--resume`` (holds :data:`SCHEMA_VERSION`)
+    PARENT/.DIR.lock        beside DIR: the running writer's lock (:mod:`plora.sweepdir.lock`)
 
 Dtypes are pandas' names as ``DataFrame.dtypes`` shows them after a round trip through
 Parquet (``str`` columns may hold None; ``object`` columns hold lists, or values that may be

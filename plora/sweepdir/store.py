@@ -26,6 +26,7 @@ import pandas as pd
 
 from plora.config import ConfigError
 from plora.sweepdir import schema
+from plora.sweepdir.lock import SweepLock, check_not_locked
 from plora.sweepdir.schema import JOB_COLUMNS, METRIC_COLUMNS
 from plora.utils import atomic_path, atomic_write_json, atomic_write_text
 
@@ -206,14 +207,24 @@ def _write_parquet(path: Path, df: pd.DataFrame) -> None:
         df.to_parquet(tmp, index=False)
 
 
-def check_out_dir(out: str | os.PathLike[str], *, resume: bool) -> Path:
-    """Validate ``--out`` before anything is created.
+def check_out_dir(
+    out: str | os.PathLike[str],
+    *,
+    resume: bool,
+    lock: SweepLock | None = None,
+    force_unlock: bool = False,
+) -> Path:
+    """Validate ``--out`` before anything is created (``lock``: the caller's own lock of it;
+    ``force_unlock``: a lock from another host does not count, ``--force-unlock``).
 
     Raises:
         ConfigError: ``out`` exists and is not resumed, ``--resume`` names no sweep dir, or the
             parent directory cannot be written.
+        SweepLockedError: another live ``plora sweep`` holds ``out``'s lock
+            (:mod:`plora.sweepdir.lock`).
     """
     out = Path(out)
+    check_not_locked(out, mine=lock, force=force_unlock)
     if resume:
         if not (out / "state.json").is_file():
             raise ConfigError(

@@ -44,6 +44,9 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert wall < 300
+    from plora.sweepdir.lock import lock_path
+
+    assert not lock_path(out).exists()  # the sweep's lock is released when it ends
     configs = expand(SweepConfig.from_yaml(ROOT / "sweeps/quickstart.yaml"))
     res = pd.read_parquet(out / "results.parquet").set_index("config_id")
     assert sorted(res.index) == sorted(c.config_id for c in configs)

@@ -17,11 +17,13 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from packfn import PackFnEngine
 
 from plora.config import LoRAConfig, SweepConfig
 from plora.runtime.driver import RunOptions, run_sweep
 from plora.runtime.records import StaticSource
+from plora.sweepdir.lock import SweepLockedError, read_owner
 from plora.sweepdir.store import SweepStore
 
 HERE = Path(__file__).resolve().parent
@@ -170,10 +172,17 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
                     break
             assert proc.poll() is None, "driver exited before it could be killed"
             time.sleep(0.1)
+        # a second writer (a --resume while the driver runs) is refused and changes nothing
+        before = {p: p.stat().st_mtime_ns for p in [out / "state.json", out / "sweep.yaml"]}
+        with pytest.raises(SweepLockedError, match=f"pid {proc.pid}"):
+            run_sweep(None, out, resume=True)
+        assert {p: p.stat().st_mtime_ns for p in before} == before
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(10)
     assert done_before
+    stale = read_owner(out)  # SIGKILL left the lock: a dead pid on this host, taken over below
+    assert stale is not None and stale.pid == proc.pid
     state = json.loads((out / "state.json").read_text())
     done_before = {c for c, s in state["status"].items() if s == "done"}
     killed_at = state["elapsed_s"]
@@ -184,6 +193,7 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
         options=RunOptions(engine=PackFnEngine, checkpoint_every=5, refill=False, ask_batch=2),
     )  # fmt: skip
     assert summary.ok and summary.counts["done"] == 6
+    assert read_owner(out) is None
     store = SweepStore(out)
     m = store.read_metrics()
     again = m[(m["time"] >= killed_at) & m["config_id"].isin(done_before)]

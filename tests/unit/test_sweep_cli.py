@@ -43,6 +43,7 @@ def assert_one_error(result, *needles: str) -> None:
 def no_sweep_dir(out: Path) -> None:
     assert not out.exists()
     assert not list(out.parent.glob(f".{out.name}.tmp-*"))
+    assert not list(out.parent.glob(f".{out.name}.lock*"))  # the sweep's lock is released
 
 
 @pytest.mark.parametrize(
