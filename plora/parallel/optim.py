@@ -35,7 +35,7 @@ from plora.parallel.tp import TPStyle
 
 def _partial_attr(layer: PackedLoRALinear) -> str | None:
     """The factor of ``layer`` whose gradient is a partial sum over TP ranks."""
-    style = getattr(layer, "tp_style", None)
+    style = layer.tp_style
     if style is None:
         return None
     return "A" if style is TPStyle.COLWISE else "Bt"

@@ -166,7 +166,7 @@ def apply_tp(model: nn.Module, *, tp_group: dist.ProcessGroup, plan=TP_PLAN) -> 
     if not layers:
         raise ValueError("apply_tp: no PackedLoRALinear in the model; inject it first")
     for name, layer in layers.items():
-        if getattr(layer, "tp_style", None) is not None:
+        if layer.tp_style is not None:
             raise ValueError(f"apply_tp: {name} is already tensor-parallel")
         if layer.specs:
             raise ValueError(f"apply_tp: {name} has adapters; apply TP before adding any")

@@ -53,7 +53,7 @@ from plora.runtime.group import WorkerGroup, start_group, stop_group
 from plora.runtime.prepare import config_source, fits_one_gpu, prepare
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec
 from plora.runtime.relay import start_relay
-from plora.sweepdir.lock import hold_lock
+from plora.sweepdir.lock import SweepLock
 from plora.sweepdir.store import (
     SweepStore,
     check_out_dir,
@@ -107,7 +107,8 @@ class SweepSummary:
     setup_s: float = 0.0
     """Before the sweep clock: dataset check, Ray start, sweep directory."""
     ray_start_s: float = 0.0
-    """Of ``setup_s``: connecting to (or starting) Ray."""
+    """Of ``setup_s``: from the call until Ray was connected (or started), the input checks
+    before it included."""
     inputs_wait_s: float = 0.0
     """Of ``setup_s``: waiting, after Ray was up, for the dataset check and cost model."""
     teardown_s: float = 0.0
@@ -148,7 +149,7 @@ def run_sweep(
     out = check_out_dir(out, resume=resume, force_unlock=options.force_unlock).absolute()
     check_address(address)
     # one writer per sweep directory, from here to the last record (released on every exit)
-    with hold_lock(out, force=options.force_unlock) as lock:
+    with SweepLock.acquire(out, force=options.force_unlock) as lock:
         if lock.note:
             logging.getLogger(__name__).warning("note: %s", lock.note)
         check_out_dir(out, resume=resume, lock=lock)  # again: a sweep may have ended meanwhile

@@ -30,7 +30,6 @@ _LAZY = {
     "create_sweep_dir": "plora.sweepdir.store",
     "SweepLock": "plora.sweepdir.lock",
     "SweepLockedError": "plora.sweepdir.lock",
-    "hold_lock": "plora.sweepdir.lock",
 }
 
 

@@ -33,7 +33,6 @@ import socket
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +121,10 @@ def check_not_locked(
 
 
 class SweepLock:
-    """The held lock of one sweep directory; :meth:`release` gives it back (idempotent)."""
+    """The held lock of one sweep directory; :meth:`release` gives it back (idempotent).
+
+    ``with SweepLock.acquire(out) as lock:`` releases it on every exit of the block.
+    """
 
     def __init__(self, sweep_dir: Path, owner: LockOwner, note: str | None) -> None:
         self.sweep_dir = sweep_dir
@@ -200,16 +202,6 @@ class SweepLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-@contextlib.contextmanager
-def hold_lock(sweep_dir: str | os.PathLike[str], *, force: bool = False) -> Iterator[SweepLock]:
-    """``with hold_lock(out) as lock:`` -- :meth:`SweepLock.acquire`, released on every exit."""
-    lock = SweepLock.acquire(sweep_dir, force=force)
-    try:
-        yield lock
-    finally:
-        lock.release()
 
 
 def _locked(sweep_dir: Path, owner: LockOwner) -> SweepLockedError:
@@ -314,7 +306,6 @@ __all__ = [
     "SweepLock",
     "SweepLockedError",
     "check_not_locked",
-    "hold_lock",
     "lock_path",
     "owner_alive",
     "read_owner",

@@ -26,7 +26,6 @@ from plora.sweepdir.lock import (
     LockOwner,
     SweepLock,
     SweepLockedError,
-    hold_lock,
     lock_path,
     read_owner,
 )
@@ -87,7 +86,7 @@ def test_lock_from_another_host_is_honoured_unless_forced(tmp_path) -> None:
     with pytest.raises(SweepLockedError, match=r"host elsewhere\.invalid.*--force-unlock"):
         SweepLock.acquire(out)
     assert read_owner(out) == owner
-    with hold_lock(out, force=True) as lock:
+    with SweepLock.acquire(out, force=True) as lock:
         assert lock.note and "elsewhere.invalid" in lock.note
         assert read_owner(out) == lock.owner
     assert not lock_path(out).exists()
@@ -156,7 +155,7 @@ def test_two_processes_one_lock(tmp_path) -> None:
     finally:
         proc.kill()
         proc.wait()
-    with hold_lock(out) as lock:  # killed without releasing: stale, taken over
+    with SweepLock.acquire(out) as lock:  # killed without releasing: stale, taken over
         assert lock.note and f"pid {proc.pid}" in lock.note
     assert not lock_path(out).exists()
 
@@ -180,7 +179,7 @@ def test_unwritable_parent_is_one_line(tmp_path) -> None:
 def test_acquire_is_fast(tmp_path) -> None:
     t0 = time.monotonic()
     for i in range(20):
-        with hold_lock(tmp_path / f"o{i}"):
+        with SweepLock.acquire(tmp_path / f"o{i}"):
             pass
     assert time.monotonic() - t0 < 2.0
     no_sweep_dir(tmp_path / "o0")
@@ -192,7 +191,7 @@ def test_without_hard_links_o_excl_still_gives_one_owner(tmp_path, monkeypatch) 
 
     monkeypatch.setattr(os, "link", no_links)
     out = tmp_path / "out"
-    with hold_lock(out) as lock:
+    with SweepLock.acquire(out) as lock:
         assert read_owner(out) == lock.owner
         with pytest.raises(SweepLockedError, match=f"pid {os.getpid()}"):
             SweepLock.acquire(out)
