@@ -27,8 +27,10 @@ accumulated gradient is the full batch's; per-slot norms are summed over stages 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -64,6 +66,25 @@ class MicroBatchRouting:
     dropout_keys: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     """``{slot: (adapter step, row offset)}`` for keyed dropout."""
     nonce: int = 0
+
+
+def _mask_kwargs(config: Any, h: torch.Tensor, attention_mask: torch.Tensor | None,
+                 position_ids: torch.Tensor) -> dict[str, Any]:  # fmt: skip
+    """Arguments of transformers' ``create_causal_mask`` as this release names them, no cache
+    (5.17 calls the cache ``past_key_values``, 5.24 ``cache``; older ones also take
+    ``input_embeds`` and ``cache_position``)."""
+    from transformers.masking_utils import create_causal_mask
+
+    names = inspect.signature(create_causal_mask).parameters
+    kwargs: dict[str, Any] = {"config": config, "attention_mask": attention_mask,
+                              "position_ids": position_ids}  # fmt: skip
+    kwargs["inputs_embeds" if "inputs_embeds" in names else "input_embeds"] = h
+    for name in ("cache", "past_key_values"):
+        if name in names:
+            kwargs[name] = None
+    if "cache_position" in names:
+        kwargs["cache_position"] = position_ids[0]
+    return kwargs
 
 
 class PipelineStageModule(nn.Module):
@@ -131,13 +152,7 @@ class PipelineStageModule(nn.Module):
         else:
             h = x
         position_ids = torch.arange(h.shape[1], device=h.device)[None]
-        mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=h,
-            attention_mask=mb.attention_mask,
-            cache=None,
-            position_ids=position_ids,
-        )
+        mask = create_causal_mask(**_mask_kwargs(self.config, h, mb.attention_mask, position_ids))
         rope = self.rotary(h, position_ids)
         with packed_segments(self.model, mb.segments, dropout_keys=mb.dropout_keys, nonce=mb.nonce):
             for block in self.blocks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,21 +102,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_case(rank: int, case: Case, port: int, out: Path) -> None:
+def _run_case(rank: int, case: Case, port: int, out: Path, device_type: str) -> None:
     from plora.parallel import ParallelDims, parallelize
     from plora.parallel.trainer import ParallelPackedTrainer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=case.world_size)
+    device: str | torch.device = "cpu"
+    if device_type == "cuda":  # one GPU per rank, NCCL; bf16 autocast as in the workers
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=case.world_size)
     try:
         dims = ParallelDims(pp=case.pp, fsdp=case.fsdp, tp=case.tp, world_size=case.world_size)
-        mesh = dims.build_mesh("cpu")
+        mesh = dims.build_mesh(device_type)
 
         def build():
             model = tiny_model("qwen2")
             stage = parallelize(model, dims=dims, mesh=mesh, shard_base=case.shard_base)
             return ParallelPackedTrainer(
-                model, TOKENIZER, toy_dataset(), device="cpu", dims=dims, mesh=mesh, stage=stage,
+                model, TOKENIZER, toy_dataset(), device=device, dims=dims, mesh=mesh, stage=stage,
                 microbatches=case.microbatches,
             )  # fmt: skip
 
@@ -132,8 +138,13 @@ def _run_case(rank: int, case: Case, port: int, out: Path) -> None:
             trainer.export_adapter(cid, out / case.name / cid)
         result = {"losses": losses, "norms": norms, "weights": weights, "layout": _layout(trainer)}
         torch.save(result, out / f"{case.name}.rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        # fail fast: the other ranks wait in a collective this rank will never join, and
+        # destroy_process_group would wait with them (NCCL); exiting lets mp.spawn end them all
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    dist.destroy_process_group()
 
 
 def _layout(trainer) -> dict:
@@ -155,15 +166,16 @@ def _layout(trainer) -> dict:
     }
 
 
-def _worker(rank: int, cases: list[Case], ports: list[int], out: str) -> None:
+def _worker(rank: int, cases: list[Case], ports: list[int], out: str, device_type: str) -> None:
     torch.set_num_threads(1)
     for case, port in zip(cases, ports, strict=True):
-        _run_case(rank, case, port, Path(out))
+        _run_case(rank, case, port, Path(out), device_type)
 
 
-def spawn(cases: list[Case], out: Path) -> None:
-    """Run ``cases`` (all of one world size) in one set of spawned processes, one after another."""
+def spawn(cases: list[Case], out: Path, *, device_type: str = "cpu") -> None:
+    """Run ``cases`` (all of one world size) in one set of spawned processes, one after another:
+    gloo on the CPU, or NCCL with one GPU per rank (``device_type="cuda"``)."""
     world = {c.world_size for c in cases}
     assert len(world) == 1, world
     ports = [free_port() for _ in cases]
-    mp.spawn(_worker, args=(cases, ports, str(out)), nprocs=world.pop(), join=True)
+    mp.spawn(_worker, args=(cases, ports, str(out), device_type), nprocs=world.pop(), join=True)

@@ -1,0 +1,284 @@
+"""Packed jobs on d GPUs under each strategy (tp, fsdp, pp) vs PEFT one adapter per GPU.
+
+For each base shape (random bf16 weights of ``plora/models/configs``; Qwen2.5-14B by default) and
+each strategy, one process per GPU (NCCL) builds the base, parallelises it
+(:func:`plora.parallel.parallelize`) and trains packs of K batch-1 adapters at sequence length
+``--seq`` with :class:`~plora.parallel.trainer.ParallelPackedTrainer`; then every GPU trains one
+PEFT adapter on its own whole copy of the base at the same time (Min GPU: the d GPUs' tokens/s
+added). All in one run, on one machine. Reported per case: tokens/s of the whole job, the fraction
+of the FLOP ceiling ``d · peak / (4·P_mm + 6·s·h·L)`` (useful FLOPs only: recomputation under
+activation checkpointing is not counted), the peak memory of the busiest GPU beside the cost
+model's prediction (:mod:`plora.cost.memory` with the job's d and strategy), and the step time the
+cost model predicts (:class:`~plora.cost.throughput.StepTimeModel` with its default coefficients,
+not refit) beside the measured one.
+
+GPU:  PYTHONPATH=... python benchmarks/multigpu.py --gpus 2 --models Qwen/Qwen2.5-14B --out DIR
+CPU:  python benchmarks/multigpu.py --smoke      (tiny shape, 2 gloo processes, < 1 minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine_throughput import (
+    SMOKE_CONFIG,
+    adapter_configs,
+    apply_liger,
+    build_base,
+    measure_peak_flops,
+    run_peft,
+    synthetic_data,
+    time_steps,
+)
+
+from plora.config import GPU_TYPES
+from plora.cost import Strategy
+from plora.cost import memory as mem
+from plora.cost.throughput import (
+    DEFAULT_COEFFICIENTS,
+    LIGER_COEFFICIENTS,
+    AdapterLoad,
+    StepTimeModel,
+)
+from plora.model_spec import ModelSpec, shipped_config_path
+from plora.utils import atomic_write_json
+
+STRATEGIES = ("tp", "fsdp", "pp")
+
+
+def hf_config(name: str):
+    from transformers import AutoConfig, Qwen2Config
+
+    if name == "smoke":
+        return Qwen2Config(**{k: v for k, v in SMOKE_CONFIG.items() if k != "model_type"})
+    return AutoConfig.from_pretrained(str(shipped_config_path(name)))
+
+
+def predicted(spec: ModelSpec, cfgs, seq: int, d: int, strategy: str, *, liger: bool, ckpt: bool):
+    """Cost-model peak bytes per GPU (allocator's share) and step seconds of the pack."""
+    opts = mem.MemoryOptions(loss=mem.Loss.FUSED, fused_kernels=liger, checkpointing=ckpt)
+    strat = Strategy(strategy) if d > 1 else None
+    total = mem.base_memory(spec, d=d, strategy=strat, options=opts).total - opts.reserved_bytes
+    for c in cfgs:
+        total += mem.adapter_memory(
+            spec, rank=c.rank, targets=c.target_modules, batch_size=c.batch_size, seq_len=seq,
+            dropout=c.dropout, d=d, strategy=strat, options=opts,
+        ).total  # fmt: skip
+    gpu = GPU_TYPES["H200"]
+    model = StepTimeModel(
+        spec, gpu, LIGER_COEFFICIENTS if liger else DEFAULT_COEFFICIENTS, recompute=ckpt
+    )
+    step = model.step_time([AdapterLoad.of(c) for c in cfgs], seq, d, strat)
+    return total, step
+
+
+def _peak(device: torch.device) -> int:
+    """The largest peak allocation over the job's GPUs."""
+    if device.type != "cuda":
+        return 0
+    t = torch.tensor([torch.cuda.max_memory_allocated(device)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, rows) -> None:
+    from plora.parallel import ParallelDims, parallelize
+    from plora.parallel.trainer import ParallelPackedTrainer
+
+    d = args.gpus
+    dims = ParallelDims.for_job(d, strategy)
+    mesh = dims.build_mesh(device.type)
+    torch.manual_seed(0)
+    base = build_base(cfg, device, dtype)
+    if args.liger:
+        apply_liger(base, cfg.model_type)
+    stage = parallelize(base, dims=dims, mesh=mesh)
+    data = synthetic_data(spec.vocab_size, args.seq, n=max(args.packs) * 2)
+    tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
+    ceiling = d * spec.flop_ceiling_tokens_per_s(peak, args.seq)
+    capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+    for k in args.packs:
+        cfgs = adapter_configs(k, args.rank)
+        pred_b, _ = predicted(spec, cfgs, args.seq, d, strategy, liger=args.liger, ckpt=False)
+        ckpt = args.checkpointing == "on" or (
+            args.checkpointing == "auto" and capacity and pred_b > 0.9 * capacity
+        )
+        pred_b, pred_s = predicted(spec, cfgs, args.seq, d, strategy, liger=args.liger, ckpt=ckpt)
+        row = {"model": name, "case": f"{strategy}{d}-packed-{k}", "strategy": strategy, "d": d,
+               "adapters": k, "checkpointing": bool(ckpt), "liger": args.liger}  # fmt: skip
+        trainer, added = None, []
+        try:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            # PP: 2 rows per micro-batch (the bubble filled by the pack's other adapters)
+            micro = min(k, max(d, k // 2)) if strategy == "pp" else None
+            trainer = ParallelPackedTrainer(
+                base, tok, data, device=device, dtype=dtype if device.type == "cuda" else None,
+                dims=dims, mesh=mesh, stage=stage, microbatches=micro, gradient_checkpointing=ckpt,
+            )  # fmt: skip
+            for c in cfgs:
+                trainer.add(c)
+                added.append(c.config_id)
+            step_s = time_steps(trainer.step, device, args.warmup, args.steps)
+            peak_b = _peak(device)
+            tps = k * args.seq / step_s
+            row.update(
+                tokens_per_s=tps, ceiling_fraction=tps / ceiling, step_s=step_s,
+                predicted_step_s=pred_s, peak_gib=peak_b / 2**30, predicted_gib=pred_b / 2**30,
+            )  # fmt: skip
+        except Exception as e:
+            # the other ranks may wait in a collective this one left: record, save, and end
+            # this process (mp.spawn then ends the others) rather than hang until the timeout
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            rows.append(row)
+            traceback.print_exc()
+            _print(row)
+            _save(args, rows)
+            sys.stdout.flush()
+            os._exit(1)
+        finally:
+            if trainer is not None:
+                for cid in added:
+                    trainer.remove(cid)
+                    trainer.release(cid)
+            if ckpt:
+                base.gradient_checkpointing_disable()
+            del trainer
+        rows.append(row)
+        if rank == 0:
+            _print(row)
+            _save(args, rows)
+    del base, stage
+    gc.collect()
+
+
+def run_min_gpu(rank, args, name, cfg, spec, device, dtype, peak, rows) -> None:
+    """Every GPU trains one PEFT adapter on its own base at the same time."""
+    torch.manual_seed(0)
+    base = build_base(cfg, device, dtype)
+    data = synthetic_data(spec.vocab_size, args.seq, n=4)
+    row = {"model": name, "case": f"peft-min-gpu-x{args.gpus}", "strategy": "min-gpu",
+           "d": args.gpus, "adapters": args.gpus}  # fmt: skip
+    try:
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        res = run_peft(base, data, args.seq, args.rank, device, dtype, args.warmup, args.steps)
+        t = torch.tensor([res["step_s"]], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest GPU's step
+        tps = args.gpus * args.seq / float(t.item())
+        ceiling = args.gpus * spec.flop_ceiling_tokens_per_s(peak, args.seq)
+        row.update(tokens_per_s=tps, ceiling_fraction=tps / ceiling, step_s=float(t.item()),
+                   peak_gib=_peak(device) / 2**30)  # fmt: skip
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    rows.append(row)
+    if rank == 0:
+        _print(row)
+        _save(args, rows)
+    del base
+    gc.collect()
+
+
+def _save(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Write the rows so far (rank 0; also after a failed case)."""
+    if args.out and dist.get_rank() == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+        meta = {"gpus": args.gpus, "seq": args.seq, "rank": args.rank, **vars(args).get("meta", {})}
+        atomic_write_json(args.out / "multigpu.json", {**meta, "rows": rows})
+
+
+def _print(row: dict) -> None:
+    if "error" in row:
+        print(f"{row['model']:>18} {row['case']:>20} ERROR {row['error']}", flush=True)
+        return
+    extra = ""
+    if "predicted_step_s" in row:
+        extra = (f"  step {row['step_s']:.3f} s (predicted {row['predicted_step_s']:.3f})  "
+                 f"peak {row['peak_gib']:.1f} GiB (predicted {row['predicted_gib']:.1f})")  # fmt: skip
+    print(
+        f"{row['model']:>18} {row['case']:>20} {row['tokens_per_s']:>10.0f} tok/s  "
+        f"{row['ceiling_fraction']:6.3f} of ceiling{extra}",
+        flush=True,
+    )
+
+
+def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cuda = not args.smoke
+    if cuda:
+        torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", rank=rank, world_size=args.gpus,
+        timeout=datetime.timedelta(seconds=args.timeout_s),
+    )  # fmt: skip
+    try:
+        if not cuda:
+            torch.set_num_threads(1)
+        peak = measure_peak_flops(device, dtype)
+        t = torch.tensor([peak], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        peak = float(t.item())
+        gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
+        args.meta = {"device": gpu, "peak_flops": peak}
+        if rank == 0:
+            print(f"{args.gpus} x {gpu}: measured peak {peak / 1e12:.1f} TFLOP/s each", flush=True)
+        rows: list[dict] = []
+        for name in args.models:
+            cfg = hf_config(name)
+            cfg.use_cache = False
+            spec = ModelSpec.from_hf_config(cfg)
+            for strategy in args.strategies:
+                run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, rows)
+            if args.min_gpu:
+                run_min_gpu(rank, args, name, cfg, spec, device, dtype, peak, rows)
+        _save(args, rows)
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--models", nargs="*", default=["Qwen/Qwen2.5-14B"])
+    ap.add_argument("--strategies", nargs="*", choices=STRATEGIES, default=list(STRATEGIES))
+    ap.add_argument("--packs", type=int, nargs="*", default=[8, 16, 32])
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--liger", action="store_true", help="Liger-Kernel's fused ops on the base")
+    ap.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--no-min-gpu", dest="min_gpu", action="store_false")
+    ap.add_argument("--timeout-s", type=int, default=300, help="collective timeout")
+    ap.add_argument("--smoke", action="store_true", help="tiny shape, gloo on CPU")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if args.smoke:
+        args.models, args.seq, args.packs, args.warmup, args.steps = ["smoke"], 32, [2, 4], 1, 2
+    elif torch.cuda.device_count() < args.gpus:
+        sys.exit(f"error: --gpus {args.gpus} but this machine has {torch.cuda.device_count()}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(args, port), nprocs=args.gpus, join=True)
+
+
+if __name__ == "__main__":
+    main()
