@@ -14,9 +14,12 @@ frozen linear only. With ``r_i`` the true rank, ``o_i = rank_offsets[i]``,
     dA_i = s_i · (dY_i·B_i)ᵀ · drop_i(x_i)          dB_i = s_i · dY_iᵀ · (drop_i(x_i)·A_iᵀ)
 
 ``drop_i(x_i) = x_i ⊙ m_i / (1 - p_i)`` with the keep mask ``m_i`` regenerated from counter-based
-Philox4x32-10 (Triton's ``tl.randint4x``, four words per call): element ``(t, c)`` of segment ``i``
-(``t`` counted from the segment start) is kept iff ``u >= p_i``, where ``u`` is word ``c % 4`` of
-Philox(key = seed, counter = (t·⌈in/4⌉ + c//4, i, 0, 0)) mapped to [0, 1) as ``tl.rand`` does.
+Philox4x32-10 (Triton's ``tl.philox``, four words per call): element ``(t, c)`` of segment ``i``
+(``t`` counted from the segment start) is kept iff ``u >= p_i``, where ``u`` is word
+``(col_base + c) % 4`` of Philox(key = key_i, counter = (s·G + (col_base + c)//4, row0_i + t //
+row_len, word, 0)), ``s = t % row_len``, ``G = ⌈in_total/4⌉``, mapped to [0, 1) as ``tl.rand``
+does (:class:`DropoutKeys` holds the keys and the counter's parts). So a mask belongs to an
+adapter's rows -- the same whatever pack, padded length or row-wise TP split it runs in.
 No mask is stored; the backward regenerates it. :func:`dropout_mask` reproduces it in pure torch
 on any device (an independent Philox port, checked against Random123's known answers and the
 kernels).
@@ -33,7 +36,8 @@ dropout_seed, *, backend="auto") -> delta``
     The LoRA term alone, ``delta = y - (x·Wᵀ + bias)``, zero on rows outside every segment, for
     callers that run the base GEMM themselves.
 
-``dropout_mask(seed, slot, shape, p, device) -> BoolTensor[shape]`` — the keep mask ``m_slot``
+``dropout_mask(key, shape, p, device, *, row0, row_len, word, col_base, in_total) ->
+BoolTensor[shape]`` — the keep mask of one slot
     (``shape = (tokens of the segment, in)``).
 
 ``packed_lora_reference(...)`` — same arguments as ``packed_lora_linear`` (no ``fused``), a
@@ -57,8 +61,9 @@ rank_offsets: ``n_slots + 1`` ints, ``rank_offsets[0] == 0``, ``rank_offsets[-1]
 ranks:        ``n_slots`` true ranks (1..256, e.g. 8, 24, 64, 128).
 scales:       ``n_slots`` floats ``s_i`` (alpha/r, or alpha/sqrt(r) for rsLoRA).
 dropout_p:    ``n_slots`` floats in ``[0, 1)`` (or one float for every slot).
-dropout_seed: int, the Philox key for this call (taken mod 2⁶³). Give every layer and every
-              step its own seed (e.g. ``hash((step, layer_index))``): equal seeds, equal masks.
+dropout_seed: a :class:`DropoutKeys` (one key per slot and the counter's parts; what the engine
+              passes), or one int from which every slot gets its key (:func:`slot_key`): give
+              every layer and step its own (equal seeds, equal masks).
 fused:        how the base GEMM and the LoRA term meet (``ops.Mode``, measured per GPU and shape
               in ``kernels/tuned.json``): ``None`` takes the fastest mode of the nearest tuned
               shape (packs with dropout use the backward rows measured with dropout);
@@ -88,13 +93,16 @@ repeatable.
 from __future__ import annotations
 
 from .errors import PackedLoRAError
+from .meta import DropoutKeys, slot_key
 
 __all__ = [
+    "DropoutKeys",
     "PackedLoRAError",
     "dropout_mask",
     "packed_lora_delta",
     "packed_lora_linear",
     "packed_lora_reference",
+    "slot_key",
 ]
 
 

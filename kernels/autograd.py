@@ -28,30 +28,31 @@ import torch
 import torch.nn.functional as F
 
 from .errors import PackedLoRAError
-from .meta import PackedMeta, make_meta
-from .reference import packed_lora_delta_reference, packed_lora_reference
+from .meta import DropoutKeys, PackedMeta, make_meta
+from .reference import (
+    _raw_ranks,
+    packed_lora_delta_reference,
+    packed_lora_reference,
+    resolve_dropout,
+)
 
 Backend = Literal["auto", "triton", "torch"]
 
 
-def _seed(seed: int) -> int:
-    return int(seed) & 0x7FFFFFFFFFFFFFFF
-
-
 class _PackedLoRA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2d, weight, bias, lora_a, lora_b, meta, seed, mode_fwd, mode_bwd):
+    def forward(ctx, x2d, weight, bias, lora_a, lora_b, meta, drop, mode_fwd, mode_bwd):
         from . import ops
 
         table = meta.device_table(x2d.device)
         s_buf = ops.shrink(
-            x2d, lora_a, (lora_a.stride(0), lora_a.stride(1)), table, meta, seed, dropout=True
+            x2d, lora_a, (lora_a.stride(0), lora_a.stride(1)), table, meta, drop, dropout=True
         )
         # Bᵀ (R_tot, out), contiguous along out: the LoRA tiles of y and of dS = dY·B then load
         # 16-byte vectors along out instead of 2-byte gathers along the rank (a copy of R_tot·out).
         b_t = lora_b.t().contiguous()
         b_strides = (b_t.stride(1), b_t.stride(0))  # R[n, o + r] = Bᵀ[o + r, n]
-        lora = (s_buf, b_t, b_strides, table, meta, seed)
+        lora = (s_buf, b_t, b_strides, table, meta, drop)
         if weight is None:  # the LoRA term alone
             y = x2d.new_empty(x2d.shape[0], b_t.shape[1])
             ops.lora_gemm(y, *lora)
@@ -67,7 +68,7 @@ class _PackedLoRA(torch.autograd.Function):
             base = (x2d, weight, (weight.stride(0), weight.stride(1)))
             ops.lora_gemm(y, *lora, base=base, bias=bias)
         ctx.save_for_backward(x2d, weight, lora_a, b_t, s_buf)
-        ctx.meta, ctx.seed, ctx.mode_bwd = meta, seed, mode_bwd
+        ctx.meta, ctx.drop, ctx.mode_bwd = meta, drop, mode_bwd
         ctx.b_transposed = lora_b.stride(0) == 1 and lora_b.shape[1] > 1  # Bᵀ-contiguous storage
         ctx.has_bias = bias is not None
         return y
@@ -77,11 +78,11 @@ class _PackedLoRA(torch.autograd.Function):
         from . import ops
 
         x2d, weight, lora_a, b_t, s_buf = ctx.saved_tensors
-        meta, seed = ctx.meta, ctx.seed
+        meta, drop = ctx.meta, ctx.drop
         dy = dy.contiguous()
         table = meta.device_table(dy.device)
         need_x, need_w, need_b, need_a, need_lb = ctx.needs_input_grad[:5]
-        ds = ops.shrink(dy, b_t, (b_t.stride(0), b_t.stride(1)), table, meta, seed, dropout=False)
+        ds = ops.shrink(dy, b_t, (b_t.stride(0), b_t.stride(1)), table, meta, drop, dropout=False)
         a_strides = (lora_a.stride(1), lora_a.stride(0))  # R[n, o + r] = A[o + r, n]
         dx = dw = dbias = da = dlb = None
         jobs = []  # weight gradients, one launch: dA = dSᵀ·drop(x), dB = dYᵀ·S
@@ -98,7 +99,7 @@ class _PackedLoRA(torch.autograd.Function):
             jobs.append(ops.WgradJob(dy, s_buf, dlb, (dlb.stride(0), dlb.stride(1))))
 
         if need_x:
-            lora = (ds, lora_a, a_strides, table, meta, seed)
+            lora = (ds, lora_a, a_strides, table, meta, drop)
             if weight is None:
                 dx = torch.empty_like(x2d)
                 ops.lora_gemm(dx, *lora, dropout=True)
@@ -114,7 +115,7 @@ class _PackedLoRA(torch.autograd.Function):
                 base = (dy, weight, (weight.stride(1), weight.stride(0)))
                 ops.lora_gemm(dx, *lora, base=base, dropout=True)
         if jobs:
-            ops.wgrad(jobs, table, meta, seed, dropout=need_a)
+            ops.wgrad(jobs, table, meta, drop, dropout=need_a)
         if need_w and weight is not None:
             dw = dy.t() @ x2d
         if need_b and ctx.has_bias:
@@ -156,7 +157,7 @@ def _use_triton(x: torch.Tensor, backend: Backend) -> bool:
     return backend == "triton" or (backend == "auto" and x.is_cuda)
 
 
-def _run(x, weight, bias, lora_a, lora_b, table_args, seed, fused) -> torch.Tensor:
+def _run(x, weight, bias, lora_a, lora_b, table_args, dropout_seed, fused) -> torch.Tensor:
     from . import ops
 
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -167,9 +168,11 @@ def _run(x, weight, bias, lora_a, lora_b, table_args, seed, fused) -> torch.Tens
     x2d = x.reshape(-1, x.shape[-1])
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()
+    drop = resolve_dropout(dropout_seed, x, len(_raw_ranks(table_args["ranks"])))
     meta: PackedMeta = make_meta(
-        n_tokens=x2d.shape[0], r_total=lora_a.shape[0], in_features=x2d.shape[1], **table_args
-    )
+        n_tokens=x2d.shape[0], r_total=lora_a.shape[0], in_features=x2d.shape[1], **table_args,
+        dropout=drop,
+    )  # fmt: skip
     dt = x2d.dtype
     lora_a, lora_b = lora_a.to(dt), lora_b.to(dt)  # compute dtype = x's; autograd casts grads back
     if weight is not None:
@@ -185,7 +188,9 @@ def _run(x, weight, bias, lora_a, lora_b, table_args, seed, fused) -> torch.Tens
     shape = (x2d.shape[0], x2d.shape[1], out_f, x2d.device)
     mode_fwd = ops.choose_mode("fwd", *shape, fused=fused)
     mode_bwd = ops.choose_mode("bwd-dropout" if meta.has_dropout else "bwd", *shape, fused=fused)
-    y = _PackedLoRA.apply(x2d, weight, bias, lora_a, lora_b, meta, _seed(seed), mode_fwd, mode_bwd)
+    y = _PackedLoRA.apply(
+        x2d, weight, bias, lora_a, lora_b, meta, drop.scalars(), mode_fwd, mode_bwd
+    )
     return y.reshape(*x.shape[:-1], out_f)
 
 
@@ -200,7 +205,7 @@ def packed_lora_linear(
     ranks: Sequence[int] | torch.Tensor,
     scales: Sequence[float] | torch.Tensor,
     dropout_p: Sequence[float] | torch.Tensor | float,
-    dropout_seed: int,
+    dropout_seed: int | DropoutKeys,
     *,
     fused: bool | None = None,
     backend: Backend = "auto",
@@ -233,7 +238,7 @@ def packed_lora_delta(
     ranks: Sequence[int] | torch.Tensor,
     scales: Sequence[float] | torch.Tensor,
     dropout_p: Sequence[float] | torch.Tensor | float,
-    dropout_seed: int,
+    dropout_seed: int | DropoutKeys,
     *,
     backend: Backend = "auto",
 ) -> torch.Tensor:

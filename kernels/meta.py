@@ -22,7 +22,86 @@ RANK_ALIGN = 16
 MAX_RANK = 256
 
 # Rows of the packed int32 device table (see PackedMeta.device_table).
-ROW_SEG, ROW_OFF, ROW_RANK, ROW_SCALE, ROW_P = range(5)
+ROW_SEG, ROW_OFF, ROW_RANK, ROW_SCALE, ROW_P, ROW_KEY_LO, ROW_KEY_HI, ROW_ROW0 = range(8)
+TABLE_ROWS = 8
+
+_M64 = (1 << 64) - 1
+
+
+def slot_key(seed: int, slot: int) -> int:
+    """63-bit dropout key of slot ``slot`` for a call given one ``dropout_seed`` (splitmix64)."""
+    z = (int(seed) + 0x9E3779B97F4A7C15 * (int(slot) + 1)) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class DropoutKeys:
+    """Where each slot's dropout bits come from (the package docstring gives the formula).
+
+    Element ``(t, c)`` of slot ``i`` is drawn from Philox under key ``keys[i]`` at counter
+    ``(s·G + g, rows[i] + t // row_len, word, 0)`` with ``s = t % row_len`` (the token's place
+    in its row), ``g = (col_base + c) // 4`` and ``G = ceil(in_total / 4)``. Hence a mask
+    depends on the adapter's key, its row index and the token's place in the row -- not on the
+    pack around it, the padded length, or how the input columns are split (row-wise TP).
+
+    Attributes:
+        keys: one 63-bit key per slot (e.g. a hash of the adapter's seed and step).
+        rows: index of each slot's first row in its adapter's batch (default 0).
+        row_len: tokens per row (default: the whole call, one row; the engine gives the
+            padded sequence length).
+        word: the counter's third word, e.g. the module's index (< 2**32).
+        col_base: first input column of ``x`` in the full input (a multiple of 4).
+        in_total: the full input width (default ``col_base + in_features``).
+    """
+
+    keys: tuple[int, ...]
+    rows: tuple[int, ...] | None = None
+    row_len: int | None = None
+    word: int = 0
+    col_base: int = 0
+    in_total: int | None = None
+
+    @classmethod
+    def from_seed(cls, seed: int, n_slots: int) -> DropoutKeys:
+        """One key per slot from a single call seed (:func:`slot_key`)."""
+        return cls(keys=tuple(slot_key(seed, i) for i in range(n_slots)))
+
+    def resolved(self, n_tokens: int, in_features: int) -> DropoutKeys:
+        """With ``rows``, ``row_len`` and ``in_total`` filled in and every value checked."""
+        n = len(self.keys)
+        rows = (0,) * n if self.rows is None else tuple(int(r) for r in self.rows)
+        row_len = max(int(n_tokens), 1) if self.row_len is None else int(self.row_len)
+        in_total = self.col_base + in_features if self.in_total is None else int(self.in_total)
+        if len(rows) != n:
+            raise PackedLoRAError(
+                f"packed_lora: dropout rows has {len(rows)} entries for {n} keys; give one per slot"
+            )
+        if row_len < 1 or any(r < 0 or r >= 2**31 for r in rows):
+            raise PackedLoRAError(
+                f"packed_lora: dropout row_len={row_len}, rows={rows[:4]}...; need row_len >= 1 "
+                "and 0 <= rows < 2**31"
+            )
+        if self.col_base < 0 or self.col_base % 4 or in_total < self.col_base + in_features:
+            raise PackedLoRAError(
+                f"packed_lora: dropout col_base={self.col_base}, in_total={in_total} for "
+                f"{in_features} columns; col_base must be a multiple of 4 and the columns inside "
+                "in_total"
+            )
+        if row_len * ((in_total + 3) // 4) >= 2**32 or not 0 <= self.word < 2**32:
+            raise PackedLoRAError(
+                f"packed_lora: dropout row_len={row_len} x {in_total} features or word="
+                f"{self.word} exceed the 32-bit Philox counter; split the rows"
+            )
+        keys = tuple(int(k) & 0x7FFFFFFFFFFFFFFF for k in self.keys)
+        return DropoutKeys(keys=keys, rows=rows, row_len=int(row_len), word=int(self.word),
+                           col_base=int(self.col_base), in_total=in_total)  # fmt: skip
+
+    def scalars(self) -> tuple[int, int, int, int]:
+        """``(word, row_len, col_base, groups)``: the kernels' per-call dropout arguments."""
+        assert self.row_len is not None and self.in_total is not None, "call resolved() first"
+        return self.word, self.row_len, self.col_base, (self.in_total + 3) // 4
 
 
 def padded_rank(rank: int) -> int:
@@ -66,21 +145,30 @@ class PackedMeta:
     n_slots: int
     max_rank_pad: int
     has_dropout: bool
+    dropout_keys: tuple[int, ...] = ()
+    """``n_slots`` 63-bit Philox keys (:class:`DropoutKeys`)."""
+    dropout_rows: tuple[int, ...] = ()
+    """``n_slots`` first-row indices (:class:`DropoutKeys`)."""
 
     def device_table(self, device: torch.device) -> torch.Tensor:
-        """``(5, n_slots + 1)`` int32 table on ``device``: seg, off, rank, scale, p (as bits)."""
+        """``(8, n_slots + 1)`` int32 table on ``device``: seg, off, rank, scale, p (as bits),
+        key low and high words, first row."""
         return _device_table(self, torch.device(device))
 
 
 @lru_cache(maxsize=64)
 def _device_table(meta: PackedMeta, device: torch.device) -> torch.Tensor:
     n = meta.n_slots
-    host = torch.zeros(5, n + 1, dtype=torch.int32)
+    host = torch.zeros(TABLE_ROWS, n + 1, dtype=torch.int32)
     host[ROW_SEG] = torch.tensor(meta.seg_starts, dtype=torch.int32)
     host[ROW_OFF] = torch.tensor(meta.rank_offsets, dtype=torch.int32)
     host[ROW_RANK, :n] = torch.tensor(meta.ranks, dtype=torch.int32)
     host[ROW_SCALE, :n] = torch.tensor(meta.scales, dtype=torch.float32).view(torch.int32)
     host[ROW_P, :n] = torch.tensor(meta.dropout_p, dtype=torch.float32).view(torch.int32)
+    keys = torch.tensor(meta.dropout_keys or (0,) * n, dtype=torch.int64)
+    host[ROW_KEY_LO, :n] = (keys & 0xFFFFFFFF).to(torch.int32)  # wraps: the bits are what count
+    host[ROW_KEY_HI, :n] = (keys >> 32).to(torch.int32)
+    host[ROW_ROW0, :n] = torch.tensor(meta.dropout_rows or (0,) * n, dtype=torch.int32)
     if device.type == "cuda":
         host = host.pin_memory()
     return host.to(device, non_blocking=True)
@@ -96,6 +184,7 @@ def make_meta(
     ranks: Sequence[int] | torch.Tensor,
     scales: Sequence[float] | torch.Tensor,
     dropout_p: Sequence[float] | torch.Tensor | float,
+    dropout: DropoutKeys | None = None,
 ) -> PackedMeta:
     """Validate the slot table against the tensor shapes; raise PackedLoRAError naming the bad value.
 
@@ -111,11 +200,16 @@ def make_meta(
         _raw(ranks, "ranks"),
         _raw(scales, "scales"),
         _raw(dropout_p, "dropout_p"),
+        None if dropout is None else dropout.keys,
+        None if dropout is None else dropout.rows,
     )
 
 
 @lru_cache(maxsize=256)
-def _validated(n_tokens, r_total, in_features, seg_starts, rank_offsets, ranks, scales, dropout_p):
+def _validated(
+    n_tokens, r_total, in_features, seg_starts, rank_offsets, ranks, scales, dropout_p,
+    keys=None, rows=None,
+):  # fmt: skip
     if not all(isinstance(v, tuple) for v in (seg_starts, rank_offsets, ranks)):
         raise PackedLoRAError(
             "packed_lora: seg_starts, rank_offsets and ranks must be sequences of ints"
@@ -143,11 +237,6 @@ def _validated(n_tokens, r_total, in_features, seg_starts, rank_offsets, ranks, 
                 f"packed_lora: seg_starts[{i + 1}]={segs[i + 1]} < seg_starts[{i}]={segs[i]}; "
                 "segments must be contiguous and in slot order"
             )
-        if (segs[i + 1] - segs[i]) * in_features >= 2**32:
-            raise PackedLoRAError(
-                f"packed_lora: slot {i} has {segs[i + 1] - segs[i]} tokens x {in_features} "
-                "features >= 2**32 dropout counters; split the batch"
-            )
         if not 1 <= rks[i] <= MAX_RANK:
             raise PackedLoRAError(f"packed_lora: ranks[{i}]={rks[i]}; use 1..{MAX_RANK}")
         block = offs[i + 1] - offs[i]
@@ -168,6 +257,13 @@ def _validated(n_tokens, r_total, in_features, seg_starts, rank_offsets, ranks, 
             raise PackedLoRAError(f"packed_lora: dropout_p[{i}]={drop[i]}; use a value in [0, 1)")
         if not math.isfinite(scl[i]):
             raise PackedLoRAError(f"packed_lora: scales[{i}]={scl[i]}; use a finite scale")
+    keys = tuple(keys) if keys is not None else (0,) * n
+    rows = tuple(rows) if rows is not None else (0,) * n
+    if len(keys) != n or len(rows) != n:
+        raise PackedLoRAError(
+            f"packed_lora: {len(keys)} dropout keys and {len(rows)} rows for {n} slots; give one "
+            "of each per slot"
+        )
     return PackedMeta(
         seg_starts=segs,
         rank_offsets=offs,
@@ -177,6 +273,8 @@ def _validated(n_tokens, r_total, in_features, seg_starts, rank_offsets, ranks, 
         n_slots=n,
         max_rank_pad=max((offs[i + 1] - offs[i] for i in range(n)), default=0),
         has_dropout=any(p > 0.0 for p in drop),
+        dropout_keys=keys,
+        dropout_rows=rows,
     )
 
 

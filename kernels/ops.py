@@ -31,6 +31,9 @@ from .configs import (  # noqa: F401 (re-exported: ops is the kernels' one entry
 )
 from .meta import PackedMeta
 
+#: ``(word, row_len, col_base, groups)``: a call's dropout scalars (``DropoutKeys.scalars()``).
+DropScalars = tuple[int, int, int, int]
+
 
 def _pop_launch(cfg: dict[str, int]) -> dict[str, int]:
     return {k: cfg.pop(k) for k in ("num_warps", "num_stages") if k in cfg}
@@ -73,7 +76,7 @@ def shrink(
     mat_strides: tuple[int, int],
     table: torch.Tensor,
     meta: PackedMeta,
-    seed: int,
+    drop: DropScalars,
     *,
     dropout: bool,
 ) -> torch.Tensor:
@@ -101,7 +104,7 @@ def shrink(
     else:
         p_desc = m_desc = out
     args = (
-        inp, mat, out, table, seed, p_desc, m_desc,
+        inp, mat, out, table, *drop, p_desc, m_desc,
         k, meta.n_slots, table.stride(0),
         inp.stride(0), inp.stride(1), mat_strides[0], mat_strides[1], out.stride(0),
     )  # fmt: skip
@@ -120,7 +123,7 @@ def lora_gemm(
     r_strides: tuple[int, int],
     table: torch.Tensor,
     meta: PackedMeta,
-    seed: int,
+    drop: DropScalars,
     *,
     base: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None,
     bias: torch.Tensor | None = None,
@@ -140,7 +143,7 @@ def lora_gemm(
     """
     m, n = out.shape
     if base is not None and _tma_ready(out, base):
-        return _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout)
+        return _fused_tma(out, lora_in, r_mat, r_strides, table, meta, drop, base, bias, dropout)
     kind = "gemm" if base is not None else "lora"
     cfg = kernel_config(kind, out.device, out.element_size())
     launch = _pop_launch(cfg)
@@ -153,7 +156,7 @@ def lora_gemm(
         p, q_mat, sqn, sqk, k, spm, spk = out, out, 0, 0, 0, 0, 0
     grid = (triton_cdiv(m, cfg["BM"]) * triton_cdiv(n, cfg["BN"]),)
     args = (
-        p, q_mat, bias if bias is not None else out, lora_in, r_mat, out, table, seed,
+        p, q_mat, bias if bias is not None else out, lora_in, r_mat, out, table, *drop,
         m, n, k, meta.n_slots, table.stride(0),
         spm, spk, sqn, sqk, lora_in.stride(0), r_strides[0], r_strides[1],
         out.stride(0), out.stride(1),
@@ -254,7 +257,7 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dropout):
+def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, drop, base, bias, dropout):
     """``out = P·Qᵀ + bias + route(L·Rᵀ)`` by the persistent TMA kernel (see lora_gemm)."""
     TensorDescriptor = _descriptor_class(out.device)
     m, n = out.shape
@@ -290,7 +293,7 @@ def _fused_tma(out, lora_in, r_mat, r_strides, table, meta, seed, base, bias, dr
     grid = (min(n_sms, triton_cdiv(m, bm) * triton_cdiv(n, bn)),)
     args = (
         p_desc, q_desc, o_desc, bias if bias is not None else out, lora_in, r_mat, l_desc, r_desc,
-        table, seed, m, n, k, meta.n_slots, table.stride(0),
+        table, *drop, m, n, k, meta.n_slots, table.stride(0),
         lora_in.stride(0), r_strides[0], r_strides[1],
     )  # fmt: skip
     consts = dict(
@@ -313,7 +316,12 @@ class WgradJob(NamedTuple):
 
 
 def wgrad(
-    jobs: Sequence[WgradJob], table: torch.Tensor, meta: PackedMeta, seed: int, *, dropout: bool
+    jobs: Sequence[WgradJob],
+    table: torch.Tensor,
+    meta: PackedMeta,
+    drop: DropScalars,
+    *,
+    dropout: bool,
 ) -> None:
     """Every slot's block of each job's ``grad`` (pad rows zero), in one launch.
 
@@ -347,7 +355,7 @@ def wgrad(
     else:
         descs = [p0] * 4
     args = (
-        first.p, first.q, first.grad, second.p, second.q, second.grad, table, seed, *descs,
+        first.p, first.q, first.grad, second.p, second.q, second.grad, table, *drop, *descs,
         n0, n1, nb0, table.stride(0),
         *(s for job in (first, second) for s in (
             job.p.stride(0), job.p.stride(1), job.q.stride(0), *job.strides)),

@@ -5,20 +5,23 @@ of :func:`plora.kernels.packed_lora_linear` and the oracle of the kernel tests (
 
 :func:`dropout_mask` is an independent port of Triton's counter-based Philox4x32-10 and its
 uint32 -> float conversion (``tl.rand``), written with int64 torch ops so that it runs on any
-device. The kernels draw element ``(t, c)`` of slot ``i``'s segment from word ``c % 4`` of the
-counter ``(t·⌈in/4⌉ + c//4, i, 0, 0)`` under key ``(seed mod 2³², seed >> 32)`` (``tl.randint4x``);
-this function draws the same numbers, so a CPU run and a GPU run of one step drop the same
-activations.
+device. The kernels draw element ``(t, c)`` of slot ``i``'s segment from word ``c % 4`` of
+Philox under the slot's key at the counter :class:`~plora.kernels.meta.DropoutKeys` describes
+(``tl.philox``); this function draws the same numbers, so a CPU run and a GPU run of one step
+drop the same activations.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .meta import PackedMeta, make_meta
+from .errors import PackedLoRAError
+from .meta import DropoutKeys, PackedMeta, make_meta
 
 _M32 = 0xFFFFFFFF
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85
@@ -67,37 +70,49 @@ def uniform_from_uint32(bits: torch.Tensor) -> torch.Tensor:
 
 
 def dropout_mask(
-    seed: int,
-    slot: int,
+    key: int,
     shape: tuple[int, int],
     p: float,
     device: torch.device | str = "cpu",
+    *,
+    row0: int = 0,
+    row_len: int | None = None,
+    word: int = 0,
+    col_base: int = 0,
+    in_total: int | None = None,
 ) -> torch.Tensor:
     """Keep mask of one slot's segment, identical to the one the Triton kernels regenerate.
 
     Args:
-        seed: the call's ``dropout_seed``.
-        slot: slot index ``i`` (the Philox counter's second word).
-        shape: ``(tokens in the segment, in_features)``.
+        key: the slot's 63-bit Philox key (:class:`~plora.kernels.meta.DropoutKeys`).
+        shape: ``(tokens in the segment, columns)``.
         p: dropout probability; element kept iff ``uniform >= float32(p)``.
         device: where to build the mask.
+        row0, row_len, word, col_base, in_total: as in :class:`~plora.kernels.meta.DropoutKeys`
+            (``row_len`` defaults to the segment: one row).
 
     Returns:
         Bool tensor of ``shape``; ``True`` = kept (scaled by ``1/(1-p)`` by the caller).
     """
-    rows, cols = shape
-    groups = (cols + 3) // 4
-    t = torch.arange(rows, device=device, dtype=torch.int64).unsqueeze(1)
-    g = torch.arange(groups, device=device, dtype=torch.int64).unsqueeze(0)
-    seed &= 0x7FFFFFFFFFFFFFFF  # as the kernels: a Triton int64 argument holds 63 bits
-    zero = torch.zeros((), dtype=torch.int64, device=device)
-    slot_word = torch.tensor(slot, device=device, dtype=torch.int64)
-    words = philox4x32((seed & _M32, (seed >> 32) & _M32), t * groups + g, slot_word, zero, zero)
-    bits = torch.stack(words, dim=-1).reshape(rows, groups * 4)[:, :cols]  # column c: word c % 4
+    tokens, cols = shape
+    length = max(tokens, 1) if row_len is None else row_len
+    groups = ((col_base + cols if in_total is None else in_total) + 3) // 4
+    first, last = col_base // 4, (col_base + cols + 3) // 4
+    t = torch.arange(tokens, device=device, dtype=torch.int64).unsqueeze(1)
+    g = torch.arange(first, last, device=device, dtype=torch.int64).unsqueeze(0)
+    key &= 0x7FFFFFFFFFFFFFFF  # as the kernels: a Triton int64 argument holds 63 bits
+    words = philox4x32(
+        (key & _M32, (key >> 32) & _M32),
+        (t % length) * groups + g,
+        row0 + t // length,
+        torch.tensor(word, dtype=torch.int64, device=device),
+        torch.zeros((), dtype=torch.int64, device=device),
+    )
+    bits = torch.stack(words, dim=-1).reshape(tokens, (last - first) * 4)[:, :cols]
     return uniform_from_uint32(bits) >= torch.tensor(p, dtype=torch.float32, device=device)
 
 
-def _as_meta(x2d: torch.Tensor, lora_a: torch.Tensor, *table) -> PackedMeta:
+def _as_meta(x2d: torch.Tensor, lora_a: torch.Tensor, *table, dropout=None) -> PackedMeta:
     seg_starts, rank_offsets, ranks, scales, dropout_p = table
     return make_meta(
         n_tokens=x2d.shape[0],
@@ -108,7 +123,28 @@ def _as_meta(x2d: torch.Tensor, lora_a: torch.Tensor, *table) -> PackedMeta:
         ranks=ranks,
         scales=scales,
         dropout_p=dropout_p,
+        dropout=dropout,
     )
+
+
+def resolve_dropout(dropout_seed: int | DropoutKeys, x: torch.Tensor, n_slots: int) -> DropoutKeys:
+    """The call's :class:`DropoutKeys` (from one seed: :meth:`DropoutKeys.from_seed`), resolved
+    against ``x (..., in)``."""
+    drop = (
+        dropout_seed
+        if isinstance(dropout_seed, DropoutKeys)
+        else DropoutKeys.from_seed(int(dropout_seed), n_slots)
+    )
+    if len(drop.keys) != n_slots:
+        raise PackedLoRAError(
+            f"packed_lora: {len(drop.keys)} dropout keys for {n_slots} slots; give one per slot"
+        )
+    return _resolved(drop, math.prod(x.shape[:-1]), x.shape[-1])
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved(drop: DropoutKeys, n_tokens: int, in_features: int) -> DropoutKeys:
+    return drop.resolved(n_tokens, in_features)
 
 
 def reference_delta(
@@ -116,7 +152,7 @@ def reference_delta(
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
     meta: PackedMeta,
-    dropout_seed: int,
+    drop: DropoutKeys,
     masks: Sequence[torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """LoRA term for flattened tokens ``x2d (N, in)`` -> ``(N, out)``, looping over slots.
@@ -133,7 +169,11 @@ def reference_delta(
         if p > 0.0:
             keep = masks[i] if masks is not None else None
             if keep is None:
-                keep = dropout_mask(dropout_seed, i, tuple(xi.shape), p, xi.device)
+                keep = dropout_mask(
+                    meta.dropout_keys[i], tuple(xi.shape), p, xi.device, row0=meta.dropout_rows[i],
+                    row_len=drop.row_len, word=drop.word, col_base=drop.col_base,
+                    in_total=drop.in_total,
+                )  # fmt: skip
             xi = xi * keep.to(xi.dtype) / (1.0 - p)
         a_i = lora_a[off : off + rank]
         b_i = lora_b[:, off : off + rank]
@@ -152,7 +192,7 @@ def packed_lora_reference(
     ranks: Sequence[int] | torch.Tensor,
     scales: Sequence[float] | torch.Tensor,
     dropout_p: Sequence[float] | torch.Tensor | float,
-    dropout_seed: int,
+    dropout_seed: int | DropoutKeys,
     *,
     masks: Sequence[torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
@@ -162,10 +202,9 @@ def packed_lora_reference(
     ``y (..., out)`` in ``x.dtype``. Autograd is torch's own.
     """
     x2d = x.reshape(-1, x.shape[-1])
-    meta = _as_meta(x2d, lora_a, seg_starts, rank_offsets, ranks, scales, dropout_p)
-    y = F.linear(x2d, weight, bias) + reference_delta(
-        x2d, lora_a, lora_b, meta, dropout_seed, masks
-    )
+    drop = resolve_dropout(dropout_seed, x, len(_raw_ranks(ranks)))
+    meta = _as_meta(x2d, lora_a, seg_starts, rank_offsets, ranks, scales, dropout_p, dropout=drop)
+    y = F.linear(x2d, weight, bias) + reference_delta(x2d, lora_a, lora_b, meta, drop, masks)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -178,10 +217,15 @@ def packed_lora_delta_reference(
     ranks: Sequence[int] | torch.Tensor,
     scales: Sequence[float] | torch.Tensor,
     dropout_p: Sequence[float] | torch.Tensor | float,
-    dropout_seed: int,
+    dropout_seed: int | DropoutKeys,
 ) -> torch.Tensor:
     """The LoRA term alone, ``(..., out)``; see :func:`packed_lora_reference`."""
     x2d = x.reshape(-1, x.shape[-1])
-    meta = _as_meta(x2d, lora_a, seg_starts, rank_offsets, ranks, scales, dropout_p)
-    delta = reference_delta(x2d, lora_a, lora_b, meta, dropout_seed)
+    drop = resolve_dropout(dropout_seed, x, len(_raw_ranks(ranks)))
+    meta = _as_meta(x2d, lora_a, seg_starts, rank_offsets, ranks, scales, dropout_p, dropout=drop)
+    delta = reference_delta(x2d, lora_a, lora_b, meta, drop)
     return delta.reshape(*x.shape[:-1], lora_b.shape[0])
+
+
+def _raw_ranks(ranks: Sequence[int] | torch.Tensor) -> Sequence[int]:
+    return ranks.tolist() if isinstance(ranks, torch.Tensor) else ranks

@@ -20,12 +20,14 @@ masked to those rows, into the same accumulator. The weight-gradient kernel give
 repeatable results.
 
 Dropout. Element ``(t, c)`` of slot ``i`` (``t`` counted from the segment start, ``c`` an input
-feature) is kept iff ``uniform(word c%4 of Philox4x32-10(key=seed, counter=(t·⌈in/4⌉ + c//4, i))) >= p_i``
-(``tl.randint4x``: one Philox call per four elements, Philox being the cost of dropout); each kernel
-regenerates the bits it needs (see :func:`plora.kernels.reference.dropout_mask`).
+feature) is kept iff ``uniform(word (col_base+c)%4 of Philox4x32-10(key_i, counter)) >= p_i`` with the
+counter of ``plora.kernels.meta.DropoutKeys`` (``tl.philox``: one call per four elements, Philox
+being the cost of dropout); each kernel regenerates the bits it needs (see
+:func:`plora.kernels.reference.dropout_mask`).
 
-The slot table is one int32 tensor ``(5, n_slots + 1)``: rows seg_starts, rank_offsets, ranks,
-scales (float32 bits), dropout_p (float32 bits); ``ts`` is its row stride.
+The slot table is one int32 tensor ``(8, n_slots + 1)``: rows seg_starts, rank_offsets, ranks,
+scales (float32 bits), dropout_p (float32 bits), the dropout key's low and high words and the
+slot's first row; ``ts`` is its row stride.
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ import triton.language as tl
 
 _BIG = tl.constexpr(2147483647)
 
-#: Integer arguments that change from call to call: the dropout seed (a fresh 63-bit key per step
-#: and module), the token count M and the slot count. Triton would otherwise compile one variant
-#: per value class it sees (== 1, divisible by 16), so a seed or token count that first happens to
+#: Integer arguments that change from call to call: the dropout counter's module word, the row
+#: length (padded sequence length), the token count M and the slot count. Triton would otherwise compile one variant
+#: per value class it sees (== 1, divisible by 16), so a module word or token count that first happens to
 #: be divisible by 16 at step 23 stalls that step on a compile (seen on an H100: 3-8 s stalls at
 #: random steps of a sweep). Runtime values only feed masks and loop bounds here.
-_VARYING = ("seed", "M", "n_slots")
+_VARYING = ("word", "row_len", "M", "n_slots")
 
 
 def _jit(fn):
@@ -50,16 +52,27 @@ def _jit(fn):
 
 
 @triton.jit
-def _keep(seed, slot, t_local, col0, n_cols, p, BC: tl.constexpr):
-    """Dropout keep mask ``(len(t_local), BC)`` of ``slot`` for columns ``col0 + [0, BC)``.
+def _keep(table_ptr, ts, slot, t_local, col0, p, word, row_len, col_base, groups, BC: tl.constexpr):
+    """Dropout keep mask ``(len(t_local), BC)`` of ``slot`` for local columns ``col0 + [0, BC)``.
 
-    One Philox4x32-10 call yields four words: column ``c`` uses word ``c % 4`` of counter
-    ``(t·ceil(n_cols/4) + c//4, slot)``. ``col0`` and ``BC`` are multiples of 4.
+    One Philox4x32-10 call under the slot's key (table rows 5, 6) yields four words: column
+    ``c`` uses word ``(col_base + c) % 4`` of counter ``(s·groups + (col_base + c)//4, row0 +
+    t // row_len, word, 0)`` with ``s = t % row_len`` (see ``DropoutKeys``). ``col0``,
+    ``col_base`` and ``BC`` are multiples of 4.
     """
-    groups = col0 // 4 + tl.arange(0, BC // 4)
-    counter = t_local.to(tl.int64)[:, None] * ((n_cols + 3) // 4) + groups.to(tl.int64)[None, :]
-    counter = counter + tl.cast(slot, tl.int64) * 4294967296
-    w0, w1, w2, w3 = tl.randint4x(seed, counter)
+    lo = _slot_entry(table_ptr, ts, 5, slot).to(tl.uint32, bitcast=True).to(tl.int64)
+    hi = _slot_entry(table_ptr, ts, 6, slot).to(tl.int64)
+    key = (hi << 32) | lo
+    row0 = _slot_entry(table_ptr, ts, 7, slot)
+    g = (col_base + col0) // 4 + tl.arange(0, BC // 4)
+    t = t_local.to(tl.int64)
+    c0 = ((t % row_len) * groups)[:, None] + g.to(tl.int64)[None, :]
+    c1 = (row0 + t // row_len)[:, None] + 0 * g.to(tl.int64)[None, :]
+    c0 = c0.to(tl.uint32)
+    c1 = c1.to(tl.uint32)
+    c2 = c0 * 0 + tl.cast(word, tl.uint32)
+    c3 = c0 * 0
+    w0, w1, w2, w3 = tl.philox(key, c0, c1, c2, c3)
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (t_local.shape[0], BC))
     # Triton's uint -> uniform [0, 1) conversion (tl.rand), on the interleaved words.
     x = words.to(tl.int32, bitcast=True)
@@ -88,7 +101,7 @@ def _grouped_tile(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _lora_tile(
-    acc, m0, n0, M, N, l_ptr, r_ptr, l_desc, r_desc, table_ptr, seed, n_slots, ts,
+    acc, m0, n0, M, N, l_ptr, r_ptr, l_desc, r_desc, table_ptr, word, row_len, col_base, groups, n_slots, ts,
     stride_lm, stride_rn, stride_rr,
     HAS_DROPOUT: tl.constexpr, BY_TMA: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, SLOTS_P2: tl.constexpr,
@@ -146,7 +159,9 @@ def _lora_tile(
         if HAS_DROPOUT:
             p = _slot_float(table_ptr, ts, 4, j)
             if p > 0.0:
-                keep = _keep(seed, j, rows - start, n0, N, p, BN)
+                keep = _keep(
+                    table_ptr, ts, j, rows - start, n0, p, word, row_len, col_base, groups, BN
+                )
                 part = tl.where(keep, part / (1.0 - p), 0.0)
             acc += part
         else:
@@ -156,7 +171,7 @@ def _lora_tile(
 
 @_jit
 def _shrink_kernel(
-    p_ptr, m_ptr, o_ptr, table_ptr, seed, p_desc, m_desc,
+    p_ptr, m_ptr, o_ptr, table_ptr, word, row_len, col_base, groups, p_desc, m_desc,
     K, n_slots, ts,
     stride_pt, stride_pk, stride_mr, stride_mk, stride_ot,
     HAS_DROPOUT: tl.constexpr, BY_TMA: tl.constexpr,
@@ -202,7 +217,10 @@ def _shrink_kernel(
                     other=0.0,
                 )
             if HAS_DROPOUT:
-                keep = _keep(seed, slot, rows - seg_start, k0, K, p, BK)
+                keep = _keep(
+                    table_ptr, ts, slot, rows - seg_start, k0, p, word, row_len, col_base,
+                    groups, BK,
+                )  # fmt: skip
                 pt = tl.where(keep, pt, 0.0)
             if BY_TMA:  # the box runs past the rank: those columns of acc are zeroed below
                 mt = m_desc.load([off, k0]).T
@@ -225,7 +243,7 @@ def _shrink_kernel(
 
 @_jit
 def _lora_gemm_kernel(
-    p_ptr, q_ptr, bias_ptr, l_ptr, r_ptr, o_ptr, table_ptr, seed,
+    p_ptr, q_ptr, bias_ptr, l_ptr, r_ptr, o_ptr, table_ptr, word, row_len, col_base, groups,
     M, N, K, n_slots, ts,
     stride_pm, stride_pk, stride_qn, stride_qk, stride_lm, stride_rn, stride_rr,
     stride_om, stride_on,
@@ -267,7 +285,8 @@ def _lora_gemm_kernel(
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
 
     acc = _lora_tile(
-        acc, pid_m * BM, pid_n * BN, M, N, l_ptr, r_ptr, l_ptr, r_ptr, table_ptr, seed, n_slots,
+        acc, pid_m * BM, pid_n * BN, M, N, l_ptr, r_ptr, l_ptr, r_ptr, table_ptr, word, row_len,
+        col_base, groups, n_slots,
         ts, stride_lm, stride_rn, stride_rr, HAS_DROPOUT, False, BM, BN, BR, SLOTS_P2,
     )  # fmt: skip
 
@@ -280,7 +299,8 @@ def _lora_gemm_kernel(
 
 @_jit
 def _fused_tma_kernel(
-    p_desc, q_desc, o_desc, bias_ptr, l_ptr, r_ptr, l_desc, r_desc, table_ptr, seed,
+    p_desc, q_desc, o_desc, bias_ptr, l_ptr, r_ptr, l_desc, r_desc, table_ptr, word, row_len,
+    col_base, groups,
     M, N, K, n_slots, ts,
     stride_lm, stride_rn, stride_rr,
     Q_NK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, LORA_TMA: tl.constexpr,
@@ -319,7 +339,7 @@ def _fused_tma_kernel(
             cols = n0 + tl.arange(0, BN)
             acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         acc = _lora_tile(
-            acc, m0, n0, M, N, l_ptr, r_ptr, l_desc, r_desc, table_ptr, seed, n_slots, ts,
+            acc, m0, n0, M, N, l_ptr, r_ptr, l_desc, r_desc, table_ptr, word, row_len, col_base, groups, n_slots, ts,
             stride_lm, stride_rn, stride_rr, HAS_DROPOUT, LORA_TMA, BM, BN, BR, SLOTS_P2,
         )  # fmt: skip
         out = acc.to(o_desc.dtype)
@@ -334,7 +354,7 @@ def _fused_tma_kernel(
 
 @_jit
 def _wgrad_kernel(
-    p0_ptr, q0_ptr, g0_ptr, p1_ptr, q1_ptr, g1_ptr, table_ptr, seed,
+    p0_ptr, q0_ptr, g0_ptr, p1_ptr, q1_ptr, g1_ptr, table_ptr, word, row_len, col_base, groups,
     p0_desc, q0_desc, p1_desc, q1_desc,
     N0, N1, NB0, ts,
     stride0_pt, stride0_pn, stride0_qt, stride0_gn, stride0_gr,
@@ -354,13 +374,15 @@ def _wgrad_kernel(
     r_lo = tl.program_id(2) * R_SPAN  # this program's share of the rank block
     if pid_n < NB0:
         _wgrad_block(
-            p0_ptr, q0_ptr, g0_ptr, p0_desc, q0_desc, table_ptr, seed, slot, pid_n, r_lo, N0, ts,
+            p0_ptr, q0_ptr, g0_ptr, p0_desc, q0_desc, table_ptr, word, row_len, col_base, groups,
+            slot, pid_n, r_lo, N0, ts,
             stride0_pt, stride0_pn, stride0_qt, stride0_gn, stride0_gr,
             HAS_DROPOUT, BY_TMA, BN, BR, BT, R_SPAN,
         )  # fmt: skip
     else:
         _wgrad_block(
-            p1_ptr, q1_ptr, g1_ptr, p1_desc, q1_desc, table_ptr, seed, slot, pid_n - NB0, r_lo,
+            p1_ptr, q1_ptr, g1_ptr, p1_desc, q1_desc, table_ptr, word, row_len, col_base, groups,
+            slot, pid_n - NB0, r_lo,
             N1, ts, stride1_pt, stride1_pn, stride1_qt, stride1_gn, stride1_gr,
             False, BY_TMA, BN, BR, BT, R_SPAN,
         )  # fmt: skip
@@ -368,7 +390,8 @@ def _wgrad_kernel(
 
 @triton.jit
 def _wgrad_block(
-    p_ptr, q_ptr, g_ptr, p_desc, q_desc, table_ptr, seed, slot, pid_n, r_lo, N, ts,
+    p_ptr, q_ptr, g_ptr, p_desc, q_desc, table_ptr, word, row_len, col_base, groups, slot,
+    pid_n, r_lo, N, ts,
     stride_pt, stride_pn, stride_qt, stride_gn, stride_gr,
     HAS_DROPOUT: tl.constexpr, BY_TMA: tl.constexpr,
     BN: tl.constexpr, BR: tl.constexpr, BT: tl.constexpr, R_SPAN: tl.constexpr,
@@ -410,7 +433,10 @@ def _wgrad_block(
                 )
             if HAS_DROPOUT:  # noqa: SIM102 (a constexpr branch around a runtime one)
                 if p > 0.0:
-                    keep = _keep(seed, slot, tt - start, n0, N, p, BN)
+                    keep = _keep(
+                        table_ptr, ts, slot, tt - start, n0, p, word, row_len, col_base,
+                        groups, BN,
+                    )  # fmt: skip
                     pt = tl.where(keep, pt, 0.0)
             acc = tl.dot(tl.trans(pt), qt, acc)
         if HAS_DROPOUT:

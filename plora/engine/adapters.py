@@ -154,7 +154,6 @@ def packed_segments(
     segments: Iterable,
     *,
     dropout_keys: Mapping[int, tuple[int, int]] | None = None,
-    nonce: int = 0,
 ) -> contextlib.AbstractContextManager[None]:
     """Route rows ``[start, stop)`` through their slot for forwards (and backwards) inside.
 
@@ -162,7 +161,6 @@ def packed_segments(
         segments: ``(slot, start, stop)`` tuples or objects with those attributes, rows of a
             slot contiguous, non-overlapping.
         dropout_keys: ``{slot: (adapter step, row offset)}`` for keyed dropout.
-        nonce: distinct per forward (step, micro-batch): seeds the fused kernels' dropout.
     """
     segs = []
     for seg in segments:
@@ -174,7 +172,7 @@ def packed_segments(
         if nxt[1] < prev[2]:
             raise ValueError(f"overlapping segments {prev} and {nxt}")
     keys = dict(dropout_keys or {})
-    return _routed(model, Routing(segments=tuple(segs), dropout_keys=keys, nonce=nonce))
+    return _routed(model, Routing(segments=tuple(segs), dropout_keys=keys))
 
 
 def use_slot(

@@ -10,10 +10,14 @@ reference in :mod:`plora.engine.lora`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
 import torch
+from plora.kernels.meta import DropoutKeys
+
+from plora.engine.rng import mix
 
 #: Ranks are zero-padded to a multiple of this in the concatenated (kernel) layout.
 RANK_ALIGN = 16
@@ -44,7 +48,7 @@ def kernel():
     return _CACHE[0]
 
 
-def fused_forward(fn, layer, x, pieces, *, seed: int) -> torch.Tensor:
+def fused_forward(fn, layer, x, pieces, routing) -> torch.Tensor:
     """One fused call ``y = base(x) + Σ_i delta_i`` over all rows.
 
     The kernels get the layer's packed parameters themselves whenever the rows allow it: the
@@ -52,8 +56,8 @@ def fused_forward(fn, layer, x, pieces, *, seed: int) -> torch.Tensor:
     segments. Only rows *between* pieces (rows of slots without factors here) need a filler slot
     of rank 1 and scale 0 (one zero block of ``RANK_ALIGN`` rows) to keep the segment table
     gap-free; then the factors are gathered once (:meth:`PackedLoRALinear.packed`). Dropout runs
-    inside the kernel from a Philox seed keyed by (step nonce, module key): deterministic under
-    recomputation, statistically the same as the CPU path's keyed masks.
+    inside the kernel from each slot's Philox key (adapter seed and step) at counters of
+    (token, row in the adapter's batch, module): the same masks as the CPU path's.
     """
     per_row = math.prod(x.shape[1:-1])
     key = ("kernel", tuple(pieces), layer.training, per_row)
@@ -62,8 +66,18 @@ def fused_forward(fn, layer, x, pieces, *, seed: int) -> torch.Tensor:
         if len(layer.memo) > 64:  # many distinct row tables (sequence lengths): start over
             layer.memo.clear()
         table = layer.memo[key] = _slot_table(layer, pieces, per_row)
-    slots, seg_starts, ranks, scales, drops = table
+    slots, seg_starts, ranks, scales, drops, starts = table
     a_cat, b_cat, rank_offsets = layer.packed(slots)
+    keyed = tuple(
+        (layer.specs[s].seed, *routing.dropout_keys.get(s, (0, start))) if p > 0.0 else None
+        for s, start, p in zip(slots, starts, drops, strict=True)
+    )
+    keys, rows = _keys_and_rows(keyed)
+    cols = layer.in_slice  # row-wise TP: this rank's columns of the full-width mask
+    drop = DropoutKeys(
+        keys=keys, rows=rows, row_len=max(per_row, 1), word=layer.key,
+        col_base=0 if cols is None else cols.start, in_total=layer.in_features,
+    )  # fmt: skip
     autocast = torch.is_autocast_enabled(x.device.type)
     dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
     bias = layer.base_layer.bias
@@ -78,12 +92,27 @@ def fused_forward(fn, layer, x, pieces, *, seed: int) -> torch.Tensor:
         ranks,
         scales,
         drops,
-        seed,
+        drop,
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _keys_and_rows(
+    keyed: tuple[tuple[int, int, int] | None, ...],
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per table entry ``(seed, step, first row)`` (None: no dropout) -> (keys, rows); shared by
+    every layer of a forward with the same slots."""
+    keys = tuple(0 if k is None else dropout_key(k[0], k[1]) for k in keyed)
+    return keys, tuple(0 if k is None else k[2] for k in keyed)
+
+
+def dropout_key(seed: int, step: int) -> int:
+    """Philox key of one adapter's optimizer step: the same in every module, pack and device."""
+    return mix(seed, step)
+
+
 def _slot_table(layer, pieces, per_row: int):
-    """``(slots, seg_starts, ranks, scales, dropout_p)`` of the kernel call for ``pieces``."""
+    """``(slots, seg_starts, ranks, scales, dropout_p, first rows)`` of the kernel call."""
     order = layer.slots
     where = {s: k for k, s in enumerate(order)}
     ordered = all(where[a[0]] < where[b[0]] for a, b in itertools.pairwise(pieces))
@@ -108,6 +137,7 @@ def _slot_table(layer, pieces, per_row: int):
             sp.dropout if sp and layer.training and stop > start else 0.0
             for sp, (_, start, stop) in zip(specs, entries, strict=True)
         ),
+        tuple(start for _, start, _ in entries),
     )
 
 

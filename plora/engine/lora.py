@@ -27,10 +27,13 @@ slots is :mod:`plora.engine.adapters`. Routing is
 stored on the modules (not a context variable) so activation-checkpoint recomputation during
 backward sees it: run backward inside the context.
 
-Dropout. Masks are keyed, not drawn from the global RNG: row ``j`` of an adapter's optimizer
-step ``t`` at module ``m`` uses a generator seeded by ``(seed, t, j, m)`` (:func:`dropout_mask`).
-Masks therefore do not depend on the pack, on micro-batching or on activation-checkpoint
-recomputation, and a PEFT model given the same masks trains identically.
+Dropout. Masks are keyed, not drawn from the global RNG: token ``s`` of row ``j`` of an adapter's
+optimizer step ``t`` at module ``m`` is drawn from Philox under the key ``mix(seed, t)`` at counter
+``(s, j, m)`` (:func:`dropout_mask`; the one mask of :mod:`plora.kernels`, which the fused kernels
+regenerate on the GPU and its pure-torch port here on the CPU). Masks therefore do not depend on
+the pack, on micro-batching, on the padded length, on a row-wise TP split or on
+activation-checkpoint recomputation; a CPU and a GPU run drop the same activations; and a PEFT
+model given the same masks trains identically.
 
 Init. ``A_i`` is kaiming-uniform(a=√5) (what PEFT and ``nn.Linear`` use: U(-1/√in, 1/√in)) from a
 CPU generator seeded by ``(config seed, module key)``; ``B_i`` is zero. Values are thus the same
@@ -49,25 +52,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from plora.kernels.reference import dropout_mask as philox_mask
 from torch import nn
 
 from plora.config import PROJECTIONS
-from plora.engine.fused import RANK_ALIGN, fused_forward, kernel, set_kernel_backend
-
-_MASK64 = (1 << 64) - 1
-
-
-def _mix(*values: int) -> int:
-    """Stable 63-bit hash of integers (splitmix64 chain); used to seed generators."""
-    h = 0x9E3779B97F4A7C15
-    for v in values:
-        h = (h ^ (int(v) & _MASK64)) & _MASK64
-        h = (h + 0x9E3779B97F4A7C15) & _MASK64
-        z = h
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        h = z ^ (z >> 31)
-    return h & ((1 << 63) - 1)
+from plora.engine.fused import (
+    RANK_ALIGN,
+    dropout_key,
+    fused_forward,
+    kernel,
+    set_kernel_backend,
+)
+from plora.engine.rng import mix
 
 
 def module_key(layer: int, projection: str) -> int:
@@ -86,23 +82,25 @@ def dropout_mask(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The dropout multiplier of one row: ``1{u >= p} / (1 - p)`` with ``u ~ U[0,1)^shape``.
+    """The dropout multiplier of one row: ``1{u >= p} / (1 - p)`` with ``u`` uniform in [0, 1).
 
     Args:
         seed: the config's seed.
         step: the adapter's own optimizer step (0-based).
         row: the row's index within the adapter's batch of that step.
         key: :func:`module_key` of the module.
-        shape: ``(S, in)`` of the row.
+        shape: ``(..., in)`` of the row (``(S, in)`` for a sequence of ``S`` tokens).
         p: drop probability in [0, 1).
 
-    On CPU the first ``k·in`` values do not depend on ``S`` (a sequential generator), so a
-    shorter padded length gives a prefix of the same mask.
+    Token ``s`` of the row draws from counter ``(s, row, key)``, so a shorter padded length
+    gives a prefix of the same mask.
     """
-    gen = torch.Generator(device=device)
-    gen.manual_seed(_mix(seed, step, row, key))
-    keep = torch.rand(tuple(shape), generator=gen, device=device) >= p
-    return keep.to(dtype) * (1.0 / (1.0 - p))
+    tokens = math.prod(shape[:-1])
+    keep = philox_mask(
+        dropout_key(seed, step), (tokens, shape[-1]), p, device, row0=row, row_len=max(tokens, 1),
+        word=key,
+    )  # fmt: skip
+    return (keep.to(dtype) * (1.0 / (1.0 - p))).reshape(tuple(shape))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +126,6 @@ class Routing:
     segments: tuple[tuple[int, int, int], ...] | None = None
     single: int | None = None
     dropout_keys: Mapping[int, tuple[int, int]] = field(default_factory=dict)
-    nonce: int = 0
-    """Per-forward dropout nonce for the fused kernels (e.g. mixed from step and micro-batch)."""
 
 
 #: Routing with no slot: the base model alone.
@@ -222,7 +218,7 @@ class PackedLoRALinear(nn.Module):
         """
         if slot in self.specs:
             raise ValueError(f"slot {slot} already present in layer {self.key}")
-        gen = torch.Generator().manual_seed(_mix(seed, self.key, 0x10A))
+        gen = torch.Generator().manual_seed(mix(seed, self.key, 0x10A))
         a = torch.empty(rank, self.in_features, dtype=torch.float32)
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=gen)
         if self.in_slice is not None:
@@ -346,10 +342,7 @@ class PackedLoRALinear(nn.Module):
             return self.base_layer(x)
         fn = kernel() if x.is_cuda and _compute_dtype(x) in _FUSED_DTYPES else None
         if fn is not None:
-            seed = _mix(routing.nonce, self.key)
-            if self.in_slice is not None:  # row-wise TP: each shard its own dropout stream
-                seed = _mix(seed, self.in_slice.start)
-            return fused_forward(fn, self, x, pieces, seed=seed)
+            return fused_forward(fn, self, x, pieces, routing)
         return _add_rows(self.base_layer(x), _lora_delta(self, x, pieces, routing), pieces)
 
     def _pieces(self, routing: Routing, rows: int) -> list[tuple[int, int, int]]:
@@ -384,23 +377,14 @@ def _dropped_input(
     if spec.dropout <= 0.0 or not layer.training:
         return xs
     step, offset = routing.dropout_keys.get(slot, (0, start))
+    per_row = math.prod(xs.shape[1:-1])
     cols = layer.in_slice  # row-wise TP: this rank's columns of the full-width mask
-    shape = xs.shape[1:] if cols is None else (*xs.shape[1:-1], layer.in_features)
-    masks = [
-        dropout_mask(
-            seed=spec.seed,
-            step=step,
-            row=offset + j,
-            key=layer.key,
-            shape=shape,
-            p=spec.dropout,
-            device=xs.device,
-            dtype=xs.dtype,
-        )
-        for j in range(stop - start)
-    ]
-    mask = torch.stack(masks)
-    return xs * (mask if cols is None else mask[..., cols])
+    keep = philox_mask(
+        dropout_key(spec.seed, step), (xs.shape[0] * per_row, xs.shape[-1]), spec.dropout,
+        xs.device, row0=offset, row_len=max(per_row, 1), word=layer.key,
+        col_base=0 if cols is None else cols.start, in_total=layer.in_features,
+    )  # fmt: skip
+    return xs * (keep.to(xs.dtype) * (1.0 / (1.0 - spec.dropout))).view(xs.shape)
 
 
 def _lora_delta(
@@ -450,6 +434,7 @@ __all__ = [
     "PackedLoRALinear",
     "Routing",
     "SlotSpec",
+    "dropout_key",
     "dropout_mask",
     "module_key",
     "set_kernel_backend",

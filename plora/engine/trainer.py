@@ -41,7 +41,6 @@ from plora.engine import adapters, optim
 from plora.engine.batch import plan_micro_batches, target_count, truncate
 from plora.engine.checkpoint import adamw_slot_state, as_tuple, detached_copy
 from plora.engine.device import device_name, model_device, peak_memory
-from plora.engine.lora import _mix
 from plora.engine.loss import _to_device, packed_loss
 from plora.engine.packed_optim import PackedAdamW
 from plora.engine.reports import AdapterStatus, PackProfile, StepMetrics, StepProfile
@@ -302,13 +301,12 @@ class PackedTrainer:
         ce_parts = []
         micros = plan_micro_batches(batches, self.max_rows)
         rows = padded = seq_len = 0
-        for m, micro in enumerate(micros):
+        for micro in micros:
             pb, keys = self._pack(micro, active)
             rows += pb.input_ids.shape[0]
             padded += pb.input_ids.numel()
             seq_len = max(seq_len, pb.input_ids.shape[1])
-            nonce = _mix(self.global_step, m)
-            with adapters.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
+            with adapters.packed_segments(self.model, pb.segments, dropout_keys=keys):
                 loss, sums = self._forward_loss(pb, denoms)
                 loss.backward()
             del loss

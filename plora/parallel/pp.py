@@ -65,7 +65,6 @@ class MicroBatchRouting:
     """``(slot, start, stop)`` rows of each adapter in the micro-batch."""
     dropout_keys: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     """``{slot: (adapter step, row offset)}`` for keyed dropout."""
-    nonce: int = 0
 
 
 def _mask_kwargs(config: Any, h: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -154,7 +153,7 @@ class PipelineStageModule(nn.Module):
         position_ids = torch.arange(h.shape[1], device=h.device)[None]
         mask = create_causal_mask(**_mask_kwargs(self.config, h, mb.attention_mask, position_ids))
         rope = self.rotary(h, position_ids)
-        with packed_segments(self.model, mb.segments, dropout_keys=mb.dropout_keys, nonce=mb.nonce):
+        with packed_segments(self.model, mb.segments, dropout_keys=mb.dropout_keys):
             for block in self.blocks:
                 h = block(h, attention_mask=mask, position_ids=position_ids,
                           position_embeddings=rope)  # fmt: skip

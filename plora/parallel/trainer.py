@@ -33,7 +33,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from plora.engine import adapters
-from plora.engine.lora import _mix
 from plora.engine.loss import packed_loss
 from plora.engine.trainer import PackedTrainer
 from plora.parallel.balance import balanced_micro_batches
@@ -120,7 +119,7 @@ class ParallelPackedTrainer(PackedTrainer):
         mine = self._bins(batches, self.dims.fsdp * m)[f * m : (f + 1) * m]
         ce = torch.zeros(len(slots), dtype=torch.float64, device=self.device)
         rows = padded = seq_len = 0
-        for j, part in enumerate(mine):
+        for part in mine:
             if not part:
                 self._idle_backward(active)
                 continue
@@ -129,8 +128,7 @@ class ParallelPackedTrainer(PackedTrainer):
             rows += pb.input_ids.shape[0]
             padded += pb.input_ids.numel()
             seq_len = max(seq_len, pb.input_ids.shape[1])
-            nonce = _mix(self.global_step, f * m + j)
-            with adapters.packed_segments(self.model, pb.segments, dropout_keys=keys, nonce=nonce):
+            with adapters.packed_segments(self.model, pb.segments, dropout_keys=keys):
                 loss, sums = self._forward_loss(pb, denoms)
                 loss.backward()
             for s, v in sums.items():
@@ -193,7 +191,6 @@ class ParallelPackedTrainer(PackedTrainer):
                     attention_mask=mask.to(self.device),
                     segments=segs,
                     dropout_keys=keys,
-                    nonce=_mix(self.global_step, k),
                 )
             )
         sums_seen: list[dict[int, torch.Tensor]] = []

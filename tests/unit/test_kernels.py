@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from plora.kernels import (
+    DropoutKeys,
     PackedLoRAError,
     dropout_mask,
     packed_lora_delta,
     packed_lora_linear,
     packed_lora_reference,
+    slot_key,
 )
 from plora.kernels.meta import make_meta, padded_rank
 from plora.kernels.reference import philox4x32, uniform_from_uint32
@@ -43,25 +45,50 @@ def test_uniform_conversion_matches_triton_rules():
 
 
 def test_dropout_mask_statistics_and_independence():
-    m = dropout_mask(7, 0, (256, 300), 0.3)
+    m = dropout_mask(7, (256, 300), 0.3)
     assert m.dtype == torch.bool and m.shape == (256, 300)
     assert abs(m.float().mean().item() - 0.7) < 0.01
-    assert torch.equal(m, dropout_mask(7, 0, (256, 300), 0.3))  # deterministic
-    for other in (dropout_mask(8, 0, (256, 300), 0.3), dropout_mask(7, 1, (256, 300), 0.3)):
+    assert torch.equal(m, dropout_mask(7, (256, 300), 0.3))  # deterministic
+    others = (
+        dropout_mask(8, (256, 300), 0.3),  # another key
+        dropout_mask(7, (256, 300), 0.3, word=1),  # another module
+        dropout_mask(7, (256, 300), 0.3, row0=1),  # another row
+    )
+    for other in others:
         agree = (m == other).float().mean().item()
-        assert abs(agree - (0.7**2 + 0.3**2)) < 0.01  # independent streams per seed and slot
-    # Rows of a longer segment extend the shorter one (the counter depends on t and c only).
-    assert torch.equal(dropout_mask(7, 0, (100, 300), 0.3), m[:100])
-    assert dropout_mask(7, 0, (4, 5), 0.0).all()
+        assert abs(agree - (0.7**2 + 0.3**2)) < 0.01  # independent streams
+    # Tokens of a longer row extend the shorter one (the counter depends on s, row and c only).
+    assert torch.equal(dropout_mask(7, (100, 300), 0.3), m[:100])
+    assert dropout_mask(7, (4, 5), 0.0).all()
+
+
+def test_dropout_mask_belongs_to_the_adapters_rows_not_the_call():
+    """Rows cut by row_len, a longer padded length and a column split (row-wise TP) all give
+    the same bits for the same (row, token, column): the mask does not depend on the pack."""
+    key, p = 12345, 0.4
+    three = dropout_mask(key, (3 * 6, 40), p, row0=5, row_len=6, word=9)
+    for j in range(3):  # row j of a 3-row segment == that row alone
+        alone = dropout_mask(key, (6, 40), p, row0=5 + j, row_len=6, word=9)
+        assert torch.equal(three[6 * j : 6 * (j + 1)], alone)
+    padded = dropout_mask(key, (2 * 10, 40), p, row0=5, row_len=10, word=9)  # padded to 10
+    assert torch.equal(padded[:6], three[:6]) and torch.equal(padded[10:16], three[6:12])
+    half = dropout_mask(key, (18, 20), p, row0=5, row_len=6, word=9, col_base=20, in_total=40)
+    assert torch.equal(half, three[:, 20:])
+    case = Case(n_tokens=6, in_f=8, out_f=4, seg_lens=(2, 4), ranks=(8, 8), dropout=(0.1, 0.2))
+    with pytest.raises(PackedLoRAError, match="multiple of 4"):
+        packed_lora_reference(
+            *make_tensors(case, dtype=torch.float64, device="cpu"), **table(case),
+            dropout_seed=DropoutKeys(keys=(1, 2), col_base=2),
+        )  # fmt: skip
 
 
 def test_seeds_above_32_bits_use_the_high_key_word():
-    lo = dropout_mask(5, 2, (64, 64), 0.5)
-    hi = dropout_mask(5 + 2**32, 2, (64, 64), 0.5)
+    lo = dropout_mask(5, (64, 64), 0.5)
+    hi = dropout_mask(5 + 2**32, (64, 64), 0.5)
     assert not torch.equal(lo, hi)
-    # Seeds are taken mod 2^63 (what a Triton int64 argument carries); negatives wrap.
-    assert torch.equal(dropout_mask(5 + 2**63, 2, (64, 64), 0.5), lo)
-    assert torch.equal(dropout_mask(-1, 2, (8, 8), 0.5), dropout_mask(2**63 - 1, 2, (8, 8), 0.5))
+    # Keys are taken mod 2^63 (what a Triton int64 argument carries); negatives wrap.
+    assert torch.equal(dropout_mask(5 + 2**63, (64, 64), 0.5), lo)
+    assert torch.equal(dropout_mask(-1, (8, 8), 0.5), dropout_mask(2**63 - 1, (8, 8), 0.5))
 
 
 def _naive_oracle(case: Case, x, w, b, a, bb, seed):
@@ -78,7 +105,7 @@ def _naive_oracle(case: Case, x, w, b, a, bb, seed):
         xt = x[t]
         if p > 0:
             local = t - case.seg_starts[i]
-            keep = dropout_mask(seed, i, (local + 1, case.in_f), p)[local]
+            keep = dropout_mask(slot_key(seed, i), (local + 1, case.in_f), p)[local]
             xt = xt * keep / (1 - p)
         y[t] += case.scales[i] * bb[:, off : off + r] @ (a[off : off + r] @ xt)
     return y

@@ -229,21 +229,33 @@ def test_bitwise_repeatable_and_pad_rows():
 def test_kernel_keep_mask_equals_torch_philox():
     import triton
     import triton.language as tl
+    from plora.kernels.meta import DropoutKeys, make_meta
 
     @triton.jit
-    def keep_kernel(out_ptr, seed, slot, rows, cols, p, BT: tl.constexpr, BC: tl.constexpr):
+    def keep_kernel(out_ptr, table_ptr, ts, slot, rows, cols, p, word, row_len, col_base, groups,
+                    BT: tl.constexpr, BC: tl.constexpr):  # fmt: skip
         col0 = tl.program_id(0) * BC  # column tiles: the word-interleave must line up across them
         t = tl.arange(0, BT)
         c = col0 + tl.arange(0, BC)
-        keep = TK._keep(seed, slot, t, col0, cols, p, BC)
+        keep = TK._keep(table_ptr, ts, slot, t, col0, p, word, row_len, col_base, groups, BC)
         tl.store(out_ptr + t[:, None] * cols + c[None, :], keep.to(tl.int8),
                  mask=(t[:, None] < rows) & (c[None, :] < cols))  # fmt: skip
 
-    for seed, slot, p in ((3, 0, 0.5), (2**33 + 5, 6, 0.1), (123456789, 31, 0.9)):
+    keys = (3, 2**33 + 5, 2**62 + 123456789)  # high key words in use
+    drop = DropoutKeys(keys=keys, rows=(0, 7, 2**20), row_len=5, word=11, col_base=8, in_total=64)
+    drop = drop.resolved(39, 29)
+    meta = make_meta(n_tokens=39, r_total=48, in_features=29, seg_starts=(0, 13, 26, 39),
+                     rank_offsets=(0, 16, 32, 48), ranks=(8, 8, 8), scales=(1.0,) * 3,
+                     dropout_p=(0.5, 0.1, 0.9), dropout=drop)  # fmt: skip
+    tab = meta.device_table(torch.device("cpu"))
+    word, row_len, col_base, groups = drop.scalars()
+    for slot, p in enumerate(meta.dropout_p):
         out = torch.empty(13, 29, dtype=torch.int8)
-        keep_kernel[(4,)](out, seed, slot, 13, 29, p, BT=16, BC=8)
-        ref = dropout_mask(seed, slot, (13, 29), p)
-        assert torch.equal(out.bool(), ref)
+        keep_kernel[(4,)](out, tab, tab.stride(0), slot, 13, 29, p, word, row_len, col_base, groups,
+                          BT=16, BC=8)  # fmt: skip
+        ref = dropout_mask(keys[slot], (13, 29), p, row0=drop.rows[slot], row_len=5, word=11,
+                           col_base=8, in_total=64)  # fmt: skip
+        assert torch.equal(out.bool(), ref), slot
 
 
 @child
@@ -269,7 +281,9 @@ def test_delta_and_degenerate_tables():
 def test_engine_layer_gradients_land_in_the_packed_parameters(dtype):
     """The engine's call (``fused_forward``) with the Triton kernels: the layer's ``A``/``Bt`` go
     in as they are (slots without rows as empty segments) or gathered once (rows between
-    pieces need a filler), and dA/dBᵀ accumulate into the optimizer's gradient buffers."""
+    pieces need a filler), and dA/dBᵀ accumulate into the optimizer's gradient buffers. Dropout
+    included: the kernels regenerate the torch path's masks (keyed by adapter seed, step, row
+    in the adapter's batch, token and module), so outputs and gradients agree."""
     import functools
 
     from plora.engine import fused, lora
@@ -278,7 +292,7 @@ def test_engine_layer_gradients_land_in_the_packed_parameters(dtype):
     torch.manual_seed(0)
     layer = lora.PackedLoRALinear(torch.nn.Linear(24, 20), key=3)
     for slot, rank in [(0, 5), (2, 16), (4, 3)]:
-        layer.add_slot(slot, rank=rank, scale=2.0 / rank, seed=slot)
+        layer.add_slot(slot, rank=rank, scale=2.0 / rank, seed=slot, dropout=0.3 * (slot != 2))
         with torch.no_grad():
             layer.factors(slot)[1].normal_()
     opt = PackedAdamW({"m": layer})
@@ -289,11 +303,12 @@ def test_engine_layer_gradients_land_in_the_packed_parameters(dtype):
     for pieces in ([(0, 1, 3), (4, 3, 6)], [(0, 0, 2), (4, 4, 7)]):  # no gap / a gap (rows 2..4)
         x = torch.randn(8, 3, 24).to(dtype)
         dy = torch.randn(8, 3, 20).to(dtype)
-        y = fused.fused_forward(fn, layer, x, pieces, seed=5)
+        keys = {0: (3, 7), 4: (5, 2)}  # (adapter step, first row in its batch)
+        routing = lora.Routing(segments=tuple(pieces), dropout_keys=keys)
+        y = fused.fused_forward(fn, layer, x, pieces, routing)
         y.backward(dy)
         got = [g.clone() for g in grads]
         opt.zero_grad()
-        routing = lora.Routing(segments=tuple(pieces))
         xr, base = x.float(), layer.base_layer.float()
         ref = lora._add_rows(base(xr), lora._lora_delta(layer, xr, pieces, routing), pieces)
         ref.backward(dy.float())

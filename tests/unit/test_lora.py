@@ -171,20 +171,21 @@ def test_packed_gathers_subsets_and_fillers():
 
 
 def test_kernel_hook_matches_torch_path_with_filler_slots():
-    """The fused-kernel call (segment table, rank offsets, filler slots for gaps) on CPU,
-    with the kernels' torch reference standing in for the Triton kernel."""
+    """The fused-kernel call (segment table, rank offsets, filler slots for gaps, dropout keys)
+    on CPU, with the kernels' torch reference standing in for the Triton kernel: one dropout
+    mask, so the two paths agree with dropout on."""
     from plora.kernels import packed_lora_reference
 
     layer = _layer()
     for slot, rank in [(0, 5), (2, 16), (4, 3)]:
-        layer.add_slot(slot, rank=rank, scale=3.0 / rank, seed=slot)
+        layer.add_slot(slot, rank=rank, scale=3.0 / rank, seed=slot, dropout=0.25 * (slot != 2))
     _randomize(layer)
     x = torch.randn(10, 3, 24, requires_grad=True)
     table = [(0, 1, 3), (1, 3, 5), (2, 5, 6), (4, 8, 10)]
-    routing = lora.Routing(segments=tuple(table))
+    routing = lora.Routing(segments=tuple(table), dropout_keys={0: (4, 6), 4: (1, 0)})
     fused_forward = fused.fused_forward
     pieces = layer._pieces(routing, x.shape[0])
-    y_kernel = fused_forward(packed_lora_reference, layer, x, pieces, seed=0)
+    y_kernel = fused_forward(packed_lora_reference, layer, x, pieces, routing)
     y_torch = lora._add_rows(
         layer.base_layer(x), lora._lora_delta(layer, x, pieces, routing), pieces
     )
@@ -214,7 +215,7 @@ def test_kernel_hook_passes_the_packed_parameters_without_gaps():
     x = torch.randn(7, 3, 24, requires_grad=True)
     pieces = [(0, 1, 3), (4, 3, 6)]  # slot 2 has no rows; row 0 and row 6 get the base only
     routing = lora.Routing(segments=tuple(pieces))
-    y_kernel = fused.fused_forward(spy, layer, x, pieces, seed=0)
+    y_kernel = fused.fused_forward(spy, layer, x, pieces, routing)
     assert seen["a"] is layer.A and seen["b"]._base is layer.Bt
     assert seen["segs"] == (3, 9, 9, 18) and seen["offs"] == [0, 16, 32, 48]
     y_torch = lora._add_rows(
