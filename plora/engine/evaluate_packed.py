@@ -116,17 +116,19 @@ def evaluate_packed(
     examples = list(examples)
     start = time.perf_counter()
     losses = [math.nan] * len(wanted)
-    values: list[float | None] = [None] * len(wanted)
-    budget = {"batch_size": batch_size, "max_tokens": max_tokens}
+    values: Sequence[float | None] = [None] * len(wanted)
     with eval_mode(model):
         if examples and wanted:
-            losses = packed_loss(model, examples, wanted, pad_id=_pad_id(tokenizer), **budget)
+            losses = packed_loss(model, examples, wanted, pad_id=_pad_id(tokenizer),
+                                 batch_size=batch_size, max_tokens=max_tokens)  # fmt: skip
             if metric == "exact_match":
                 values = packed_exact_match(
-                    model, tokenizer, examples, wanted, max_new_tokens=max_new_tokens, **budget
-                )
+                    model, tokenizer, examples, wanted, max_new_tokens=max_new_tokens,
+                    batch_size=batch_size, max_tokens=max_tokens,
+                )  # fmt: skip
             elif metric == "accuracy":
-                values = packed_accuracy(model, tokenizer, examples, wanted, labels or [], **budget)
+                values = packed_accuracy(model, tokenizer, examples, wanted, labels or [],
+                                         batch_size=batch_size, max_tokens=max_tokens)  # fmt: skip
     share = (time.perf_counter() - start) / max(len(wanted), 1)
     return {
         slot: EvalResult(

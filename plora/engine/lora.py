@@ -315,7 +315,7 @@ class PackedLoRALinear(nn.Module):
 
     def _gather_plan(self, slots: tuple[int | None, ...]):
         """Offsets and (source rows, destination rows or None) of :meth:`packed`'s gather."""
-        offsets, src, dst = [0], [], []
+        offsets, src, dst = [0], list[int](), list[int]()
         for slot in slots:
             size = RANK_ALIGN if slot is None else _padded(self.specs[slot].rank)
             if slot is not None:

@@ -47,7 +47,7 @@ def packed_loss(
     valid = targets != _IGNORE
     row_w = torch.zeros(labels.shape[0], dtype=torch.float32, device=labels.device)
     row_slot = torch.full((labels.shape[0],), -1, dtype=torch.long, device=labels.device)
-    slots = []
+    slots: list[int] = []
     for seg in segments:
         slot, start, stop = (seg.slot, seg.start, seg.stop) if hasattr(seg, "slot") else seg
         if stop <= start:
@@ -121,6 +121,7 @@ def _weighted_ce(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(Σ_t w_t CE_t, CE)`` of ``head(h)`` in chunks of ``_LOGIT_CHUNK`` logits."""
     weight = head.weight
+    assert isinstance(weight, torch.Tensor)
     if weight.requires_grad:
         raise ValueError("packed_loss expects a frozen LM head (weight.requires_grad is True)")
     chunk = max(1, _LOGIT_CHUNK // weight.shape[0])

@@ -37,7 +37,8 @@ def total_steps(config: LoRAConfig, num_examples: int) -> int:
     """Optimizer steps of ``config``: ``max_steps``, or ``ceil(epochs · n / batch_size)``."""
     if config.max_steps is not None:
         return config.max_steps
-    return max(1, math.ceil(config.epochs * num_examples / config.batch_size))
+    epochs = float(config.epochs or 0.0)  # LoRAConfig: exactly one of max_steps, epochs
+    return max(1, math.ceil(epochs * num_examples / config.batch_size))
 
 
 def make_schedule(optimizer: torch.optim.Optimizer, config: LoRAConfig, steps: int) -> LambdaLR:

@@ -185,7 +185,9 @@ class PackedAdamW:
         params = [getattr(layer, attr) for _, layer, attr in items]
         buf = torch.cat([p.detach() for p in params])
         grad = torch.zeros_like(buf)
-        members, row_slot, src, dst, start = [], [], {}, {}, 0
+        members, row_slot, start = [], [], 0
+        src: dict[int, list[int]] = {}
+        dst: dict[int, list[int]] = {}
         for (name, layer, attr), p in zip(items, params, strict=True):
             blocks = []
             for slot in layer.slots:
@@ -263,10 +265,10 @@ class PackedAdamW:
             st = self._slots[slot]
             st.step += 1
             bc1, bc2 = 1 - b1**st.step, 1 - b2**st.step
-            clip = st.max_grad_norm
+            max_norm = st.max_grad_norm
             table[slot] = (
                 1 - lr * st.weight_decay, 1 - b1, b2, bc2**0.5, -(lr / bc1),
-                0.0 if clip is None else clip, float(clip is not None), 1.0,
+                0.0 if max_norm is None else max_norm, float(max_norm is not None), 1.0,
             )  # fmt: skip
         host = torch.tensor(table, dtype=torch.float64).to(torch.float32)
         if device.type == "cuda":
@@ -287,6 +289,7 @@ class PackedAdamW:
         ranks' shares; keep the row-then-slot order (deterministic, no atomics).
         """
         row_norms = torch.cat([torch.linalg.vector_norm(g.grad, dim=1) for g in self._groups])
+        assert self._by_slot is not None, "sync() builds the slot order"
         order, offsets = self._by_slot
         return torch.segment_reduce(
             row_norms.double().square().index_select(0, order), "sum", offsets=offsets, unsafe=True
@@ -311,12 +314,12 @@ class PackedAdamW:
         """``{"step", "exp_avg", "exp_avg_sq"}`` of ``slot``; moments PEFT-keyed like the
         weights (``...lora_A.weight`` (r, in), ``...lora_B.weight`` (out, r)), as views."""
         self.sync()
-        state = {"step": self._slots[slot].step, "exp_avg": {}, "exp_avg_sq": {}}
+        moments: dict[str, dict[str, torch.Tensor]] = {"exp_avg": {}, "exp_avg_sq": {}}
         for key, rows, group, transpose in self._rows_of(slot):
             for name in ("exp_avg", "exp_avg_sq"):
                 t = getattr(group, name)[rows]
-                state[name][key] = t.t() if transpose else t
-        return state
+                moments[name][key] = t.t() if transpose else t
+        return {"step": self._slots[slot].step, **moments}
 
     def load_slot_state(self, slot: int, state: Mapping) -> None:
         """Restore :meth:`slot_state` output into ``slot`` (registered, same layers)."""

@@ -38,9 +38,10 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import LlamaConfig, PretrainedConfig, Qwen2Config
+from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel, Qwen2Config
 
 from plora.config import ConfigError
 from plora.models.tokenizer import VOCAB_SIZE, build_tokenizer
@@ -53,7 +54,7 @@ PRETRAIN_BATCH = 32
 PRETRAIN_CORPUS_SEED = 123
 MAX_POSITIONS = 512
 
-_COMMON = dict(
+_COMMON: dict[str, Any] = dict(
     vocab_size=VOCAB_SIZE,
     hidden_size=64,
     num_hidden_layers=2,
@@ -132,7 +133,7 @@ def _lookup(name: str) -> tuple[type[PretrainedConfig], dict, int, str]:
         ) from None
 
 
-def _pretrained_model(name: str, cfg: PretrainedConfig) -> torch.nn.Module:
+def _pretrained_model(name: str, cfg: PretrainedConfig) -> PreTrainedModel:
     """Seeded random init, then the fixed pretraining recipe (CPU, float32)."""
     from transformers import AutoModelForCausalLM
 
@@ -155,7 +156,7 @@ def _corpus() -> list[str]:
     return task_corpus(2000, PRETRAIN_CORPUS_SEED)
 
 
-def _pretrain(model: torch.nn.Module, tok, name: str) -> torch.nn.Module:
+def _pretrain(model: PreTrainedModel, tok, name: str) -> PreTrainedModel:
     corpus = [tok(t)["input_ids"] + [tok.eos_token_id] for t in _corpus()]
     rng = random.Random(f"pretrain:{name}")
     opt = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR, weight_decay=0.0)

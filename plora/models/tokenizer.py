@@ -18,6 +18,8 @@ Neither appends ``</s>``: the data pipeline adds it after a completion.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
@@ -55,7 +57,7 @@ def build_tokenizer(flavour: str, model_max_length: int = 512) -> PreTrainedToke
     Returns:
         A fast tokenizer with ``pad/bos/eos`` set, right padding and no chat template.
     """
-    common = dict(
+    common: dict[str, Any] = dict(
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
@@ -63,7 +65,7 @@ def build_tokenizer(flavour: str, model_max_length: int = 512) -> PreTrainedToke
         model_max_length=model_max_length,
     )
     if flavour == "qwen2":
-        return Qwen2Tokenizer(vocab=byte_vocab(), merges=[], unk_token=None, **common)
+        return Qwen2Tokenizer(vocab=byte_vocab(), merges=[], **{"unk_token": None, **common})
     if flavour != "llama":
         raise ValueError(f"unknown tokenizer flavour {flavour!r}; use one of {FLAVOURS}")
     vocab = byte_vocab()
