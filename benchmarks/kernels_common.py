@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from plora.kernels import ops, packed_lora_delta, packed_lora_linear
-from plora.kernels.meta import make_meta, padded_rank
+from plora.kernels.meta import DropoutKeys, make_meta, padded_rank
 
 DRY = "--dry-run" in sys.argv
 
@@ -90,10 +90,15 @@ class Pack:
             dropout_p=self.dropout,
         )
 
+    def dropout_keys(self) -> DropoutKeys:
+        """The keys :meth:`packed` draws from (``dropout_seed=1``), resolved for this pack."""
+        return DropoutKeys.from_seed(1, len(self.ranks)).resolved(self.n, self.in_f)
+
     def meta(self):
         return make_meta(
-            n_tokens=self.n, r_total=self.offs[-1], in_features=self.in_f, **self.table
-        )
+            n_tokens=self.n, r_total=self.offs[-1], in_features=self.in_f, **self.table,
+            dropout=self.dropout_keys(),
+        )  # fmt: skip
 
     def packed(self, x, fused):
         return packed_lora_linear(
@@ -234,7 +239,7 @@ class KernelLaunches:
     """
 
     def __init__(self, pk: Pack):
-        self.pk, self.meta = pk, pk.meta()
+        self.pk, self.meta, self.drop = pk, pk.meta(), pk.dropout_keys().scalars()
         self.x, self.dy, self.w = pk.xs[0].detach(), pk.dys[0], pk.w
         self.a, self.b_t = pk.a.detach(), pk.b.detach().t().contiguous()
         self.table = self.meta.device_table(self.x.device)
@@ -256,16 +261,16 @@ class KernelLaunches:
     def _shrink(self) -> torch.Tensor:
         a = self.a
         return ops.shrink(
-            self.x, a, (a.stride(0), a.stride(1)), self.table, self.meta, 1, dropout=True
+            self.x, a, (a.stride(0), a.stride(1)), self.table, self.meta, self.drop, dropout=True
         )
 
     def _lora(self) -> None:
         b_t = self.b_t
         ops.lora_gemm(self.y, self.s_buf, b_t, (b_t.stride(1), b_t.stride(0)), self.table,
-                      self.meta, 1)  # fmt: skip
+                      self.meta, self.drop)  # fmt: skip
 
     def _gemms(self, *, tma: bool, backward: bool) -> None:
-        w, b_t, a, lora = self.w, self.b_t, self.a, (self.table, self.meta, 1)
+        w, b_t, a, lora = self.w, self.b_t, self.a, (self.table, self.meta, self.drop)
         ops.USE_TMA = tma
         try:
             bt_str, a_str = (b_t.stride(1), b_t.stride(0)), (a.stride(1), a.stride(0))
@@ -282,7 +287,7 @@ class KernelLaunches:
             ops.WgradJob(self.x, self.s_buf, self.da, (a.stride(1), a.stride(0))),
             ops.WgradJob(self.dy, self.s_buf, db, (db.stride(0), db.stride(1))),
         ]
-        ops.wgrad(jobs, self.table, self.meta, 1, dropout=True)
+        ops.wgrad(jobs, self.table, self.meta, self.drop, dropout=True)
 
     def error(self, kind: str) -> float:
         """Largest ``‖got − ref‖ / ‖ref‖`` of one launch of ``kind`` (configs as set now)."""

@@ -98,6 +98,7 @@ def dropout_mask(
     length = max(tokens, 1) if row_len is None else row_len
     groups = ((col_base + cols if in_total is None else in_total) + 3) // 4
     first, last = col_base // 4, (col_base + cols + 3) // 4
+    lead = col_base - 4 * first  # columns of the first group before col_base
     t = torch.arange(tokens, device=device, dtype=torch.int64).unsqueeze(1)
     g = torch.arange(first, last, device=device, dtype=torch.int64).unsqueeze(0)
     key &= 0x7FFFFFFFFFFFFFFF  # as the kernels: a Triton int64 argument holds 63 bits
@@ -108,7 +109,7 @@ def dropout_mask(
         torch.tensor(word, dtype=torch.int64, device=device),
         torch.zeros((), dtype=torch.int64, device=device),
     )
-    bits = torch.stack(words, dim=-1).reshape(tokens, (last - first) * 4)[:, :cols]
+    bits = torch.stack(words, dim=-1).reshape(tokens, (last - first) * 4)[:, lead : lead + cols]
     return uniform_from_uint32(bits) >= torch.tensor(p, dtype=torch.float32, device=device)
 
 
