@@ -96,7 +96,12 @@ def shrink(
     if n_tiles == 0:
         return out
     br = tk.next_pow2(width)
-    by_tma = _side_tma(cfg, (inp, mat)) and mat_strides == mat.stride()
+    # float32 with dropout loads by pointers: with TMA operand tiles the compiled float32 kernel
+    # dropped the wrong elements on an H100 (Triton 3.6; bf16/fp16 and the interpreter were
+    # right; tests/gpu/test_kernels_gpu.py::test_other_dtypes). float32 is the exactness
+    # mode, not the training path.
+    fp32_dropout = dropout and meta.has_dropout and inp.element_size() == 4
+    by_tma = _side_tma(cfg, (inp, mat)) and mat_strides == mat.stride() and not fp32_dropout
     if by_tma:
         TensorDescriptor = _descriptor_class(inp.device)
         p_desc = TensorDescriptor(inp, list(inp.shape), [inp.stride(0), 1], [bm, bk])

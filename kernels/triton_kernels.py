@@ -52,24 +52,30 @@ def _jit(fn):
 
 
 @triton.jit
-def _keep(table_ptr, ts, slot, t_local, col0, p, word, row_len, col_base, groups, BC: tl.constexpr):
-    """Dropout keep mask ``(len(t_local), BC)`` of ``slot`` for local columns ``col0 + [0, BC)``.
+def _drop_key(table_ptr, ts, slot):
+    """``(key, first row)`` of ``slot``'s dropout (table rows 5-7); load once, outside loops."""
+    lo = _slot_entry(table_ptr, ts, 5, slot).to(tl.uint32, bitcast=True).to(tl.uint64)
+    hi = _slot_entry(table_ptr, ts, 6, slot).to(tl.uint32, bitcast=True).to(tl.uint64)
+    key = ((hi << 32) | lo).to(tl.int64, bitcast=True)
+    return key, _slot_entry(table_ptr, ts, 7, slot)
 
-    One Philox4x32-10 call under the slot's key (table rows 5, 6) yields four words: column
-    ``c`` uses word ``(col_base + c) % 4`` of counter ``(s·groups + (col_base + c)//4, row0 +
-    t // row_len, word, 0)`` with ``s = t % row_len`` (see ``DropoutKeys``). ``col0``,
-    ``col_base`` and ``BC`` are multiples of 4.
+
+@triton.jit
+def _keep(key, first_row, t_local, col0, p, word, row_len, col_base, groups, BC: tl.constexpr):
+    """Dropout keep mask ``(len(t_local), BC)`` for local columns ``col0 + [0, BC)``.
+
+    One Philox4x32-10 call under the slot's ``key`` yields four words: column ``c`` uses word
+    ``(col_base + c) % 4`` of counter ``(s·groups + (col_base + c)//4, first_row + t //
+    row_len, word, 0)`` with ``s = t % row_len`` (see ``DropoutKeys``). ``col0``, ``col_base``
+    and ``BC`` are multiples of 4. ``key`` and ``first_row`` come from :func:`_drop_key`,
+    loaded before the loop that calls this (table loads inside the software-pipelined TMA
+    shrink loop gave wrong masks in float32 on an H100).
     """
-    lo = _slot_entry(table_ptr, ts, 5, slot).to(tl.uint32, bitcast=True).to(tl.int64)
-    hi = _slot_entry(table_ptr, ts, 6, slot).to(tl.int64)
-    key = (hi << 32) | lo
-    row0 = _slot_entry(table_ptr, ts, 7, slot)
-    g = (col_base + col0) // 4 + tl.arange(0, BC // 4)
-    t = t_local.to(tl.int64)
-    c0 = ((t % row_len) * groups)[:, None] + g.to(tl.int64)[None, :]
-    c1 = (row0 + t // row_len)[:, None] + 0 * g.to(tl.int64)[None, :]
-    c0 = c0.to(tl.uint32)
-    c1 = c1.to(tl.uint32)
+    n_row = tl.cast(row_len, tl.uint32)
+    t = t_local.to(tl.uint32)
+    g = ((col_base + col0) // 4 + tl.arange(0, BC // 4)).to(tl.uint32)
+    c0 = ((t % n_row) * tl.cast(groups, tl.uint32))[:, None] + g[None, :]
+    c1 = (first_row.to(tl.uint32) + t // n_row)[:, None] + g[None, :] * 0
     c2 = c0 * 0 + tl.cast(word, tl.uint32)
     c3 = c0 * 0
     w0, w1, w2, w3 = tl.philox(key, c0, c1, c2, c3)
@@ -159,8 +165,9 @@ def _lora_tile(
         if HAS_DROPOUT:
             p = _slot_float(table_ptr, ts, 4, j)
             if p > 0.0:
+                key, first_row = _drop_key(table_ptr, ts, j)
                 keep = _keep(
-                    table_ptr, ts, j, rows - start, n0, p, word, row_len, col_base, groups, BN
+                    key, first_row, rows - start, n0, p, word, row_len, col_base, groups, BN
                 )
                 part = tl.where(keep, part / (1.0 - p), 0.0)
             acc += part
@@ -205,6 +212,7 @@ def _shrink_kernel(
         rows64 = rows.to(tl.int64)
         acc = tl.zeros((BM, BR), dtype=tl.float32)
         row0 = seg_start + (pid - first_tile) * BM
+        key, first_row = _drop_key(table_ptr, ts, slot)
         for k0 in range(0, K, BK):
             ks = k0 + tl.arange(0, BK)
             k_ok = ks < K
@@ -218,8 +226,7 @@ def _shrink_kernel(
                 )
             if HAS_DROPOUT:
                 keep = _keep(
-                    table_ptr, ts, slot, rows - seg_start, k0, p, word, row_len, col_base,
-                    groups, BK,
+                    key, first_row, rows - seg_start, k0, p, word, row_len, col_base, groups, BK
                 )  # fmt: skip
                 pt = tl.where(keep, pt, 0.0)
             if BY_TMA:  # the box runs past the rank: those columns of acc are zeroed below
@@ -407,6 +414,7 @@ def _wgrad_block(
     col_ok = cols < N
     if HAS_DROPOUT:
         p = _slot_float(table_ptr, ts, 4, slot)
+        key, first_row = _drop_key(table_ptr, ts, slot)
     # Rank chunks of BR (outer) x token tiles of BT (inner): a rank-8 slot does one 16..BR chunk
     # instead of a max-rank-wide tile; the slot's P columns are re-read per chunk from L2.
     for r0 in range(r_lo, min(block, r_lo + R_SPAN), BR):
@@ -434,8 +442,7 @@ def _wgrad_block(
             if HAS_DROPOUT:  # noqa: SIM102 (a constexpr branch around a runtime one)
                 if p > 0.0:
                     keep = _keep(
-                        table_ptr, ts, slot, tt - start, n0, p, word, row_len, col_base,
-                        groups, BN,
+                        key, first_row, tt - start, n0, p, word, row_len, col_base, groups, BN,
                     )  # fmt: skip
                     pt = tl.where(keep, pt, 0.0)
             acc = tl.dot(tl.trans(pt), qt, acc)

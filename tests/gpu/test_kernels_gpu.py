@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from plora.kernels import dropout_mask, packed_lora_delta, packed_lora_linear
+from plora.kernels import dropout_mask, packed_lora_delta, packed_lora_linear, slot_key
 from plora.kernels.testing import Case, make_tensors, oracle, random_case, rel_err, table
 
 pytestmark = pytest.mark.gpu
@@ -139,16 +139,17 @@ def test_tma_descriptors_on_autograds_fresh_thread():
 
 
 def test_dropout_mask_on_gpu_matches_cpu_and_kernel():
-    for seed, slot, p in ((1, 0, 0.1), (2**40 + 3, 9, 0.5)):
-        cpu = dropout_mask(seed, slot, (300, 257), p)
-        gpu = dropout_mask(seed, slot, (300, 257), p, device="cuda")
+    for key, row0, p in ((1, 0, 0.1), (2**40 + 3, 9, 0.5)):
+        kw = dict(row0=row0, row_len=100, word=5, col_base=4, in_total=300)
+        cpu = dropout_mask(key, (300, 257), p, **kw)
+        gpu = dropout_mask(key, (300, 257), p, device="cuda", **kw)
         assert torch.equal(cpu, gpu.cpu())
     # The kernel's forward drops exactly the masked inputs: with A = I (rank 16 on 16 features),
     # S = x ⊙ m/(1-p) and delta = S·Bᵀ with B = I.
     x = torch.randn(40, 16, device="cuda", dtype=torch.float32) + 3.0
     eye = torch.eye(16, device="cuda")
     delta = packed_lora_delta(x, eye, eye, [0, 40], [0, 16], [16], [1.0], [0.25], 77)
-    keep = dropout_mask(77, 0, (40, 16), 0.25, device="cuda")
+    keep = dropout_mask(slot_key(77, 0), (40, 16), 0.25, device="cuda")
     torch.testing.assert_close(delta, torch.where(keep, x / 0.75, 0.0), rtol=3e-3, atol=3e-3)
 
 

@@ -237,7 +237,8 @@ def test_kernel_keep_mask_equals_torch_philox():
         col0 = tl.program_id(0) * BC  # column tiles: the word-interleave must line up across them
         t = tl.arange(0, BT)
         c = col0 + tl.arange(0, BC)
-        keep = TK._keep(table_ptr, ts, slot, t, col0, p, word, row_len, col_base, groups, BC)
+        key, first_row = TK._drop_key(table_ptr, ts, slot)
+        keep = TK._keep(key, first_row, t, col0, p, word, row_len, col_base, groups, BC)
         tl.store(out_ptr + t[:, None] * cols + c[None, :], keep.to(tl.int8),
                  mask=(t[:, None] < rows) & (c[None, :] < cols))  # fmt: skip
 
