@@ -163,6 +163,7 @@ class Coordinator:
         self._need_plan = False
         self._stop_requests: set[str] = set()
         self._done_logged = False
+        self._attempts: dict[str, int] = {}  # job id -> its latest attempt (metric rows)
 
     # -- clock and logging ----------------------------------------------------------------
     def now(self) -> float:
@@ -255,7 +256,8 @@ class Coordinator:
         measured the cost model is refit and the queue re-planned (calibration); returns the
         jobs that re-plan launches (usually none: the GPUs are busy)."""
         now = self.now()
-        out = [row for r in reports for row in metric_rows(job_id, r, now)]
+        attempt = self._attempts.get(job_id, 0)
+        out = [row for r in reports for row in metric_rows(job_id, r, now, attempt=attempt)]
         for r in out:
             self.progress[r["config_id"]] = max(self.progress.get(r["config_id"], 0), r["step"])
         if self.store is not None:
@@ -274,6 +276,13 @@ class Coordinator:
             if self._need_plan:
                 return self._schedule(trigger=f"calibrated on {job_id}")
         return []
+
+    def flush_records(self) -> None:
+        """Make every metric row received so far durable: the driver calls it when a worker is
+        about to checkpoint, so no checkpoint runs ahead of the metrics of its steps."""
+        if self.store is not None:
+            self.store.flush_metrics()
+            self._last_flush = self.now()
 
     def poll(self, job_id: str) -> Control:
         """Control for a running job, asked by its worker between steps (each stop and add is
@@ -410,7 +419,8 @@ class Coordinator:
         )
         self._job_row(run, status=status, end=self.now())
         spec = run.spec
-        if kind is FailureKind.DIED and spec.attempt < self.max_retries:
+        died = sum(r["job_id"] == job_id and r["status"] == JobStatus.DIED for r in self.job_rows)
+        if kind is FailureKind.DIED and died <= self.max_retries:
             retry = dataclasses.replace(
                 spec,
                 configs=tuple(self.configs[c] for c in live),
@@ -454,7 +464,7 @@ class Coordinator:
             )
         else:
             reason = {
-                FailureKind.DIED: f"worker died {spec.attempt + 1} times",
+                FailureKind.DIED: f"worker died {died} times",
                 FailureKind.OOM: "out of memory even alone",
             }.get(kind, "error")
             self._decide(
@@ -621,6 +631,7 @@ class Coordinator:
             )
         for c in spec.config_ids:
             self.status[c] = ConfigStatus.RUNNING
+        self._attempts[spec.job_id] = spec.attempt
         self.running[spec.job_id] = _Running(
             spec=spec,
             plan_job=plan_job,
@@ -800,8 +811,15 @@ class Coordinator:
             "source": encode_state(self.source.get_state()),
         }
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore from :meth:`get_state`; interrupted jobs are relaunched from checkpoints."""
+    def set_state(self, state: Mapping[str, Any], *, retry_failed: bool = False) -> None:
+        """Restore from :meth:`get_state`; interrupted jobs are relaunched from checkpoints as
+        their next attempt (so metric rows tell the runs apart).
+
+        Args:
+            state: What :meth:`get_state` returned.
+            retry_failed: Queue the configs that failed for another attempt (their failure row
+                is replaced by the new result; an adaptive searcher keeps what it was told).
+        """
         self._offset = float(state["elapsed_s"])
         self._t0 = self._clock()
         self._next_job = int(state["next_job"])
@@ -833,13 +851,18 @@ class Coordinator:
                         configs=tuple(self.configs[c] for c in live),
                         gpus=s["gpus"],
                         strategy=s["strategy"],
-                        attempt=s["attempt"],
+                        attempt=int(s["attempt"]) + 1,
                         resume=True,
                     )
                 )
+        retried = []
         for c, s in self.status.items():
             if s is ConfigStatus.RUNNING:
                 self.status[c] = ConfigStatus.QUEUED
+            elif s is ConfigStatus.FAILED and retry_failed:
+                self.status[c] = ConfigStatus.QUEUED
+                self.results.pop(c, None)
+                retried.append(c)
         self.running = {}
         self.free_gpus = set(range(self.num_gpus))
         self._need_plan = True
@@ -848,6 +871,7 @@ class Coordinator:
             config_ids=[c for c, s in self.status.items() if s is ConfigStatus.QUEUED],
             jobs=[s.job_id for s in self.forced],
             done=sum(s in _DONE for s in self.status.values()),
+            retried_failed=retried,
         )
 
 

@@ -365,10 +365,13 @@ class _Driver:
                     self.coord.on_job_started(job.spec.job_id, node=group.node)
 
     def _drain(self) -> list[JobSpec]:
-        reports, stops = ray.get(self.relay.drain.remote())
+        reports, stops, syncs = ray.get(self.relay.drain.remote())
         launches: list[JobSpec] = []
         for jid, rows in reports.items():
             launches += self.coord.on_reports(jid, rows)
+        if syncs:  # workers wait to checkpoint until the metrics of their steps are on disk
+            self.coord.flush_records()
+            self.relay.ack_sync.remote(syncs)
         for cid in stops:
             self.coord.stop_config(cid, reason="relay request")
         return launches

@@ -11,6 +11,7 @@ Ray's object store.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -44,7 +45,7 @@ class WorkerInfo:
 
 
 class RelayHooks:
-    """The engine's :class:`~plora.engine.api.PackHooks`, talking to the coordinator relay.
+    """The engine's :class:`~plora.engine.api.SyncHooks`, talking to the coordinator relay.
 
     Args:
         relay: The :class:`plora.runtime.relay.CoordinatorActor` handle.
@@ -79,6 +80,23 @@ class RelayHooks:
         ref = self.relay.push_reports.remote(self.job_id, reports)
         if wait:
             ray.get(ref)
+
+    def sync(self, *, timeout_s: float = 120.0) -> None:
+        """Return once every report so far is on disk in the sweep directory (the engine calls
+        this before each checkpoint, so a crash never leaves a checkpoint ahead of its metrics).
+        After ``timeout_s`` without the driver's answer it returns anyway (logged)."""
+        self.flush()
+        ticket = ray.get(self.relay.request_sync.remote(self.job_id))
+        deadline = time.monotonic() + timeout_s
+        while ray.get(self.relay.synced.remote(self.job_id)) < ticket:
+            if time.monotonic() > deadline:
+                logging.getLogger(__name__).warning(
+                    "job %s: metrics not confirmed durable after %.0f s; checkpointing anyway",
+                    self.job_id,
+                    timeout_s,
+                )
+                return
+            time.sleep(0.02)
 
     def poll(self) -> Control:
         """This step's control (reports are flushed first, so the coordinator sees them first)."""

@@ -100,10 +100,13 @@ RESULT_DTYPES: dict[str, str] = {
     "error": "object",  # str or None
 }
 
-#: ``metrics.parquet``: one row per (config, optimizer step).
+#: ``metrics.parquet``: one row per (config, optimizer step, job attempt). A step trained again
+#: (a job resumed from a checkpoint older than its last metrics, a retried config) has a row per
+#: attempt; ``plora.sweepdir.reader.read_metrics`` keeps the latest by default.
 METRIC_DTYPES: dict[str, str] = {
     "config_id": "str",
     "job_id": "str",
+    "attempt": "int64",  # the job attempt that trained this step (jobs.parquet's ``attempt``)
     "step": "int64",
     "loss": "float64",
     "lr": "float64",
