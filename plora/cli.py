@@ -337,11 +337,30 @@ def sweep(
             help="Take over --out's lock held by a sweep on another host that is known dead.",
         ),
     ] = False,
+    retry_failed: Annotated[
+        bool,
+        typer.Option(
+            "--retry-failed",
+            help="With --resume: give the configs that failed another attempt (as Ray Tune's "
+            "Tuner.restore(resume_errored=True); off by default).",
+        ),
+    ] = False,
+    allow_changed: Annotated[
+        bool,
+        typer.Option(
+            "--allow-changed",
+            help="With --resume: continue with SWEEP.yaml although it differs from the sweep "
+            "the directory ran (finished configs are kept, new ones trained).",
+        ),
+    ] = False,
 ) -> None:
     """Run a sweep on Ray: plan, train every config in packed jobs, re-plan as jobs finish.
 
     One sweep at a time writes a sweep directory: a second ``plora sweep`` (or ``--resume``) on
-    the same ``--out`` is refused while the first runs (a lock beside the directory)."""
+    the same ``--out`` is refused while the first runs (a lock beside the directory).
+    ``--resume`` refuses a SWEEP.yaml that differs from the one the directory ran, naming the
+    keys that changed, unless ``--allow-changed``; failed configs are retried only with
+    ``--retry-failed``."""
     from plora import api
     from plora.runtime.driver import RunOptions
     from plora.runtime.progress import Progress
@@ -362,6 +381,8 @@ def sweep(
                         if checkpoint_minutes is None
                         else 60 * checkpoint_minutes,
                         force_unlock=force_unlock,
+                        retry_failed=retry_failed,
+                        allow_changed=allow_changed,
                     ),
                     on_update=progress,
                 )
@@ -376,6 +397,13 @@ def sweep(
         f"wind-down {fmt_duration(summary.teardown_s)}); see `plora status {summary.out}`"
     )
     if not summary.ok:
+        if not retry_failed:
+            typer.echo(
+                f"{c['failed']} configs failed (see `plora status {summary.out}`); "
+                f"`plora sweep {sweep_file} --out {summary.out} --resume --retry-failed` "
+                "gives them another attempt",
+                err=True,
+            )
         raise typer.Exit(1)
 
 

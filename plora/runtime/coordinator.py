@@ -164,6 +164,8 @@ class Coordinator:
         self._stop_requests: set[str] = set()
         self._done_logged = False
         self._attempts: dict[str, int] = {}  # job id -> its latest attempt (metric rows)
+        self._by_hparams: dict[str, str] = {}  # hyperparameter fingerprint -> config id
+        self._aliases: dict[str, list[str]] = {}  # config id -> later suggestions of it, untold
 
     # -- clock and logging ----------------------------------------------------------------
     def now(self) -> float:
@@ -348,9 +350,7 @@ class Coordinator:
         if status is ConfigStatus.QUEUED:
             self._drop_from_plan(config_id)
             self.status[config_id] = ConfigStatus.STOPPED
-            self.source.tell(
-                config_id, tell_metrics({}, self.metric_name, status=ConfigStatus.STOPPED)
-            )
+            self._tell(config_id, tell_metrics({}, self.metric_name, status=ConfigStatus.STOPPED))
             self.results[config_id] = self._result_row(config_id, status=ConfigStatus.STOPPED)
             self._persist()
         else:
@@ -391,7 +391,7 @@ class Coordinator:
                 eval_metric=r.get("eval_metric"),
                 steps=r.get("steps"),
             )
-            self.source.tell(cid, tell_metrics(r, self.metric_name, status=status))
+            self._tell(cid, tell_metrics(r, self.metric_name, status=status))
         timings = dataclasses.asdict(outcome.timings)
         self._decide(
             Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall, **timings
@@ -472,7 +472,7 @@ class Coordinator:
             )
             for c in live:
                 self.status[c] = ConfigStatus.FAILED
-                self.source.tell(c, tell_metrics({}, self.metric_name, status=ConfigStatus.FAILED))
+                self._tell(c, tell_metrics({}, self.metric_name, status=ConfigStatus.FAILED))
                 self.results[c] = self._result_row(
                     c, status=ConfigStatus.FAILED, job_id=job_id, error=f"{reason}: {message}"[:500]
                 )
@@ -493,19 +493,44 @@ class Coordinator:
         return launches
 
     def _ask(self) -> None:
-        if self.source.is_finished():
-            return
-        want = self.ask_batch - len(self.queued_ids())
-        if want <= 0:
-            return
-        new = [c for c in self.source.ask(want) if c.config_id not in self.configs]
-        if not new:
-            return
-        for c in new:
-            self.configs[c.config_id] = c
-            self.status[c.config_id] = ConfigStatus.QUEUED
-        self._need_plan = True
-        self._decide(Decision.ASK, config_ids=[c.config_id for c in new], requested=want)
+        """New configs from the source. One whose hyperparameters equal a known config's (a
+        searcher's repeated suggestion, a random draw, an edited space's config) is not trained
+        again: the source is told the known config's result under its own id once there is one."""
+        while not self.source.is_finished():
+            want = self.ask_batch - len(self.queued_ids())
+            if want <= 0:
+                return
+            got = [c for c in self.source.ask(want) if c.config_id not in self.configs]
+            if not got:
+                return
+            new, dups = [], {}
+            for c in got:
+                first = self._by_hparams.get(c.fingerprint())
+                if first is not None and first != c.config_id:
+                    dups[c.config_id] = first
+                    self._aliases.setdefault(first, []).append(c.config_id)
+                    continue
+                self._by_hparams[c.fingerprint()] = c.config_id
+                self.configs[c.config_id] = c
+                self.status[c.config_id] = ConfigStatus.QUEUED
+                new.append(c)
+            self._decide(Decision.ASK, config_ids=[c.config_id for c in new], requested=want,
+                         duplicates=dups)  # fmt: skip
+            for first in set(dups.values()):
+                if self.status[first] in _DONE:  # a known result: the new ids are told it now
+                    r = self.results.get(first, {})
+                    metrics = tell_metrics(r, self.metric_name, status=self.status[first])
+                    for alias in self._aliases.pop(first, []):
+                        self.source.tell(alias, metrics)
+            if new:
+                self._need_plan = True
+                return
+
+    def _tell(self, config_id: str, metrics: dict[str, Any]) -> None:
+        """Tell the source how ``config_id`` ended, and under each id it was suggested again."""
+        self.source.tell(config_id, metrics)
+        for alias in self._aliases.pop(config_id, []):
+            self.source.tell(alias, metrics)
 
     def _plan(self, trigger: str) -> None:
         self._need_plan = False
@@ -809,9 +834,16 @@ class Coordinator:
             "measurements": self.measure.get_state(),
             "job_rows": self.job_rows,
             "source": encode_state(self.source.get_state()),
+            "aliases": self._aliases,
         }
 
-    def set_state(self, state: Mapping[str, Any], *, retry_failed: bool = False) -> None:
+    def set_state(
+        self,
+        state: Mapping[str, Any],
+        *,
+        retry_failed: bool = False,
+        changed: Sequence[str] = (),
+    ) -> None:
         """Restore from :meth:`get_state`; interrupted jobs are relaunched from checkpoints as
         their next attempt (so metric rows tell the runs apart).
 
@@ -819,6 +851,11 @@ class Coordinator:
             state: What :meth:`get_state` returned.
             retry_failed: Queue the configs that failed for another attempt (their failure row
                 is replaced by the new result; an adaptive searcher keeps what it was told).
+            changed: What differs in the sweep being resumed (``plora.config.diff``); when
+                non-empty this coordinator's source is the edited sweep's and starts afresh
+                (its configs already known by their hyperparameters are not trained again), and
+                queued configs a fixed (grid/random) source no longer lists are stopped (those
+                of interrupted jobs finish).
         """
         self._offset = float(state["elapsed_s"])
         self._t0 = self._clock()
@@ -840,7 +877,10 @@ class Coordinator:
             else r
             for r in state["job_rows"]
         ]
-        self.source.set_state(decode_state(state["source"]))
+        self._by_hparams = {c.fingerprint(): cid for cid, c in self.configs.items()}
+        self._aliases = {k: list(v) for k, v in state.get("aliases", {}).items()}
+        if not changed:
+            self.source.set_state(decode_state(state["source"]))
         self.forced = []
         for s in state["interrupted"]:
             live = [c for c in s["config_ids"] if self.status.get(c) not in _DONE]
@@ -863,6 +903,18 @@ class Coordinator:
                 self.status[c] = ConfigStatus.QUEUED
                 self.results.pop(c, None)
                 retried.append(c)
+        dropped = []
+        if changed and isinstance(self.source, StaticSource):
+            kept = {c.fingerprint() for c in self.source.configs}
+            started = {c for f in self.forced for c in f.config_ids}  # resumed, not dropped
+            for c, s in self.status.items():
+                gone = self.configs[c].fingerprint() not in kept
+                if s is ConfigStatus.QUEUED and c not in started and gone:
+                    self.status[c] = ConfigStatus.STOPPED
+                    self.results[c] = self._result_row(
+                        c, status=ConfigStatus.STOPPED, error="not in the edited sweep file"
+                    )
+                    dropped.append(c)
         self.running = {}
         self.free_gpus = set(range(self.num_gpus))
         self._need_plan = True
@@ -872,6 +924,8 @@ class Coordinator:
             jobs=[s.job_id for s in self.forced],
             done=sum(s in _DONE for s in self.status.values()),
             retried_failed=retried,
+            changed=list(changed),
+            dropped_by_edit=dropped,
         )
 
 

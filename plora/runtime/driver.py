@@ -43,7 +43,8 @@ from typing import Any
 
 import ray
 
-from plora.config import SweepConfig
+from plora.config import ConfigError, SweepConfig
+from plora.config.diff import sweep_changes
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
 from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackEngine, PackRequest
 from plora.runtime.cluster import check_address, check_gpus, connect, cpus_per_worker
@@ -90,6 +91,15 @@ class RunOptions:
     force_unlock: bool = False
     """Take over a sweep directory lock held from another host (``--force-unlock``); a lock whose
     owner is alive on this host is never broken, a dead one is always taken over."""
+    retry_failed: bool = False
+    """With ``--resume``: give the configs that failed another attempt (``--retry-failed``). Off
+    by default, as ``Tuner.restore(resume_errored=False)``: a resume finishes what was left and
+    does not pay again for a failure (out of memory alone, a bad config) unless asked."""
+    allow_changed: bool = False
+    """With ``--resume`` and a sweep whose definition differs from the saved ``sweep.yaml``: run
+    the given one (``--allow-changed``) instead of refusing. Finished configs keep their results
+    (a config is matched by its hyperparameters), configs the edit adds are trained, queued ones
+    the edit removed from a grid/random space are stopped."""
     prestart: bool = True
     """Start a one-GPU worker group on every GPU right after Ray is up, so the workers import,
     initialise CUDA and load the base model while the driver reads the dataset and plans (not
@@ -133,7 +143,9 @@ def run_sweep(
     """Run (or ``resume``) a sweep into ``out``; returns when every config is done or failed.
 
     Args:
-        sweep: The sweep; ignored with ``resume`` (the saved ``sweep.yaml`` is used).
+        sweep: The sweep; with ``resume`` None (the saved ``sweep.yaml`` is used) or the sweep
+            to compare with it: a different one is refused with the keys that changed unless
+            ``options.allow_changed`` (then it replaces the saved one).
         out: The sweep directory (must not exist unless ``resume``).
         address: Ray address (``auto``, ``host:port``); None: ``RAY_ADDRESS`` or a local Ray.
         resume: Continue the sweep in ``out``.
@@ -173,10 +185,11 @@ def _run(
 ) -> SweepSummary:
     """:func:`run_sweep` once ``out`` is checked and its lock is held."""
     store: SweepStore | None = None
+    changed: list[str] = []
     if resume:
         store = SweepStore(out)
         state = store.read_state()
-        sweep = SweepConfig.from_yaml(store.sweep_yaml)
+        sweep, changed = _resumed_sweep(store, sweep, allow_changed=options.allow_changed)
     elif sweep is None:
         raise ValueError("run_sweep needs a sweep unless resume=True")
     sweep.check_trainable()
@@ -219,8 +232,11 @@ def _run(
             )
 
         if resume:
+            assert store is not None
             coord = make(store)
-            coord.set_state(state)
+            coord.set_state(state, retry_failed=options.retry_failed, changed=changed)
+            if changed:
+                write_sweep_yaml(store, sweep.to_yaml())
         else:
             with create_sweep_dir(out) as store:
                 write_sweep_yaml(store, sweep.to_yaml())
@@ -469,6 +485,28 @@ class _Driver:
             self.posted.update(ended)
         if self.on_update is not None:
             self.on_update(snap)
+
+
+def _resumed_sweep(
+    store: SweepStore, given: SweepConfig | None, *, allow_changed: bool
+) -> tuple[SweepConfig, list[str]]:
+    """The sweep a ``--resume`` runs and what differs from the saved one (empty: unchanged)."""
+    saved = SweepConfig.from_yaml(store.sweep_yaml)
+    if given is None:
+        return saved, []
+    changed = sweep_changes(saved, given)
+    if not changed:
+        return saved, []
+    if not allow_changed:
+        shown = "; ".join(changed[:4]) + (
+            f"; and {len(changed) - 4} more" if len(changed) > 4 else ""
+        )
+        raise ConfigError(
+            f"--resume {store.root}: {given.source or 'the sweep'} differs from the sweep this "
+            f"directory ran ({shown}); pass --allow-changed to continue with the edited file, "
+            f"or resume with the saved one ({store.sweep_yaml})"
+        )
+    return given, changed
 
 
 def _first_line(e: BaseException) -> str:

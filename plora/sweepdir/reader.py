@@ -47,9 +47,21 @@ def read_results(path: Path) -> pd.DataFrame:
     return _normalize_results(_read_parquet(path / schema.RESULTS_PARQUET, schema.RESULT_COLUMNS))
 
 
-def read_metrics(path: Path) -> pd.DataFrame:
-    """``metrics.parquet``, sorted by (config_id, step)."""
-    return _normalize_metrics(_read_parquet(path / schema.METRICS_PARQUET, schema.METRIC_COLUMNS))
+def read_metrics(path: Path, *, all_attempts: bool = False) -> pd.DataFrame:
+    """``metrics.parquet``, sorted by (config_id, step).
+
+    A step trained more than once (a job resumed from a checkpoint older than its last
+    metrics, a retried config) keeps only its latest row (by ``time``), so a loss curve is the
+    one the final adapter followed; ``all_attempts`` keeps every row (``attempt`` tells them
+    apart).
+    """
+    df = _normalize_metrics(_read_parquet(path / schema.METRICS_PARQUET, schema.METRIC_COLUMNS))
+    if all_attempts or df.empty or not {"config_id", "step", "time"} <= set(df.columns):
+        return df
+    latest = df.sort_values("time", kind="stable").drop_duplicates(
+        ["config_id", "step"], keep="last"
+    )
+    return latest.sort_values(["config_id", "step"], kind="stable").reset_index(drop=True)
 
 
 def read_jobs(path: Path) -> pd.DataFrame:
