@@ -396,6 +396,8 @@ def sweep(
         f"{fmt_duration(summary.ray_start_s)}, then inputs {fmt_duration(summary.inputs_wait_s)}; "
         f"wind-down {fmt_duration(summary.teardown_s)}); see `plora status {summary.out}`"
     )
+    for line in summary.data_lines:  # repeated at the end: the progress view may have hidden it
+        typer.echo(line)
     if not summary.ok:
         if not retry_failed:
             typer.echo(

@@ -123,6 +123,8 @@ class SweepSummary:
     """Of ``setup_s``: waiting, after Ray was up, for the dataset check and cost model."""
     teardown_s: float = 0.0
     """After the sweep's last event: workers stopped, profile recorded, Ray shut down."""
+    data_lines: tuple[str, ...] = ()
+    """What loading the dataset cut or left out, one line per split (also ``data.json``)."""
 
     @property
     def ok(self) -> bool:
@@ -212,11 +214,15 @@ def _run(
         if options.prestart and fits_one_gpu(sweep):
             driver.prestart(range(sweep.hardware.num_gpus))
         t_wait = time.monotonic()
+        data_report = None
         if prepared is None:
             metric_name = sweep.dataset.metric
         else:
-            cost, source, metric_name = prepared.result()
+            cost, source, metric_name, data_report = prepared.result()
         inputs_wait_s = time.monotonic() - t_wait
+        data_lines = tuple(data_report.lines()) if data_report is not None else ()
+        for line in data_lines:  # never silently: the user sees what the data lost
+            logging.getLogger(__name__).warning("%s", line)
 
         def make(store: SweepStore) -> Coordinator:
             return Coordinator(
@@ -237,12 +243,16 @@ def _run(
             coord.set_state(state, retry_failed=options.retry_failed, changed=changed)
             if changed:
                 write_sweep_yaml(store, sweep.to_yaml())
+            if data_report is not None:
+                store.write_data_report(data_report.to_dict())
         else:
             with create_sweep_dir(out) as store:
                 write_sweep_yaml(store, sweep.to_yaml())
                 from plora.models import save_base_model  # lazy: torch
 
                 write_base_model(store, sweep.model, save_builtin=save_base_model)
+                if data_report is not None:
+                    store.write_data_report(data_report.to_dict())
                 coord = make(store)
         setup_s = time.monotonic() - t0
         driver.attach(coord, store)
@@ -262,7 +272,7 @@ def _run(
     done = time.monotonic()
     return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=done - t0, setup_s=setup_s,
                         ray_start_s=ray_start_s, inputs_wait_s=inputs_wait_s,
-                        teardown_s=done - ended)  # fmt: skip
+                        teardown_s=done - ended, data_lines=data_lines)  # fmt: skip
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

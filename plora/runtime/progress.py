@@ -116,6 +116,16 @@ def status_text(root: str) -> str:
             + ", ".join(f"{k} {v}" for k, v in sorted(by.items()))
             + ")"
         )
+    data = store.read_data_report()
+    if data is not None:
+        for split in ("train", "eval"):
+            s = data.get(split) or {}
+            if s.get("truncated") or s.get("dropped"):
+                lines.append(
+                    f"data: {split} {s.get('truncated', 0)} of {s.get('rows', 0)} rows cut to "
+                    f"max_seq_len {data.get('max_seq_len')}, {s.get('dropped', 0)} left out "
+                    "(no target token left)"
+                )
     plan = store.read_plan()
     if plan is not None:
         lines.append(
