@@ -84,6 +84,22 @@ def read_decisions(path: Path) -> pd.DataFrame:
     return _read_decisions(path)
 
 
+#: Sweep metrics (``SweepConfig.metric``) whose ``results.parquet`` column has another name.
+METRIC_COLUMN = {"train_loss": "final_train_loss"}
+
+
+def objective(sweep: dict[str, Any]) -> tuple[str, str]:
+    """``(results column, mode)`` a sweep ranks its configs by: its ``metric`` and ``mode``
+    (``sweep.yaml``; mode defaults as ``SweepConfig`` does: max for ``eval_metric``, else min;
+    ``eval_loss`` / min for a sweep without ``sweep.yaml``). ``plora status``, ``plora report``
+    and the notebooks all rank by it, so they name the same best adapter."""
+    metric = str(sweep.get("metric") or "eval_loss").replace("/", "_")
+    mode = sweep.get("mode")
+    if mode not in ("min", "max"):
+        mode = "max" if metric == "eval_metric" else "min"
+    return METRIC_COLUMN.get(metric, metric), str(mode)
+
+
 #: Statuses that mean a config finished (plora writes ``done``; other tools' words too).
 SUCCESS_STATUSES = frozenset(
     {
@@ -233,6 +249,7 @@ __all__ = [
     "SUCCESS_STATUSES",
     "SWEEP_FILES",
     "check_sweep_dir",
+    "objective",
     "read_decisions",
     "read_jobs",
     "read_metrics",

@@ -47,7 +47,7 @@ def stop_at_ray(monkeypatch):
 
     def prepare(sweep, **kw):
         seen["sweep"] = sweep
-        return None, None, "exact_match"
+        return None, None, "exact_match", None
 
     def connect(*a, **kw):
         raise _ReachedRay
