@@ -178,6 +178,15 @@ def check_output_path(path: Path | None, option: str, suffixes: tuple[str, ...])
                           fix=f"use one of {', '.join(suffixes)}")  # fmt: skip
 
 
+def print_warnings(sweep: Any) -> None:
+    """One ``warning: FILE: ...`` line on stderr per setting that cannot take effect
+    (:func:`plora.config.advice.sweep_warnings`)."""
+    from plora.config.advice import sweep_warnings
+
+    for line in sweep_warnings(sweep):
+        typer.echo(f"warning: {sweep.source or 'sweep'}: {line}", err=True)
+
+
 # ------------------------------------------------------------------------------------ plan
 
 
@@ -302,6 +311,7 @@ def validate(
         sweep = load_sweep(sweep_file)
         sweep.check_trainable()
         n = len(expand(sweep, sample_adaptive=True))
+    print_warnings(sweep)
     kind = "configs" if sweep.search in ("grid", "random") else "trials (proposed by the searcher)"
     typer.echo(
         f"{sweep_file}: ok ({n} {kind}, {sweep.search} search, model {sweep.model.name_or_path})"
@@ -368,6 +378,7 @@ def sweep(
     try:
         with user_errors(str(sweep_file)):
             spec = load_sweep(sweep_file)
+            print_warnings(spec)
             out = out if out is not None else Path("runs") / spec.name
             with Progress() as progress:
                 summary = api.run(
