@@ -48,6 +48,7 @@ from plora.config.diff import sweep_changes
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
 from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackEngine, PackRequest
 from plora.runtime.cluster import check_address, check_gpus, connect, cpus_per_worker
+from plora.runtime.cluster import shutdown as shutdown_cluster
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.costs import record_profile
 from plora.runtime.group import WorkerGroup, start_group, stop_group
@@ -267,8 +268,7 @@ def _run(
             concurrent.futures.wait([prepared])  # never leave it running into a shut-down Ray
         if driver is not None:
             driver.close()
-        if started_ray:
-            ray.shutdown()
+        shutdown_cluster(started=started_ray)
     done = time.monotonic()
     return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=done - t0, setup_s=setup_s,
                         ray_start_s=ray_start_s, inputs_wait_s=inputs_wait_s,
