@@ -203,3 +203,17 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
         c.config_id: c.max_steps for c in configs(6, steps=30)
     }
     assert "resume" in [d["kind"] for d in store.read_decisions()]
+    # metrics complete: every config's curve has every step once (no hole where the killed
+    # driver had buffered rows: workers sync them to disk before each checkpoint) ...
+    from plora.sweepdir.reader import read_metrics
+
+    curves = read_metrics(out)
+    for c in configs(6, steps=30):
+        steps = curves.loc[curves["config_id"] == c.config_id, "step"].tolist()
+        assert steps == list(range(1, c.max_steps + 1)), (c.config_id, steps)
+    # ... and a step trained twice (after the checkpoint it resumed from) says by which attempt
+    repeated = m[m.duplicated(["config_id", "step"], keep=False)]
+    assert (repeated.groupby(["config_id", "step"])["attempt"].nunique() > 1).all()
+    jobs = store.read_jobs()
+    resumed = jobs[jobs["status"] == "interrupted"]["job_id"]
+    assert len(resumed) and all(jobs[jobs["job_id"] == j]["attempt"].nunique() == 2 for j in resumed)
