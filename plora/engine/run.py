@@ -57,6 +57,8 @@ class PackResult:
 
     results: dict[str, ConfigResult] = field(default_factory=dict)
     profile: PackProfile | None = None
+    notes: tuple[str, ...] = ()
+    """What the run should report (a damaged checkpoint skipped on resume, ...)."""
 
 
 class PackSession:
@@ -198,7 +200,7 @@ def run_pack(
     outcome = session.run(request, hooks)
     if outcome.status is OutcomeStatus.OOM:
         raise torch.OutOfMemoryError(outcome.error or "out of memory")
-    return PackResult(results=dict(outcome.results), profile=outcome.profile)
+    return PackResult(results=dict(outcome.results), profile=outcome.profile, notes=outcome.notes)
 
 
 class _Clock:

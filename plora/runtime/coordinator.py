@@ -394,8 +394,9 @@ class Coordinator:
             self._tell(cid, tell_metrics(r, self.metric_name, status=status))
         timings = dataclasses.asdict(outcome.timings)
         self._decide(
-            Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall, **timings
-        )
+            Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall,
+            notes=list(outcome.notes), **timings,
+        )  # fmt: skip
         self._job_row(run, status=JobStatus.DONE, end=end, timings=timings)
         overheads = getattr(self.cost, "overheads", None)
         self.measure.add_outcome(

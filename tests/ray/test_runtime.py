@@ -228,4 +228,6 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
     assert (repeated.groupby(["config_id", "step"])["attempt"].nunique() > 1).all()
     jobs = store.read_jobs()
     resumed = jobs[jobs["status"] == "interrupted"]["job_id"]
-    assert len(resumed) and all(jobs[jobs["job_id"] == j]["attempt"].nunique() == 2 for j in resumed)
+    assert len(resumed) and all(
+        jobs[jobs["job_id"] == j]["attempt"].nunique() == 2 for j in resumed
+    )

@@ -103,6 +103,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, reference
     hooks = Hooks()
     again = _run(tmp_path / "o", ckpt, hooks)
     assert hooks.steps[0] == 5  # one interval (step 5) repeated, not the whole job
+    assert any("state-000000005" in n and "skipped" in n for n in again.notes), again.notes
     assert {c: str(r.status) for c, r in again.results.items()} == {
         "aa": "completed",
         "bb": "completed",
@@ -122,6 +123,7 @@ def test_every_checkpoint_damaged_restarts_the_configs_from_scratch(tmp_path, re
     hooks = Hooks()
     again = _run(tmp_path / "o", ckpt, hooks)
     assert hooks.steps[0] == 1
+    assert again.notes[-1] == "no checkpoint verifies: the job's configs start from scratch"
     assert sorted(again.results) == ["aa", "bb"]
     got = _weights(tmp_path / "o")
     assert all(torch.equal(got[c][k], reference[c][k]) for c in reference for k in reference[c])

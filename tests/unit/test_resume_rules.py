@@ -162,3 +162,19 @@ def test_an_edited_space_keeps_finished_configs_and_stops_removed_ones(tmp_path)
     assert resume["inputs"]["changed"] and sorted(resume["inputs"]["dropped_by_edit"]) == sorted(
         queued - {keep}
     )
+
+
+def test_readers_keep_the_latest_attempt_of_each_step(tmp_path) -> None:
+    import pandas as pd
+
+    from plora.sweepdir.reader import read_metrics
+
+    rows = [  # c0 steps 1-3 by attempt 0; the resume from a step-1 checkpoint redid 2-3
+        {"config_id": "c0", "job_id": "j1", "attempt": a, "step": s, "loss": 10.0 * a + s,
+         "lr": 1e-3, "tokens": 1, "grad_norm": 0.0, "step_time_s": 0.1, "time": t}
+        for a, s, t in [(0, 1, 1.0), (0, 2, 2.0), (0, 3, 3.0), (1, 2, 9.0), (1, 3, 10.0)]
+    ]  # fmt: skip
+    pd.DataFrame(rows).to_parquet(tmp_path / "metrics.parquet")
+    latest = read_metrics(tmp_path)
+    assert latest["step"].tolist() == [1, 2, 3] and latest["attempt"].tolist() == [0, 1, 1]
+    assert len(read_metrics(tmp_path, all_attempts=True)) == 5
