@@ -21,6 +21,16 @@ def sweep_changes(saved: SweepConfig, given: SweepConfig) -> list[str]:
     return out
 
 
+#: Top-level keys of a sweep that decide which configs it has (the config source's inputs).
+SPACE_KEYS: tuple[str, ...] = ("space", "search", "num_samples", "seed", "metric", "mode")
+
+
+def changes_space(changes: list[str]) -> bool:
+    """Whether ``changes`` (:func:`sweep_changes`) touch which configs the sweep has, not only
+    how it runs them (hardware, planner, dataset file paths)."""
+    return any(c.split(":", 1)[0].split(".", 1)[0] in SPACE_KEYS for c in changes)
+
+
 def _diff(old: Any, new: Any, where: str, out: list[str]) -> None:
     if isinstance(old, dict) and isinstance(new, dict):
         for key in [*old, *(k for k in new if k not in old)]:
@@ -44,4 +54,4 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["sweep_changes"]
+__all__ = ["SPACE_KEYS", "changes_space", "sweep_changes"]

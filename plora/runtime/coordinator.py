@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plora.config import LoRAConfig
+from plora.config.diff import changes_space
 from plora.cost.overheads import EvalMetric
 from plora.engine.api import Control, PackOutcome, StepReport
 from plora.planner.guard import PlanChoiceKind, choose_plan, continue_plan
@@ -501,7 +502,13 @@ class Coordinator:
             want = self.ask_batch - len(self.queued_ids())
             if want <= 0:
                 return
-            got = [c for c in self.source.ask(want) if c.config_id not in self.configs]
+            given = self.source.ask(want)
+            for c in given:  # a known id again (a restarted source): told what it knows
+                if c.config_id in self.configs and self.status[c.config_id] in _DONE:
+                    r = self.results.get(c.config_id, {})
+                    st = self.status[c.config_id]
+                    self.source.tell(c.config_id, tell_metrics(r, self.metric_name, status=st))
+            got = [c for c in given if c.config_id not in self.configs]
             if not got:
                 return
             new, dups = [], {}
@@ -852,11 +859,12 @@ class Coordinator:
             state: What :meth:`get_state` returned.
             retry_failed: Queue the configs that failed for another attempt (their failure row
                 is replaced by the new result; an adaptive searcher keeps what it was told).
-            changed: What differs in the sweep being resumed (``plora.config.diff``); when
-                non-empty this coordinator's source is the edited sweep's and starts afresh
-                (its configs already known by their hyperparameters are not trained again), and
-                queued configs a fixed (grid/random) source no longer lists are stopped (those
-                of interrupted jobs finish).
+            changed: What differs in the sweep being resumed (``plora.config.diff``); when it
+                touches the space (:func:`~plora.config.diff.changes_space`) this coordinator's
+                source is the edited sweep's and starts afresh (its configs already known by
+                their hyperparameters are not trained again), and queued configs a fixed
+                (grid/random) source no longer lists are stopped (those of interrupted jobs
+                finish); other changes (hardware, planner) keep the source's state.
         """
         self._offset = float(state["elapsed_s"])
         self._t0 = self._clock()
@@ -880,7 +888,8 @@ class Coordinator:
         ]
         self._by_hparams = {c.fingerprint(): cid for cid, c in self.configs.items()}
         self._aliases = {k: list(v) for k, v in state.get("aliases", {}).items()}
-        if not changed:
+        new_space = changes_space(list(changed))
+        if not new_space:
             self.source.set_state(decode_state(state["source"]))
         self.forced = []
         for s in state["interrupted"]:
@@ -905,7 +914,7 @@ class Coordinator:
                 self.results.pop(c, None)
                 retried.append(c)
         dropped = []
-        if changed and isinstance(self.source, StaticSource):
+        if new_space and isinstance(self.source, StaticSource):
             kept = {c.fingerprint() for c in self.source.configs}
             started = {c for f in self.forced for c in f.config_ids}  # resumed, not dropped
             for c, s in self.status.items():

@@ -231,3 +231,40 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
     assert len(resumed) and all(
         jobs[jobs["job_id"] == j]["attempt"].nunique() == 2 for j in resumed
     )
+
+
+def test_rows_cut_or_left_out_are_reported_on_the_console_and_in_the_sweep_dir(
+    ray_cluster, tmp_path, caplog
+) -> None:
+    """Nothing silently changed: a dataset whose long rows lose their target to max_seq_len
+    says so, per split, in the log, the summary, ``data.json`` and ``plora status``."""
+    from plora.runtime.progress import status_text
+
+    rows = [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(30)]
+    rows += [{"prompt": " ".join(["long"] * 80), "completion": "x"} for _ in range(6)]
+    data_file = tmp_path / "d.jsonl"
+    data_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sweep = SweepConfig.from_dict(
+        {
+            "name": "cut",
+            "model": "tiny-qwen2",
+            "dataset": {"path": str(data_file), "max_seq_len": 32, "eval_fraction": 0.25},
+            "space": {"lr": [1.0e-3], "rank": [4], "alpha": 16, "batch_size": 4, "max_steps": 5},
+            "hardware": {"gpu_type": "cpu", "num_gpus": 1, "gpu_memory_gib": 8},
+        }
+    )
+    out = tmp_path / "sweep"
+    with caplog.at_level("WARNING"):
+        summary = run_sweep(
+            sweep, out, options=RunOptions(engine=PackFnEngine, record_profile=False)
+        )
+    assert summary.ok
+    data = json.loads((out / "data.json").read_text())
+    assert data["train"]["rows"] + data["eval"]["rows"] == 36
+    assert data["train"]["dropped"] + data["eval"]["dropped"] == 6
+    assert data["train"]["truncated"] == data["train"]["dropped"]  # the long rows, nothing else
+    assert summary.data_lines and all("left out" in x for x in summary.data_lines)
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("data:")] == list(
+        summary.data_lines
+    )
+    assert "data: train" in status_text(str(out)) or "data: eval" in status_text(str(out))

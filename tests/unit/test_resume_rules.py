@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 from runtime_fakes import AffineCost, GreedyPlanner, lora
 from test_coordinator import Clock, finish, make, run_to_end
 
@@ -178,3 +179,36 @@ def test_readers_keep_the_latest_attempt_of_each_step(tmp_path) -> None:
     latest = read_metrics(tmp_path)
     assert latest["step"].tolist() == [1, 2, 3] and latest["attempt"].tolist() == [0, 1, 1]
     assert len(read_metrics(tmp_path, all_attempts=True)) == 5
+
+
+class _Restartable(ScriptedSource):
+    """Records whether its state was restored."""
+
+    restored = False
+
+    def set_state(self, state) -> None:
+        self.restored = True
+
+
+@pytest.mark.parametrize(
+    ("changed", "restored"),
+    [([], True), (["hardware.num_gpus: 1 -> 2"], True), (["space.lr: [0.001] -> [0.01]"], False)],
+)
+def test_only_a_changed_space_restarts_the_source(tmp_path, changed, restored) -> None:
+    store = SweepStore(tmp_path)
+    a, b = lora(0, rank=8), lora(1, rank=16)
+    clock = Clock()
+    coord = Coordinator(cost=AffineCost(), num_gpus=2, source=ScriptedSource([[a, b]]),
+                        planner=GreedyPlanner(), store=store, clock=clock)  # fmt: skip
+    run_to_end(coord, clock, coord.start())
+    state = json.loads(store.state_json.read_text())
+    # the same configs again, under their own ids: a restarted searcher proposing them anew
+    source = _Restartable([[a, b]])
+    again = Coordinator(cost=AffineCost(), num_gpus=2, source=source, planner=GreedyPlanner(),
+                        store=store, clock=Clock())  # fmt: skip
+    again.set_state(state, changed=changed)
+    assert source.restored is restored
+    launches = again.start()
+    if not restored:  # asked again: known ids are told their results, nothing is trained
+        assert not launches and set(source.told) == {"c00", "c01"}
+        assert source.told["c01"]["eval_metric"] == coord.results["c01"]["eval_metric"]
