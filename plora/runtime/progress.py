@@ -156,9 +156,10 @@ def _best(ok: Any, key: str, mode: str) -> list[str]:
         return [f"best: no finished config has {key} yet"] if len(ok) else []
     top = ok[ok[key].notna()].sort_values(key, ascending=mode == "min", kind="stable").head(3)
     out = [f"best by {key} ({mode}):"]
+    also = "eval_loss" if key != "eval_loss" else "eval_metric"
     for _, r in top.iterrows():
         out.append(
-            f"  {r['config_id']}  {key}={_g(r[key])}  eval_loss={_g(r['eval_loss'])}  rank={r['rank']} "
+            f"  {r['config_id']}  {key}={_g(r[key])}  {also}={_g(r.get(also))}  rank={r['rank']} "
             f"alpha={r['alpha']:g} lr={r['lr']:.2g} bs={r['batch_size']}  {r['adapter_path']}"
         )
     return out
