@@ -64,10 +64,12 @@ class RelayHooks:
         self._buffer: list[StepReport] = []
         self._last_flush = time.monotonic()
         self._last_poll = -1e9
+        self._unsynced = False  # reports since the last confirmed sync
 
     def on_step(self, report: StepReport) -> None:
         """Buffer the step's report; send when the buffer is old enough."""
         self._buffer.append(report)
+        self._unsynced = True
         if time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
@@ -84,7 +86,11 @@ class RelayHooks:
     def sync(self, *, timeout_s: float = 120.0) -> None:
         """Return once every report so far is on disk in the sweep directory (the engine calls
         this before each checkpoint, so a crash never leaves a checkpoint ahead of its metrics).
-        After ``timeout_s`` without the driver's answer it returns anyway (logged)."""
+        After ``timeout_s`` without the driver's answer it returns anyway (logged); with no
+        report since the last sync it returns at once. A sync waits for the driver's next drain:
+        at most one driver tick (``RunOptions.tick_s``) per checkpoint."""
+        if not self._unsynced:
+            return
         self.flush()
         ticket = ray.get(self.relay.request_sync.remote(self.job_id))
         deadline = time.monotonic() + timeout_s
@@ -97,6 +103,7 @@ class RelayHooks:
                 )
                 return
             time.sleep(0.02)
+        self._unsynced = False
 
     def poll(self) -> Control:
         """This step's control (reports are flushed first, so the coordinator sees them first)."""
