@@ -178,6 +178,15 @@ def check_output_path(path: Path | None, option: str, suffixes: tuple[str, ...])
                           fix=f"use one of {', '.join(suffixes)}")  # fmt: skip
 
 
+def print_warnings(sweep: Any) -> None:
+    """One ``warning: FILE: ...`` line on stderr per setting that cannot take effect
+    (:func:`plora.config.advice.sweep_warnings`)."""
+    from plora.config.advice import sweep_warnings
+
+    for line in sweep_warnings(sweep):
+        typer.echo(f"warning: {sweep.source or 'sweep'}: {line}", err=True)
+
+
 # ------------------------------------------------------------------------------------ plan
 
 
@@ -302,6 +311,7 @@ def validate(
         sweep = load_sweep(sweep_file)
         sweep.check_trainable()
         n = len(expand(sweep, sample_adaptive=True))
+    print_warnings(sweep)
     kind = "configs" if sweep.search in ("grid", "random") else "trials (proposed by the searcher)"
     typer.echo(
         f"{sweep_file}: ok ({n} {kind}, {sweep.search} search, model {sweep.model.name_or_path})"
@@ -337,11 +347,30 @@ def sweep(
             help="Take over --out's lock held by a sweep on another host that is known dead.",
         ),
     ] = False,
+    retry_failed: Annotated[
+        bool,
+        typer.Option(
+            "--retry-failed",
+            help="With --resume: give the configs that failed another attempt (as Ray Tune's "
+            "Tuner.restore(resume_errored=True); off by default).",
+        ),
+    ] = False,
+    allow_changed: Annotated[
+        bool,
+        typer.Option(
+            "--allow-changed",
+            help="With --resume: continue with SWEEP.yaml although it differs from the sweep "
+            "the directory ran (finished configs are kept, new ones trained).",
+        ),
+    ] = False,
 ) -> None:
     """Run a sweep on Ray: plan, train every config in packed jobs, re-plan as jobs finish.
 
     One sweep at a time writes a sweep directory: a second ``plora sweep`` (or ``--resume``) on
-    the same ``--out`` is refused while the first runs (a lock beside the directory)."""
+    the same ``--out`` is refused while the first runs (a lock beside the directory).
+    ``--resume`` refuses a SWEEP.yaml that differs from the one the directory ran, naming the
+    keys that changed, unless ``--allow-changed``; failed configs are retried only with
+    ``--retry-failed``."""
     from plora import api
     from plora.runtime.driver import RunOptions
     from plora.runtime.progress import Progress
@@ -349,6 +378,7 @@ def sweep(
     try:
         with user_errors(str(sweep_file)):
             spec = load_sweep(sweep_file)
+            print_warnings(spec)
             out = out if out is not None else Path("runs") / spec.name
             with Progress() as progress:
                 summary = api.run(
@@ -362,6 +392,8 @@ def sweep(
                         if checkpoint_minutes is None
                         else 60 * checkpoint_minutes,
                         force_unlock=force_unlock,
+                        retry_failed=retry_failed,
+                        allow_changed=allow_changed,
                     ),
                     on_update=progress,
                 )
@@ -375,7 +407,16 @@ def sweep(
         f"{fmt_duration(summary.ray_start_s)}, then inputs {fmt_duration(summary.inputs_wait_s)}; "
         f"wind-down {fmt_duration(summary.teardown_s)}); see `plora status {summary.out}`"
     )
+    for line in summary.data_lines:  # repeated at the end: the progress view may have hidden it
+        typer.echo(line)
     if not summary.ok:
+        if not retry_failed:
+            typer.echo(
+                f"{c['failed']} configs failed (see `plora status {summary.out}`); "
+                f"`plora sweep {sweep_file} --out {summary.out} --resume --retry-failed` "
+                "gives them another attempt",
+                err=True,
+            )
         raise typer.Exit(1)
 
 

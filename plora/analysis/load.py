@@ -43,16 +43,14 @@ class SweepResults:
 
     @property
     def metric(self) -> str:
-        """The sweep's objective column (``sweep.yaml``'s ``metric``, default ``eval_loss``)."""
-        return _objective_column(str(self.sweep.get("metric") or "eval_loss"))
+        """The sweep's objective column (``sweep.yaml``'s ``metric``, default ``eval_loss``;
+        :func:`plora.sweepdir.reader.objective`)."""
+        return reader.objective(self.sweep)[0]
 
     @property
     def mode(self) -> str:
         """``"min"`` or ``"max"`` (``sweep.yaml``'s ``mode``; default from the metric)."""
-        mode = self.sweep.get("mode")
-        if mode in ("min", "max"):
-            return str(mode)
-        return "min" if "loss" in self.metric else "max"
+        return reader.objective(self.sweep)[1]
 
     @property
     def hparam_columns(self) -> list[str]:
@@ -65,8 +63,10 @@ class SweepResults:
 
 
 def _objective_column(metric: str) -> str:
-    """Map a sweep metric name onto a results column (``eval/loss`` -> ``eval_loss``)."""
-    return metric.replace("/", "_")
+    """Map a sweep metric name onto a results column (``eval/loss`` -> ``eval_loss``,
+    ``train_loss`` -> ``final_train_loss``)."""
+    metric = metric.replace("/", "_")
+    return reader.METRIC_COLUMN.get(metric, metric)
 
 
 def load(path: str | Path) -> SweepResults:

@@ -141,6 +141,8 @@ class PackOutcome:
     profile: PackProfile | None = None
     timings: JobTimings = field(default_factory=JobTimings)
     error: str | None = None
+    notes: tuple[str, ...] = ()
+    """What happened that the sweep should record (e.g. a damaged checkpoint was skipped)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -168,6 +170,14 @@ class PackHooks(Protocol):
 
 
 @runtime_checkable
+class SyncHooks(PackHooks, Protocol):
+    """Hooks that can make every report so far durable; the engine calls ``sync`` before each
+    checkpoint, so the metrics of the steps a checkpoint covers are never lost with a crash."""
+
+    def sync(self) -> None: ...
+
+
+@runtime_checkable
 class PackEngine(Protocol):
     """A resident engine: ``cls(spec)`` loads the base model once; ``run`` trains one pack."""
 
@@ -188,4 +198,5 @@ __all__ = [
     "PackRequest",
     "StepMetrics",
     "StepReport",
+    "SyncHooks",
 ]

@@ -24,8 +24,10 @@ Row layouts (``format: auto`` detects each row; the first that applies wins):
 
 With ``completion_only: false`` every non-padding token is trained. Labels are aligned with
 ``input_ids`` (HF convention: the model shifts them), ``-100`` where masked. Examples longer
-than ``max_seq_len`` are cut on the right; a training example left with no target token is
-dropped (all dropped is an error).
+than ``max_seq_len`` are cut on the right; an example (train or eval) left with no target token
+is left out (all training examples left out is an error). :class:`DataReport` counts both per
+split (``TokenizedDataset.report``). A chat role other than those of :data:`CHAT_ROLES` is an
+error naming the row (``human``/``gpt`` of ShareGPT files must be mapped first).
 """
 
 from __future__ import annotations
@@ -42,12 +44,16 @@ from plora.engine.batch import (
     micro_batches,
     pack_batch,
 )
+from plora.engine.data_report import DataReport, SplitReport
 from plora.engine.example import IGNORE_INDEX, Example
 from plora.engine.rows import Row, read_path, read_rows, split_rows
 from plora.tasks import get_task
 
 if TYPE_CHECKING:
     from plora.config import DatasetSpec
+
+#: Chat roles a ``messages`` row may use (loss on ``assistant`` turns only).
+CHAT_ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 
 #: ``metric: auto`` scores a prompt/completion set by accuracy when it has at most this many
 #: distinct completions (and every eval completion is one of the training ones).
@@ -67,6 +73,8 @@ class TokenizedDataset:
     eval: list[Example]
     metric: str
     labels: list[str] | None = None
+    report: DataReport | None = None
+    """Rows read, cut and left out per split (None: built without :func:`load_dataset`)."""
 
 
 # ---------------------------------------------------------------------------- loading
@@ -113,13 +121,14 @@ def load_dataset(spec: DatasetSpec, tokenizer: Any) -> TokenizedDataset:
                 n_eval = min(max(n_eval, 1), len(train_rows) - 1)
             train_rows, eval_rows = split_rows(train_rows, n_eval, spec.seed)
         metric = spec.metric
-    train = [_encode(r, tokenizer, spec) for r in train_rows]
-    evals = [_encode(r, tokenizer, spec) for r in eval_rows]
+    train_lens = [_encode(r, tokenizer, spec) for r in train_rows]
+    eval_lens = [_encode(r, tokenizer, spec) for r in eval_rows]
+    train, evals = [ex for ex, _ in train_lens], [ex for ex, _ in eval_lens]
     metric, labels = _resolve_metric(metric, labels, train, evals, spec)
     if metric == "accuracy":
         train = [_with_label(ex) for ex in train]
         evals = [_with_label(ex) for ex in evals]
-    kept = [ex for ex in train if any(y != IGNORE_INDEX for y in ex.labels[1:])]
+    kept = [ex for ex in train if _has_target(ex)]
     if not kept:
         raise ConfigError(
             "no training example keeps a target token after truncation",
@@ -127,7 +136,27 @@ def load_dataset(spec: DatasetSpec, tokenizer: Any) -> TokenizedDataset:
             value=spec.max_seq_len,
             fix="raise max_seq_len above the prompt length",
         )
-    return TokenizedDataset(train=kept, eval=evals, metric=metric, labels=labels)
+    report = DataReport(
+        max_seq_len=spec.max_seq_len,
+        train=_split_report(train, [n for _, n in train_lens], spec.max_seq_len),
+        eval=_split_report(evals, [n for _, n in eval_lens], spec.max_seq_len),
+    )
+    scored = [ex for ex in evals if _has_target(ex)]
+    return TokenizedDataset(train=kept, eval=scored, metric=metric, labels=labels, report=report)
+
+
+def _has_target(ex: Example) -> bool:
+    """Whether a label is left to predict (the model shifts labels: position 0 predicts none)."""
+    return any(y != IGNORE_INDEX for y in ex.labels[1:])
+
+
+def _split_report(examples: list[Example], lengths: list[int], max_seq_len: int) -> SplitReport:
+    return SplitReport(
+        rows=len(examples),
+        truncated=sum(n > max_seq_len for n in lengths),
+        dropped=sum(not _has_target(ex) for ex in examples),
+        longest=max(lengths, default=0),
+    )
 
 
 # ---------------------------------------------------------------------------- encoding
@@ -179,7 +208,8 @@ def _field(row: Row, key: str) -> str:
     return value
 
 
-def _encode(row: Row, tok: Any, spec: DatasetSpec) -> Example:
+def _encode(row: Row, tok: Any, spec: DatasetSpec) -> tuple[Example, int]:
+    """The row's example, cut to ``max_seq_len``, and its length in tokens before the cut."""
     layout = _layout(row, spec.format)
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
     if layout == "text":
@@ -201,15 +231,15 @@ def _encode(row: Row, tok: Any, spec: DatasetSpec) -> Example:
         ex = _encode_chat(row, tok, eos)
     if not spec.completion_only:
         ex = _replace(ex, labels=list(ex.input_ids))
-    n = spec.max_seq_len
-    if len(ex.input_ids) > n:
+    n, full = spec.max_seq_len, len(ex.input_ids)
+    if full > n:
         ex = _replace(
             ex,
             input_ids=ex.input_ids[:n],
             labels=ex.labels[:n],
             prompt_len=min(ex.prompt_len or 0, n),
         )
-    return ex
+    return ex, full
 
 
 def _encode_chat(row: Row, tok: Any, eos: list[int]) -> Example:
@@ -235,6 +265,15 @@ def _encode_chat(row: Row, tok: Any, eos: list[int]) -> Example:
                 file=row.file,
                 line=row.line,
                 fix='write {"role": "user", "content": "..."}',
+            )
+        if m["role"] not in CHAT_ROLES:
+            raise ConfigError(
+                f"unknown chat role (roles: {', '.join(CHAT_ROLES)})",
+                key=f"messages[{i}].role",
+                value=m["role"],
+                file=row.file,
+                line=row.line,
+                fix="rename it (e.g. human -> user, gpt -> assistant) or drop the message",
             )
     turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     if not turns:
@@ -335,8 +374,10 @@ def _resolve_metric(
 
 
 __all__ = [
+    "CHAT_ROLES",
     "IGNORE_INDEX",
     "AdapterStream",
+    "DataReport",
     "Example",
     "PackedBatch",
     "Segment",

@@ -10,17 +10,20 @@ step; ``hooks.on_step`` (its metrics and measurements); the adapters that finish
 done, or stopped) are
 exported in PEFT format to ``out_dir/adapters/<config_id>/``, the completed ones evaluated
 together in packed forwards, and leave their slots; every ``checkpoint.every_steps`` steps the
-train-state and the results so far are written to ``checkpoint.dir``. With ``resume`` and a
-checkpoint present, training continues from it (results of adapters finalised before the
-checkpoint are kept, not recomputed). :class:`~plora.engine.api.JobTimings` says where the
-job's seconds went.
+hooks are synced (``hooks.sync()`` when they have it: the runtime makes the metrics reported so
+far durable, so a resumed curve has no hole) and then the train-state and the results so far are
+written to ``checkpoint.dir/state-<global step>/`` with checksums
+(:func:`plora.engine.checkpoint.write_checkpoint`; the previous one is kept). With ``resume``,
+training continues from the newest checkpoint that verifies (results of adapters finalised
+before it are kept, not recomputed); a damaged one is skipped with a note in
+``PackOutcome.notes``, and with none left the pack starts from scratch.
+:class:`~plora.engine.api.JobTimings` says where the job's seconds went.
 
 :func:`run_pack` is the one-shot form (load, train one pack, return), for scripts and tests.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -42,13 +45,10 @@ from plora.engine.api import (
     PackOutcome,
     PackRequest,
     StepReport,
+    SyncHooks,
 )
 from plora.engine.reports import Control
 from plora.engine.trainer import AdapterStatus, PackedTrainer, PackProfile
-from plora.utils import atomic_write_json
-
-RESULTS_FILE = "results.json"
-TRAIN_STATE_DIR = "train_state"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,6 +57,8 @@ class PackResult:
 
     results: dict[str, ConfigResult] = field(default_factory=dict)
     profile: PackProfile | None = None
+    notes: tuple[str, ...] = ()
+    """What the run should report (a damaged checkpoint skipped on resume, ...)."""
 
 
 class PackSession:
@@ -91,6 +93,7 @@ class PackSession:
         self._load_charged = True
         clock = _Clock()
         trainer = None
+        run: _PackRun | None = None
         try:
             with clock.phase("start"):
                 trainer = PackedTrainer(
@@ -107,11 +110,13 @@ class PackSession:
                 run.start()
             run.loop(hooks)
         except torch.OutOfMemoryError as e:
+            notes = tuple(run.notes) if run is not None else ()
             return PackOutcome(
                 job_id=request.job_id,
                 status=OutcomeStatus.OOM,
                 timings=clock.timings(load_s=load_s, model_loads=self.model_loads),
                 error=str(e).splitlines()[0][:300] if str(e) else "out of memory",
+                notes=notes,
             )
         finally:
             if trainer is not None:
@@ -119,11 +124,13 @@ class PackSession:
                     trainer.release(cid)  # the next pack starts on a clean base
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+        assert run is not None  # set before the loop ran
         return PackOutcome(
             job_id=request.job_id,
             results=dict(run.results),
-            profile=trainer.profile(),
+            profile=run.trainer.profile(),
             timings=clock.timings(load_s=load_s, model_loads=self.model_loads),
+            notes=tuple(run.notes),
         )
 
 
@@ -193,7 +200,7 @@ def run_pack(
     outcome = session.run(request, hooks)
     if outcome.status is OutcomeStatus.OOM:
         raise torch.OutOfMemoryError(outcome.error or "out of memory")
-    return PackResult(results=dict(outcome.results), profile=outcome.profile)
+    return PackResult(results=dict(outcome.results), profile=outcome.profile, notes=outcome.notes)
 
 
 class _Clock:
@@ -245,14 +252,17 @@ class _PackRun:
         policy = request.checkpoint
         self.ckpt_dir = Path(policy.dir) if policy.dir is not None else None
         self.results: dict[str, ConfigResult] = {}
+        self.notes: list[str] = []
+        """What the job should know about its start (a damaged checkpoint skipped, ...)."""
+        self.hooks: PackHooks | None = None
 
     def start(self) -> None:
-        state = self.ckpt_dir / TRAIN_STATE_DIR if self.ckpt_dir else None
-        if self.request.resume and state is not None and ckpt.has_train_state(state):
-            self.trainer.load_state_dict(ckpt.load_train_state(state))
-            saved = self.ckpt_dir / RESULTS_FILE
-            if saved.is_file():
-                for cid, r in json.loads(saved.read_text()).items():
+        if self.request.resume and self.ckpt_dir is not None:
+            state, results, notes = ckpt.latest_good_checkpoint(self.ckpt_dir)
+            self.notes += notes
+            if state is not None:
+                self.trainer.load_state_dict(state)
+                for cid, r in (results or {}).items():
                     self.results[cid] = ConfigResult.from_dict(r)
         for cfg in self.request.configs:
             if cfg.config_id not in self.results and cfg.config_id not in self.trainer.adapters:
@@ -260,6 +270,7 @@ class _PackRun:
 
     def loop(self, hooks: PackHooks | None) -> None:
         trainer, policy = self.trainer, self.request.checkpoint
+        self.hooks = hooks
         last_checkpoint = time.monotonic()
         while True:
             control = hooks.poll() if hooks is not None else None
@@ -347,9 +358,12 @@ class _PackRun:
         if self.ckpt_dir is None:
             return
         with self.clock.phase("checkpoint"):
-            ckpt.save_train_state(self.ckpt_dir / TRAIN_STATE_DIR, self.trainer.state_dict())
-            atomic_write_json(
-                self.ckpt_dir / RESULTS_FILE, {c: r.to_dict() for c, r in self.results.items()}
+            if isinstance(self.hooks, SyncHooks):  # metrics durable before the state after them
+                self.hooks.sync()
+            ckpt.write_checkpoint(
+                self.ckpt_dir,
+                self.trainer.state_dict(),
+                results={c: r.to_dict() for c, r in self.results.items()},
             )
         self.clock.checkpoints += 1
 

@@ -2,6 +2,9 @@
 
 Every problem a user can fix (an unreachable ``--address``, too few GPUs) is a one-line
 :class:`~plora.config.ConfigError` raised before anything is started.
+
+A local cluster this process starts is watched by :mod:`plora.runtime.reaper`: if the driver
+dies without :func:`shutdown`, the cluster's processes (Ray's agents included) are stopped too.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from plora.config import ConfigError
 def connect(address: str | None, *, num_gpus: int) -> bool:
     """Connect to Ray; returns True when this call started a local (embedded) cluster.
 
-    ``address`` None and no ``RAY_ADDRESS``: start a local Ray; on a machine without CUDA it gets
+    ``address`` None and no ``RAY_ADDRESS``: start a local Ray (or use a ``ray start`` one of this
+    machine); ``local``: always start a new local Ray. On a machine without CUDA it gets
     ``num_gpus`` *logical* GPUs so jobs can be placed (the engine then runs on CPU). Otherwise
-    connect to ``address`` (``auto``, ``ray://...`` or ``host:port``).
+    connect to ``address`` (``auto``, ``ray://...`` or ``host:port``). Call :func:`shutdown`
+    when done.
 
     Raises:
         ConfigError: the address cannot be reached.
@@ -31,8 +36,8 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
     where = "--address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS") or None
     runtime_env = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}}
-    if address is None:
-        kwargs: dict[str, Any] = {}
+    if address is None or address == "local":
+        kwargs: dict[str, Any] = {"address": address}
         if not _has_cuda():
             kwargs["num_gpus"] = num_gpus
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -48,12 +53,16 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
                 **kwargs,
             )
         except ValueError:  # a `ray start` cluster on this machine was found: use it as it is
-            if not kwargs:
+            if "num_gpus" not in kwargs:
                 raise
             ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **quiet)
             return False
         finally:
             logging.getLogger("ray").setLevel(logging.WARNING)
+        global _REAPER
+        from plora.runtime.reaper import start_reaper
+
+        _REAPER = start_reaper()
         return True
     check_address(address)
     try:  # the job's runtime_env (``ray job submit --working-dir``) is left as submitted
@@ -65,6 +74,20 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
             "`ray start --head` or drop --address to run locally"
         ) from None
     return False
+
+
+_REAPER: Any = None  # the watchdog of the local cluster this process started
+
+
+def shutdown(*, started: bool) -> None:
+    """``ray.shutdown()`` when this process ``started`` its cluster (:func:`connect`), and stop
+    its watchdog (nothing is left to stop)."""
+    global _REAPER
+    if started:
+        ray.shutdown()
+    if _REAPER is not None:
+        _REAPER.release()
+        _REAPER = None
 
 
 def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:
@@ -116,4 +139,4 @@ def _has_cuda() -> bool:
         return False
 
 
-__all__ = ["check_address", "check_gpus", "connect", "cpus_per_worker"]
+__all__ = ["check_address", "check_gpus", "connect", "cpus_per_worker", "shutdown"]

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plora.config import LoRAConfig
+from plora.config.diff import changes_space
 from plora.cost.overheads import EvalMetric
 from plora.engine.api import Control, PackOutcome, StepReport
 from plora.planner.guard import PlanChoiceKind, choose_plan, continue_plan
@@ -163,6 +164,9 @@ class Coordinator:
         self._need_plan = False
         self._stop_requests: set[str] = set()
         self._done_logged = False
+        self._attempts: dict[str, int] = {}  # job id -> its latest attempt (metric rows)
+        self._by_hparams: dict[str, str] = {}  # hyperparameter fingerprint -> config id
+        self._aliases: dict[str, list[str]] = {}  # config id -> later suggestions of it, untold
 
     # -- clock and logging ----------------------------------------------------------------
     def now(self) -> float:
@@ -255,7 +259,8 @@ class Coordinator:
         measured the cost model is refit and the queue re-planned (calibration); returns the
         jobs that re-plan launches (usually none: the GPUs are busy)."""
         now = self.now()
-        out = [row for r in reports for row in metric_rows(job_id, r, now)]
+        attempt = self._attempts.get(job_id, 0)
+        out = [row for r in reports for row in metric_rows(job_id, r, now, attempt=attempt)]
         for r in out:
             self.progress[r["config_id"]] = max(self.progress.get(r["config_id"], 0), r["step"])
         if self.store is not None:
@@ -274,6 +279,13 @@ class Coordinator:
             if self._need_plan:
                 return self._schedule(trigger=f"calibrated on {job_id}")
         return []
+
+    def flush_records(self) -> None:
+        """Make every metric row received so far durable: the driver calls it when a worker is
+        about to checkpoint, so no checkpoint runs ahead of the metrics of its steps."""
+        if self.store is not None:
+            self.store.flush_metrics()
+            self._last_flush = self.now()
 
     def poll(self, job_id: str) -> Control:
         """Control for a running job, asked by its worker between steps (each stop and add is
@@ -339,9 +351,7 @@ class Coordinator:
         if status is ConfigStatus.QUEUED:
             self._drop_from_plan(config_id)
             self.status[config_id] = ConfigStatus.STOPPED
-            self.source.tell(
-                config_id, tell_metrics({}, self.metric_name, status=ConfigStatus.STOPPED)
-            )
+            self._tell(config_id, tell_metrics({}, self.metric_name, status=ConfigStatus.STOPPED))
             self.results[config_id] = self._result_row(config_id, status=ConfigStatus.STOPPED)
             self._persist()
         else:
@@ -382,11 +392,12 @@ class Coordinator:
                 eval_metric=r.get("eval_metric"),
                 steps=r.get("steps"),
             )
-            self.source.tell(cid, tell_metrics(r, self.metric_name, status=status))
+            self._tell(cid, tell_metrics(r, self.metric_name, status=status))
         timings = dataclasses.asdict(outcome.timings)
         self._decide(
-            Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall, **timings
-        )
+            Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall,
+            notes=list(outcome.notes), **timings,
+        )  # fmt: skip
         self._job_row(run, status=JobStatus.DONE, end=end, timings=timings)
         overheads = getattr(self.cost, "overheads", None)
         self.measure.add_outcome(
@@ -410,7 +421,8 @@ class Coordinator:
         )
         self._job_row(run, status=status, end=self.now())
         spec = run.spec
-        if kind is FailureKind.DIED and spec.attempt < self.max_retries:
+        died = sum(r["job_id"] == job_id and r["status"] == JobStatus.DIED for r in self.job_rows)
+        if kind is FailureKind.DIED and died <= self.max_retries:
             retry = dataclasses.replace(
                 spec,
                 configs=tuple(self.configs[c] for c in live),
@@ -454,7 +466,7 @@ class Coordinator:
             )
         else:
             reason = {
-                FailureKind.DIED: f"worker died {spec.attempt + 1} times",
+                FailureKind.DIED: f"worker died {died} times",
                 FailureKind.OOM: "out of memory even alone",
             }.get(kind, "error")
             self._decide(
@@ -462,7 +474,7 @@ class Coordinator:
             )
             for c in live:
                 self.status[c] = ConfigStatus.FAILED
-                self.source.tell(c, tell_metrics({}, self.metric_name, status=ConfigStatus.FAILED))
+                self._tell(c, tell_metrics({}, self.metric_name, status=ConfigStatus.FAILED))
                 self.results[c] = self._result_row(
                     c, status=ConfigStatus.FAILED, job_id=job_id, error=f"{reason}: {message}"[:500]
                 )
@@ -483,19 +495,50 @@ class Coordinator:
         return launches
 
     def _ask(self) -> None:
-        if self.source.is_finished():
-            return
-        want = self.ask_batch - len(self.queued_ids())
-        if want <= 0:
-            return
-        new = [c for c in self.source.ask(want) if c.config_id not in self.configs]
-        if not new:
-            return
-        for c in new:
-            self.configs[c.config_id] = c
-            self.status[c.config_id] = ConfigStatus.QUEUED
-        self._need_plan = True
-        self._decide(Decision.ASK, config_ids=[c.config_id for c in new], requested=want)
+        """New configs from the source. One whose hyperparameters equal a known config's (a
+        searcher's repeated suggestion, a random draw, an edited space's config) is not trained
+        again: the source is told the known config's result under its own id once there is one."""
+        while not self.source.is_finished():
+            want = self.ask_batch - len(self.queued_ids())
+            if want <= 0:
+                return
+            given = self.source.ask(want)
+            for c in given:  # a known id again (a restarted source): told what it knows
+                if c.config_id in self.configs and self.status[c.config_id] in _DONE:
+                    r = self.results.get(c.config_id, {})
+                    st = self.status[c.config_id]
+                    self.source.tell(c.config_id, tell_metrics(r, self.metric_name, status=st))
+            got = [c for c in given if c.config_id not in self.configs]
+            if not got:
+                return
+            new, dups = [], {}
+            for c in got:
+                first = self._by_hparams.get(c.fingerprint())
+                if first is not None and first != c.config_id:
+                    dups[c.config_id] = first
+                    self._aliases.setdefault(first, []).append(c.config_id)
+                    continue
+                self._by_hparams[c.fingerprint()] = c.config_id
+                self.configs[c.config_id] = c
+                self.status[c.config_id] = ConfigStatus.QUEUED
+                new.append(c)
+            self._decide(Decision.ASK, config_ids=[c.config_id for c in new], requested=want,
+                         duplicates=dups)  # fmt: skip
+            for first in set(dups.values()):
+                if self.status[first] in _DONE:  # a known result: the new ids are told it now
+                    r = self.results.get(first, {})
+                    metrics = tell_metrics(r, self.metric_name, status=self.status[first])
+                    for alias in self._aliases.pop(first, []):
+                        self.source.tell(alias, metrics)
+            if new:
+                self._need_plan = True
+                return
+
+    def _tell(self, config_id: str, metrics: dict[str, Any]) -> None:
+        """Tell the source how ``config_id`` ended, and under each id it was suggested again."""
+        self.source.tell(config_id, metrics)
+        for alias in self._aliases.pop(config_id, []):
+            self.source.tell(alias, metrics)
 
     def _plan(self, trigger: str) -> None:
         self._need_plan = False
@@ -621,6 +664,7 @@ class Coordinator:
             )
         for c in spec.config_ids:
             self.status[c] = ConfigStatus.RUNNING
+        self._attempts[spec.job_id] = spec.attempt
         self.running[spec.job_id] = _Running(
             spec=spec,
             plan_job=plan_job,
@@ -798,10 +842,30 @@ class Coordinator:
             "measurements": self.measure.get_state(),
             "job_rows": self.job_rows,
             "source": encode_state(self.source.get_state()),
+            "aliases": self._aliases,
         }
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore from :meth:`get_state`; interrupted jobs are relaunched from checkpoints."""
+    def set_state(
+        self,
+        state: Mapping[str, Any],
+        *,
+        retry_failed: bool = False,
+        changed: Sequence[str] = (),
+    ) -> None:
+        """Restore from :meth:`get_state`; interrupted jobs are relaunched from checkpoints as
+        their next attempt (so metric rows tell the runs apart).
+
+        Args:
+            state: What :meth:`get_state` returned.
+            retry_failed: Queue the configs that failed for another attempt (their failure row
+                is replaced by the new result; an adaptive searcher keeps what it was told).
+            changed: What differs in the sweep being resumed (``plora.config.diff``); when it
+                touches the space (:func:`~plora.config.diff.changes_space`) this coordinator's
+                source is the edited sweep's and starts afresh (its configs already known by
+                their hyperparameters are not trained again), and queued configs a fixed
+                (grid/random) source no longer lists are stopped (those of interrupted jobs
+                finish); other changes (hardware, planner) keep the source's state.
+        """
         self._offset = float(state["elapsed_s"])
         self._t0 = self._clock()
         self._next_job = int(state["next_job"])
@@ -822,7 +886,11 @@ class Coordinator:
             else r
             for r in state["job_rows"]
         ]
-        self.source.set_state(decode_state(state["source"]))
+        self._by_hparams = {c.fingerprint(): cid for cid, c in self.configs.items()}
+        self._aliases = {k: list(v) for k, v in state.get("aliases", {}).items()}
+        new_space = changes_space(list(changed))
+        if not new_space:
+            self.source.set_state(decode_state(state["source"]))
         self.forced = []
         for s in state["interrupted"]:
             live = [c for c in s["config_ids"] if self.status.get(c) not in _DONE]
@@ -833,13 +901,30 @@ class Coordinator:
                         configs=tuple(self.configs[c] for c in live),
                         gpus=s["gpus"],
                         strategy=s["strategy"],
-                        attempt=s["attempt"],
+                        attempt=int(s["attempt"]) + 1,
                         resume=True,
                     )
                 )
+        retried = []
         for c, s in self.status.items():
             if s is ConfigStatus.RUNNING:
                 self.status[c] = ConfigStatus.QUEUED
+            elif s is ConfigStatus.FAILED and retry_failed:
+                self.status[c] = ConfigStatus.QUEUED
+                self.results.pop(c, None)
+                retried.append(c)
+        dropped = []
+        if new_space and isinstance(self.source, StaticSource):
+            kept = {c.fingerprint() for c in self.source.configs}
+            started = {c for f in self.forced for c in f.config_ids}  # resumed, not dropped
+            for c, s in self.status.items():
+                gone = self.configs[c].fingerprint() not in kept
+                if s is ConfigStatus.QUEUED and c not in started and gone:
+                    self.status[c] = ConfigStatus.STOPPED
+                    self.results[c] = self._result_row(
+                        c, status=ConfigStatus.STOPPED, error="not in the edited sweep file"
+                    )
+                    dropped.append(c)
         self.running = {}
         self.free_gpus = set(range(self.num_gpus))
         self._need_plan = True
@@ -848,6 +933,9 @@ class Coordinator:
             config_ids=[c for c, s in self.status.items() if s is ConfigStatus.QUEUED],
             jobs=[s.job_id for s in self.forced],
             done=sum(s in _DONE for s in self.status.values()),
+            retried_failed=retried,
+            changed=list(changed),
+            dropped_by_edit=dropped,
         )
 
 

@@ -43,10 +43,12 @@ from typing import Any
 
 import ray
 
-from plora.config import SweepConfig
+from plora.config import ConfigError, SweepConfig
+from plora.config.diff import sweep_changes
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
 from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackEngine, PackRequest
 from plora.runtime.cluster import check_address, check_gpus, connect, cpus_per_worker
+from plora.runtime.cluster import shutdown as shutdown_cluster
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.costs import record_profile
 from plora.runtime.group import WorkerGroup, start_group, stop_group
@@ -90,6 +92,15 @@ class RunOptions:
     force_unlock: bool = False
     """Take over a sweep directory lock held from another host (``--force-unlock``); a lock whose
     owner is alive on this host is never broken, a dead one is always taken over."""
+    retry_failed: bool = False
+    """With ``--resume``: give the configs that failed another attempt (``--retry-failed``). Off
+    by default, as ``Tuner.restore(resume_errored=False)``: a resume finishes what was left and
+    does not pay again for a failure (out of memory alone, a bad config) unless asked."""
+    allow_changed: bool = False
+    """With ``--resume`` and a sweep whose definition differs from the saved ``sweep.yaml``: run
+    the given one (``--allow-changed``) instead of refusing. Finished configs keep their results
+    (a config is matched by its hyperparameters), configs the edit adds are trained, queued ones
+    the edit removed from a grid/random space are stopped."""
     prestart: bool = True
     """Start a one-GPU worker group on every GPU right after Ray is up, so the workers import,
     initialise CUDA and load the base model while the driver reads the dataset and plans (not
@@ -113,6 +124,8 @@ class SweepSummary:
     """Of ``setup_s``: waiting, after Ray was up, for the dataset check and cost model."""
     teardown_s: float = 0.0
     """After the sweep's last event: workers stopped, profile recorded, Ray shut down."""
+    data_lines: tuple[str, ...] = ()
+    """What loading the dataset cut or left out, one line per split (also ``data.json``)."""
 
     @property
     def ok(self) -> bool:
@@ -133,7 +146,9 @@ def run_sweep(
     """Run (or ``resume``) a sweep into ``out``; returns when every config is done or failed.
 
     Args:
-        sweep: The sweep; ignored with ``resume`` (the saved ``sweep.yaml`` is used).
+        sweep: The sweep; with ``resume`` None (the saved ``sweep.yaml`` is used) or the sweep
+            to compare with it: a different one is refused with the keys that changed unless
+            ``options.allow_changed`` (then it replaces the saved one).
         out: The sweep directory (must not exist unless ``resume``).
         address: Ray address (``auto``, ``host:port``); None: ``RAY_ADDRESS`` or a local Ray.
         resume: Continue the sweep in ``out``.
@@ -173,10 +188,11 @@ def _run(
 ) -> SweepSummary:
     """:func:`run_sweep` once ``out`` is checked and its lock is held."""
     store: SweepStore | None = None
+    changed: list[str] = []
     if resume:
         store = SweepStore(out)
         state = store.read_state()
-        sweep = SweepConfig.from_yaml(store.sweep_yaml)
+        sweep, changed = _resumed_sweep(store, sweep, allow_changed=options.allow_changed)
     elif sweep is None:
         raise ValueError("run_sweep needs a sweep unless resume=True")
     sweep.check_trainable()
@@ -199,11 +215,15 @@ def _run(
         if options.prestart and fits_one_gpu(sweep):
             driver.prestart(range(sweep.hardware.num_gpus))
         t_wait = time.monotonic()
+        data_report = None
         if prepared is None:
             metric_name = sweep.dataset.metric
         else:
-            cost, source, metric_name = prepared.result()
+            cost, source, metric_name, data_report = prepared.result()
         inputs_wait_s = time.monotonic() - t_wait
+        data_lines = tuple(data_report.lines()) if data_report is not None else ()
+        for line in data_lines:  # never silently: the user sees what the data lost
+            logging.getLogger(__name__).warning("%s", line)
 
         def make(store: SweepStore) -> Coordinator:
             return Coordinator(
@@ -219,14 +239,21 @@ def _run(
             )
 
         if resume:
+            assert store is not None
             coord = make(store)
-            coord.set_state(state)
+            coord.set_state(state, retry_failed=options.retry_failed, changed=changed)
+            if changed:
+                write_sweep_yaml(store, sweep.to_yaml())
+            if data_report is not None:
+                store.write_data_report(data_report.to_dict())
         else:
             with create_sweep_dir(out) as store:
                 write_sweep_yaml(store, sweep.to_yaml())
                 from plora.models import save_base_model  # lazy: torch
 
                 write_base_model(store, sweep.model, save_builtin=save_base_model)
+                if data_report is not None:
+                    store.write_data_report(data_report.to_dict())
                 coord = make(store)
         setup_s = time.monotonic() - t0
         driver.attach(coord, store)
@@ -241,12 +268,11 @@ def _run(
             concurrent.futures.wait([prepared])  # never leave it running into a shut-down Ray
         if driver is not None:
             driver.close()
-        if started_ray:
-            ray.shutdown()
+        shutdown_cluster(started=started_ray)
     done = time.monotonic()
     return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=done - t0, setup_s=setup_s,
                         ray_start_s=ray_start_s, inputs_wait_s=inputs_wait_s,
-                        teardown_s=done - ended)  # fmt: skip
+                        teardown_s=done - ended, data_lines=data_lines)  # fmt: skip
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -365,10 +391,13 @@ class _Driver:
                     self.coord.on_job_started(job.spec.job_id, node=group.node)
 
     def _drain(self) -> list[JobSpec]:
-        reports, stops = ray.get(self.relay.drain.remote())
+        reports, stops, syncs = ray.get(self.relay.drain.remote())
         launches: list[JobSpec] = []
         for jid, rows in reports.items():
             launches += self.coord.on_reports(jid, rows)
+        if syncs:  # workers wait to checkpoint until the metrics of their steps are on disk
+            self.coord.flush_records()
+            self.relay.ack_sync.remote(syncs)
         for cid in stops:
             self.coord.stop_config(cid, reason="relay request")
         return launches
@@ -466,6 +495,28 @@ class _Driver:
             self.posted.update(ended)
         if self.on_update is not None:
             self.on_update(snap)
+
+
+def _resumed_sweep(
+    store: SweepStore, given: SweepConfig | None, *, allow_changed: bool
+) -> tuple[SweepConfig, list[str]]:
+    """The sweep a ``--resume`` runs and what differs from the saved one (empty: unchanged)."""
+    saved = SweepConfig.from_yaml(store.sweep_yaml)
+    if given is None:
+        return saved, []
+    changed = sweep_changes(saved, given)
+    if not changed:
+        return saved, []
+    if not allow_changed:
+        shown = "; ".join(changed[:4]) + (
+            f"; and {len(changed) - 4} more" if len(changed) > 4 else ""
+        )
+        raise ConfigError(
+            f"--resume {store.root}: {given.source or 'the sweep'} differs from the sweep this "
+            f"directory ran ({shown}); pass --allow-changed to continue with the edited file, "
+            f"or resume with the saved one ({store.sweep_yaml})"
+        )
+    return given, changed
 
 
 def _first_line(e: BaseException) -> str:

@@ -16,12 +16,16 @@ from plora.runtime.records import ConfigStatus, JobSpec, JobStatus
 from plora.sweepdir.schema import JOB_TIMINGS
 
 
-def metric_rows(job_id: str, report: StepReport, now: float) -> list[dict[str, Any]]:
-    """One step's report -> a ``metrics.parquet`` row per adapter; ``time`` = sweep clock."""
+def metric_rows(
+    job_id: str, report: StepReport, now: float, *, attempt: int = 0
+) -> list[dict[str, Any]]:
+    """One step's report -> a ``metrics.parquet`` row per adapter; ``time`` = sweep clock,
+    ``attempt`` = the job attempt that trained it."""
     return [
         {
             "config_id": m.config_id,
             "job_id": job_id,
+            "attempt": int(attempt),
             "step": int(m.step),
             "loss": _f(m.loss),
             "lr": _f(m.lr),

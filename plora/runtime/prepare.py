@@ -20,14 +20,15 @@ def prepare(
     *,
     source: ConfigSource | None = None,
     checkpoint_every: int | None = DEFAULT_CHECKPOINT_EVERY,
-) -> tuple[Any, ConfigSource, str]:
+) -> tuple[Any, ConfigSource, str, Any]:
     """Check the sweep's inputs and build its cost model and config source (no Ray, no disk).
 
     The cost model charges what this sweep will run: its training rows, its eval rows and
     metric (each config's evaluation), and train-state writes every ``checkpoint_every`` steps.
 
     Returns:
-        ``(cost, source, metric_name)``.
+        ``(cost, source, metric_name, data_report)``: the last is the dataset's
+        :class:`~plora.engine.data_report.DataReport` (rows cut and left out per split).
 
     Raises:
         ConfigError: missing dataset files, an empty dataset, configs that fit no GPU, ...
@@ -53,7 +54,7 @@ def prepare(
     check_strategies(cost.strategies())
     if source is None:
         source = config_source(sweep)
-    return cost, source, data.metric
+    return cost, source, data.metric, data.report
 
 
 def config_source(sweep: SweepConfig) -> ConfigSource:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TextIO
 
+from plora.sweepdir.reader import objective, read_sweep
 from plora.sweepdir.store import SweepStore
 
 
@@ -116,6 +118,16 @@ def status_text(root: str) -> str:
             + ", ".join(f"{k} {v}" for k, v in sorted(by.items()))
             + ")"
         )
+    data = store.read_data_report()
+    if data is not None:
+        for split in ("train", "eval"):
+            s = data.get(split) or {}
+            if s.get("truncated") or s.get("dropped"):
+                lines.append(
+                    f"data: {split} {s.get('truncated', 0)} of {s.get('rows', 0)} rows cut to "
+                    f"max_seq_len {data.get('max_seq_len')}, {s.get('dropped', 0)} left out "
+                    "(no target token left)"
+                )
     plan = store.read_plan()
     if plan is not None:
         lines.append(
@@ -124,7 +136,7 @@ def status_text(root: str) -> str:
         )
     if len(results) and "status" in results:
         ok = results[results["status"] == "done"]
-        lines.extend(_best(ok))
+        lines.extend(_best(ok, *objective(read_sweep(Path(root)))))
         failed = results[results["status"] == "failed"]
         for _, r in failed.head(5).iterrows():
             lines.append(f"failed {r['config_id']}: {r.get('error')}")
@@ -138,20 +150,16 @@ def _g(x: Any) -> str:
         return "-"
 
 
-def _best(ok: Any) -> list[str]:
-    if not len(ok):
-        return []
-    if ok["eval_metric"].notna().any():
-        key, asc = "eval_metric", False
-    elif ok["eval_loss"].notna().any():
-        key, asc = "eval_loss", True
-    else:
-        return []
-    top = ok.sort_values(key, ascending=asc).head(3)
-    out = [f"best by {key}:"]
+def _best(ok: Any, key: str, mode: str) -> list[str]:
+    """The three best finished configs by the sweep's own metric and mode."""
+    if not len(ok) or key not in ok or not ok[key].notna().any():
+        return [f"best: no finished config has {key} yet"] if len(ok) else []
+    top = ok[ok[key].notna()].sort_values(key, ascending=mode == "min", kind="stable").head(3)
+    out = [f"best by {key} ({mode}):"]
+    also = "eval_loss" if key != "eval_loss" else "eval_metric"
     for _, r in top.iterrows():
         out.append(
-            f"  {r['config_id']}  {key}={_g(r[key])}  eval_loss={_g(r['eval_loss'])}  rank={r['rank']} "
+            f"  {r['config_id']}  {key}={_g(r[key])}  {also}={_g(r.get(also))}  rank={r['rank']} "
             f"alpha={r['alpha']:g} lr={r['lr']:.2g} bs={r['batch_size']}  {r['adapter_path']}"
         )
     return out

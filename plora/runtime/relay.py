@@ -20,7 +20,8 @@ from plora.engine.api import Control, StepMetrics, StepReport
 class CoordinatorActor:
     """Relay between workers and the driver's coordinator (one per sweep, named).
 
-    Worker side: :meth:`push_reports`, :meth:`poll`. Driver side: :meth:`drain`,
+    Worker side: :meth:`push_reports`, :meth:`poll`, :meth:`request_sync` / :meth:`synced`
+    (before a checkpoint). Driver side: :meth:`drain`, :meth:`ack_sync`,
     :meth:`post_control`, :meth:`post_results`, :meth:`forget`, :meth:`set_snapshot`. Others
     (a Tune proxy trial following one config, a user) may call :meth:`stop_config`,
     :meth:`config_view` and :meth:`snapshot`.
@@ -34,12 +35,26 @@ class CoordinatorActor:
         self._snapshot: dict[str, Any] = {}
         self._last: dict[str, StepMetrics] = {}
         self._results: dict[str, dict[str, Any]] = {}
+        self._sync_asked: dict[str, int] = {}
+        self._sync_done: dict[str, int] = {}
+        self._sync_seq = 0
 
     def push_reports(self, job_id: str, reports: list[StepReport]) -> None:
         self._reports[job_id].extend(reports)
         for report in reports:
             for m in report.metrics:
                 self._last[m.config_id] = m
+
+    def request_sync(self, job_id: str) -> int:
+        """A worker is about to checkpoint: the reports it pushed before this call must become
+        durable first. Returns a ticket; :meth:`synced` reaches it once the driver wrote them."""
+        self._sync_seq += 1
+        self._sync_asked[job_id] = self._sync_seq
+        return self._sync_seq
+
+    def synced(self, job_id: str) -> int:
+        """The latest ticket of ``job_id`` whose reports the driver made durable (0: none)."""
+        return self._sync_done.get(job_id, 0)
 
     def post_results(self, results: dict[str, dict[str, Any]]) -> None:
         """Result rows (``results.parquet`` shape) of configs that ended."""
@@ -59,11 +74,19 @@ class CoordinatorActor:
             ctl = dataclasses.replace(ctl, abort=True)
         return ctl
 
-    def drain(self) -> tuple[dict[str, list[StepReport]], list[str]]:
-        """``({job_id: step reports}, config ids asked to stop)`` since the last drain."""
+    def drain(self) -> tuple[dict[str, list[StepReport]], list[str], dict[str, int]]:
+        """``({job_id: step reports}, config ids asked to stop, {job_id: sync ticket})`` since
+        the last drain; the driver acknowledges the tickets (:meth:`ack_sync`) once the reports
+        drained with them are on disk."""
         out, self._reports = dict(self._reports), defaultdict(list)
         stops, self._stops = self._stops, []
-        return out, stops
+        syncs, self._sync_asked = self._sync_asked, {}
+        return out, stops, syncs
+
+    def ack_sync(self, tickets: dict[str, int]) -> None:
+        """The reports drained with these tickets are durable (driver side)."""
+        for job_id, ticket in tickets.items():
+            self._sync_done[job_id] = max(ticket, self._sync_done.get(job_id, 0))
 
     def post_control(self, job_id: str, control: Control) -> None:
         cur = self._control.get(job_id) or Control()
@@ -79,6 +102,7 @@ class CoordinatorActor:
     def forget(self, job_id: str) -> None:
         self._control.pop(job_id, None)
         self._aborted.discard(job_id)
+        self._sync_done.pop(job_id, None)
 
     def stop_config(self, config_id: str) -> None:
         self._stops.append(config_id)

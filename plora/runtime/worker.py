@@ -11,6 +11,7 @@ Ray's object store.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -44,7 +45,7 @@ class WorkerInfo:
 
 
 class RelayHooks:
-    """The engine's :class:`~plora.engine.api.PackHooks`, talking to the coordinator relay.
+    """The engine's :class:`~plora.engine.api.SyncHooks`, talking to the coordinator relay.
 
     Args:
         relay: The :class:`plora.runtime.relay.CoordinatorActor` handle.
@@ -63,10 +64,12 @@ class RelayHooks:
         self._buffer: list[StepReport] = []
         self._last_flush = time.monotonic()
         self._last_poll = -1e9
+        self._unsynced = False  # reports since the last confirmed sync
 
     def on_step(self, report: StepReport) -> None:
         """Buffer the step's report; send when the buffer is old enough."""
         self._buffer.append(report)
+        self._unsynced = True
         if time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
@@ -79,6 +82,28 @@ class RelayHooks:
         ref = self.relay.push_reports.remote(self.job_id, reports)
         if wait:
             ray.get(ref)
+
+    def sync(self, *, timeout_s: float = 120.0) -> None:
+        """Return once every report so far is on disk in the sweep directory (the engine calls
+        this before each checkpoint, so a crash never leaves a checkpoint ahead of its metrics).
+        After ``timeout_s`` without the driver's answer it returns anyway (logged); with no
+        report since the last sync it returns at once. A sync waits for the driver's next drain:
+        at most one driver tick (``RunOptions.tick_s``) per checkpoint."""
+        if not self._unsynced:
+            return
+        self.flush()
+        ticket = ray.get(self.relay.request_sync.remote(self.job_id))
+        deadline = time.monotonic() + timeout_s
+        while ray.get(self.relay.synced.remote(self.job_id)) < ticket:
+            if time.monotonic() > deadline:
+                logging.getLogger(__name__).warning(
+                    "job %s: metrics not confirmed durable after %.0f s; checkpointing anyway",
+                    self.job_id,
+                    timeout_s,
+                )
+                return
+            time.sleep(0.02)
+        self._unsynced = False
 
     def poll(self) -> Control:
         """This step's control (reports are flushed first, so the coordinator sees them first)."""

@@ -47,9 +47,21 @@ def read_results(path: Path) -> pd.DataFrame:
     return _normalize_results(_read_parquet(path / schema.RESULTS_PARQUET, schema.RESULT_COLUMNS))
 
 
-def read_metrics(path: Path) -> pd.DataFrame:
-    """``metrics.parquet``, sorted by (config_id, step)."""
-    return _normalize_metrics(_read_parquet(path / schema.METRICS_PARQUET, schema.METRIC_COLUMNS))
+def read_metrics(path: Path, *, all_attempts: bool = False) -> pd.DataFrame:
+    """``metrics.parquet``, sorted by (config_id, step).
+
+    A step trained more than once (a job resumed from a checkpoint older than its last
+    metrics, a retried config) keeps only its latest row (by ``time``), so a loss curve is the
+    one the final adapter followed; ``all_attempts`` keeps every row (``attempt`` tells them
+    apart).
+    """
+    df = _normalize_metrics(_read_parquet(path / schema.METRICS_PARQUET, schema.METRIC_COLUMNS))
+    if all_attempts or df.empty or not {"config_id", "step", "time"} <= set(df.columns):
+        return df
+    latest = df.sort_values("time", kind="stable").drop_duplicates(
+        ["config_id", "step"], keep="last"
+    )
+    return latest.sort_values(["config_id", "step"], kind="stable").reset_index(drop=True)
 
 
 def read_jobs(path: Path) -> pd.DataFrame:
@@ -70,6 +82,22 @@ def read_sweep(path: Path) -> dict[str, Any]:
 def read_decisions(path: Path) -> pd.DataFrame:
     """Coordinator decisions, one row each (empty when absent)."""
     return _read_decisions(path)
+
+
+#: Sweep metrics (``SweepConfig.metric``) whose ``results.parquet`` column has another name.
+METRIC_COLUMN = {"train_loss": "final_train_loss"}
+
+
+def objective(sweep: dict[str, Any]) -> tuple[str, str]:
+    """``(results column, mode)`` a sweep ranks its configs by: its ``metric`` and ``mode``
+    (``sweep.yaml``; mode defaults as ``SweepConfig`` does: max for ``eval_metric``, else min;
+    ``eval_loss`` / min for a sweep without ``sweep.yaml``). ``plora status``, ``plora report``
+    and the notebooks all rank by it, so they name the same best adapter."""
+    metric = str(sweep.get("metric") or "eval_loss").replace("/", "_")
+    mode = sweep.get("mode")
+    if mode not in ("min", "max"):
+        mode = "max" if metric == "eval_metric" else "min"
+    return METRIC_COLUMN.get(metric, metric), str(mode)
 
 
 #: Statuses that mean a config finished (plora writes ``done``; other tools' words too).
@@ -221,6 +249,7 @@ __all__ = [
     "SUCCESS_STATUSES",
     "SWEEP_FILES",
     "check_sweep_dir",
+    "objective",
     "read_decisions",
     "read_jobs",
     "read_metrics",

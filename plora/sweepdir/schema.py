@@ -15,6 +15,7 @@ module is the one place that says what is in it. Layout (``DIR`` is ``plora swee
     DIR/results.parquet     one row per config (:data:`RESULT_COLUMNS`)
     DIR/adapters/<id>/      PEFT adapters; DIR/checkpoints/<job_id>/ train-state checkpoints
     DIR/state.json          coordinator state for ``--resume`` (holds :data:`SCHEMA_VERSION`)
+    DIR/data.json           rows per split: read, cut to max_seq_len, left out (no target left)
     PARENT/.DIR.lock        beside DIR: the running writer's lock (:mod:`plora.sweepdir.lock`)
 
 Dtypes are pandas' names as ``DataFrame.dtypes`` shows them after a round trip through
@@ -63,6 +64,7 @@ RESULTS_PARQUET = "results.parquet"
 ADAPTERS_DIR = "adapters"
 CHECKPOINTS_DIR = "checkpoints"
 STATE_JSON = "state.json"
+DATA_JSON = "data.json"
 
 #: Hyperparameter columns of ``results.parquet`` (``LoRAConfig.hparams()``), in the order
 #: tables and plots show them.
@@ -100,10 +102,13 @@ RESULT_DTYPES: dict[str, str] = {
     "error": "object",  # str or None
 }
 
-#: ``metrics.parquet``: one row per (config, optimizer step).
+#: ``metrics.parquet``: one row per (config, optimizer step, job attempt). A step trained again
+#: (a job resumed from a checkpoint older than its last metrics, a retried config) has a row per
+#: attempt; ``plora.sweepdir.reader.read_metrics`` keeps the latest by default.
 METRIC_DTYPES: dict[str, str] = {
     "config_id": "str",
     "job_id": "str",
+    "attempt": "int64",  # the job attempt that trained this step (jobs.parquet's ``attempt``)
     "step": "int64",
     "loss": "float64",
     "lr": "float64",
@@ -156,6 +161,7 @@ __all__ = [
     "BASE_MODEL_DIR",
     "BASE_MODEL_JSON",
     "CHECKPOINTS_DIR",
+    "DATA_JSON",
     "DECISIONS_JSONL",
     "HPARAM_COLUMNS",
     "HPARAM_DTYPES",

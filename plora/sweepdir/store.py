@@ -88,6 +88,10 @@ class SweepStore:
     def state_json(self) -> Path:
         return self.root / schema.STATE_JSON
 
+    @property
+    def data_json(self) -> Path:
+        return self.root / schema.DATA_JSON
+
     def exists(self) -> bool:
         """True when the directory holds a sweep (has a ``state.json``)."""
         return self.state_json.is_file()
@@ -141,6 +145,22 @@ class SweepStore:
         """Replace ``results.parquet`` with ``rows`` (one per config)."""
         rows = list(rows)
         _write_parquet(self.results_parquet, pd.DataFrame(rows))
+
+    def write_data_report(self, report: Mapping[str, Any]) -> None:
+        """Replace ``data.json``: rows per split read, cut and left out
+        (``plora.engine.data_report.DataReport.to_dict``)."""
+        atomic_write_json(self.data_json, dict(report))
+
+    def read_data_report(self) -> dict[str, Any] | None:
+        """``data.json`` (None when absent: a sweep run with a given cost model and source)."""
+        if not self.data_json.is_file():
+            return None
+        try:
+            return dict(json.loads(self.data_json.read_text()))
+        except (ValueError, TypeError) as e:
+            raise ConfigError(
+                f"{self.data_json}: unreadable ({e}); the sweep dir is damaged"
+            ) from None
 
     def write_state(self, state: Mapping[str, Any]) -> None:
         """Replace ``state.json`` (what ``--resume`` reads), stamped with the schema version."""

@@ -49,6 +49,11 @@ class StaticSource:
         self._next += len(out)
         return out
 
+    @property
+    def configs(self) -> tuple[LoRAConfig, ...]:
+        """Every config this source gives, in order."""
+        return tuple(self._configs)
+
     def tell(self, config_id: str, metrics: dict[str, Any]) -> None:
         return None
 

@@ -27,6 +27,7 @@ from plora.engine.api import (
     PackOutcome,
     PackRequest,
     StepReport,
+    SyncHooks,
 )
 from plora.engine.reports import StepMetrics, StepProfile
 from plora.utils import atomic_write_json
@@ -102,6 +103,8 @@ class PackFnEngine:
                 and request.checkpoint.every_steps
                 and n % request.checkpoint.every_steps == 0
             ):
+                if isinstance(hooks, SyncHooks):  # as PackSession: metrics durable first
+                    hooks.sync()
                 atomic_write_json(ckpt, state)
             if hooks is not None:
                 ctl = hooks.poll()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -66,6 +67,10 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
     assert m.groupby("config_id")["step"].max().to_dict() == {
         c.config_id: c.max_steps for c in configs
     }
+    assert (m["attempt"] == 0).all() and not m.duplicated(["config_id", "step"]).any()
+    data = json.loads((out / "data.json").read_text())  # what tokenizing did to each split
+    assert data["train"]["rows"] == 2000 and data["eval"]["rows"] == 200
+    assert data["train"]["dropped"] == data["eval"]["dropped"] == 0
     # the quickstart grid holds a deliberately bad lr (3e-2): training at the good lr (1e-3)
     # must reduce the loss (mean of the last 10 steps vs the first 10) for every such config
     losses = m.sort_values("step").groupby("config_id")["loss"]
@@ -135,7 +140,7 @@ def test_engine_job_survives_a_killed_worker(ray_cluster, tmp_path) -> None:
     def killer() -> None:
         deadline = time.time() + 180
         while time.time() < deadline:
-            if list(out.glob("checkpoints/*/train_state/*")):
+            if list(out.glob("checkpoints/*/state-*/train_state.pt")):
                 for a in ray.util.list_named_actors(all_namespaces=True):
                     if a["name"].startswith("plora-quickstart-") and a["name"].endswith("-w1-r0"):
                         ray.kill(

@@ -7,6 +7,7 @@ end-to-end test with plora's engine is in test_quickstart.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -153,6 +154,15 @@ run_sweep(sweep, {out!r}, address={address!r}, cost=cost_of(sweep), source=Stati
 """
 
 
+def _checkpointed_steps(out: Path) -> int:
+    """The most steps a running job's PackFnEngine checkpoint holds for one config."""
+    most = 0
+    for f in out.glob("checkpoints/*/state.json"):
+        with contextlib.suppress(ValueError, OSError):
+            most = max([most, *(s["step"] for s in json.loads(f.read_text()).values())])
+    return most
+
+
 def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None:
     import ray
 
@@ -168,7 +178,9 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
             if (out / "state.json").is_file():
                 state = json.loads((out / "state.json").read_text())
                 done_before = {c for c, s in state["status"].items() if s == "done"}
-                if done_before and any(s == "running" for s in state["status"].values()):
+                running = any(s == "running" for s in state["status"].values())
+                # killed between checkpoints of a running job, rows since the last flush unsent
+                if done_before and running and _checkpointed_steps(out) >= 10:
                     break
             assert proc.poll() is None, "driver exited before it could be killed"
             time.sleep(0.1)
@@ -203,3 +215,56 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
         c.config_id: c.max_steps for c in configs(6, steps=30)
     }
     assert "resume" in [d["kind"] for d in store.read_decisions()]
+    # metrics complete: every config's curve has every step once (no hole where the killed
+    # driver had buffered rows: workers sync them to disk before each checkpoint) ...
+    from plora.sweepdir.reader import read_metrics
+
+    curves = read_metrics(out)
+    for c in configs(6, steps=30):
+        steps = curves.loc[curves["config_id"] == c.config_id, "step"].tolist()
+        assert steps == list(range(1, c.max_steps + 1)), (c.config_id, steps)
+    # ... and a step trained twice (after the checkpoint it resumed from) says by which attempt
+    repeated = m[m.duplicated(["config_id", "step"], keep=False)]
+    assert (repeated.groupby(["config_id", "step"])["attempt"].nunique() > 1).all()
+    jobs = store.read_jobs()
+    resumed = jobs[jobs["status"] == "interrupted"]["job_id"]
+    assert len(resumed) and all(
+        jobs[jobs["job_id"] == j]["attempt"].nunique() == 2 for j in resumed
+    )
+
+
+def test_rows_cut_or_left_out_are_reported_on_the_console_and_in_the_sweep_dir(
+    ray_cluster, tmp_path, caplog
+) -> None:
+    """Nothing silently changed: a dataset whose long rows lose their target to max_seq_len
+    says so, per split, in the log, the summary, ``data.json`` and ``plora status``."""
+    from plora.runtime.progress import status_text
+
+    rows = [{"prompt": f"{i}+1=", "completion": str(i + 1)} for i in range(30)]
+    rows += [{"prompt": " ".join(["long"] * 80), "completion": "x"} for _ in range(6)]
+    data_file = tmp_path / "d.jsonl"
+    data_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sweep = SweepConfig.from_dict(
+        {
+            "name": "cut",
+            "model": "tiny-qwen2",
+            "dataset": {"path": str(data_file), "max_seq_len": 32, "eval_fraction": 0.25},
+            "space": {"lr": [1.0e-3], "rank": [4], "alpha": 16, "batch_size": 4, "max_steps": 5},
+            "hardware": {"gpu_type": "cpu", "num_gpus": 1, "gpu_memory_gib": 8},
+        }
+    )
+    out = tmp_path / "sweep"
+    with caplog.at_level("WARNING"):
+        summary = run_sweep(
+            sweep, out, options=RunOptions(engine=PackFnEngine, record_profile=False)
+        )
+    assert summary.ok
+    data = json.loads((out / "data.json").read_text())
+    assert data["train"]["rows"] + data["eval"]["rows"] == 36
+    assert data["train"]["dropped"] + data["eval"]["dropped"] == 6
+    assert data["train"]["truncated"] == data["train"]["dropped"]  # the long rows, nothing else
+    assert summary.data_lines and all("left out" in x for x in summary.data_lines)
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("data:")] == list(
+        summary.data_lines
+    )
+    assert "data: train" in status_text(str(out)) or "data: eval" in status_text(str(out))

@@ -142,7 +142,13 @@ class GreedyPlanner:
 
 def lora(i: int, *, rank: int = 8, steps: int = 10, batch: int = 2) -> LoRAConfig:
     return LoRAConfig(
-        config_id=f"c{i:02d}", rank=rank, alpha=16, lr=1e-3, batch_size=batch, max_steps=steps
+        config_id=f"c{i:02d}",
+        rank=rank,
+        alpha=16,
+        lr=1e-3,
+        batch_size=batch,
+        max_steps=steps,
+        seed=i,  # distinct hyperparameters: the coordinator trains equal ones once
     )
 
 

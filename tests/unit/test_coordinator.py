@@ -421,9 +421,13 @@ def test_relay_actor_logic_without_ray() -> None:
     )
     relay.push_reports("j2", [report({"config_id": "b", "step": 1})])
     relay.stop_config("a")
-    reports, stops = relay.drain()
+    ticket = relay.request_sync("j1")  # j1 is about to checkpoint after step 2
+    reports, stops, syncs = relay.drain()
     assert [r.metrics[0].step for r in reports["j1"]] == [1, 2] and stops == ["a"]
-    assert relay.drain() == ({}, [])
+    assert syncs == {"j1": ticket} and relay.synced("j1") < ticket
+    relay.ack_sync(syncs)  # the driver wrote what it drained with the ticket
+    assert relay.synced("j1") == ticket and relay.synced("j2") == 0
+    assert relay.drain() == ({}, [], {})
     assert relay.config_view("a")["last"]["step"] == 2 and relay.config_view("a")["result"] is None
     relay.post_control("j1", Control(stop=frozenset({"a"}), add=(lora(7),)))
     relay.post_control("j1", Control(stop=frozenset({"x"})))

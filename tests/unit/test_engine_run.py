@@ -113,9 +113,9 @@ class _WatchCheckpoint(Script):
         self.seen: list[bool] = []
 
     def poll(self) -> Control:
-        from plora.engine.checkpoint import has_train_state
+        from plora.engine.checkpoint import checkpoint_dirs
 
-        self.seen.append(has_train_state(self.ckpt / "train_state"))
+        self.seen.append(bool(checkpoint_dirs(self.ckpt)))
         return super().poll()
 
 

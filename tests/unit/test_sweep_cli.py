@@ -107,6 +107,7 @@ def test_status_and_progress_read_a_sweep_dir(tmp_path) -> None:
     from plora.sweepdir.store import SweepStore
 
     store = SweepStore(tmp_path)
+    (tmp_path / "sweep.yaml").write_text("name: s\nmetric: eval_metric\n")  # ranked by it
     configs = [lora(i, rank=30) for i in range(3)]
     coord = Coordinator(
         cost=AffineCost(), num_gpus=2, configs=configs, planner=GreedyPlanner(), store=store
