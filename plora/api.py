@@ -52,6 +52,35 @@ def load_sweep(
     return sweep
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class InputsReport:
+    """What :func:`check` found: the sweep's size and its data as training will read it."""
+
+    sweep: SweepConfig
+    num_configs: int
+    """Configs (grid/random) or trials (optuna/hyperopt) the sweep will train."""
+    train_rows: int
+    """Training examples after tokenizing (rows left without a target token are not counted)."""
+    eval_rows: int
+    """Evaluation examples."""
+    metric: str
+    """The dataset's task metric (``none`` when it has none)."""
+
+
+def check(sweep: SweepConfig) -> InputsReport:
+    """Check everything ``run`` would reject before training, without Ray or a GPU: the space
+    expands into valid configs, the dataset files exist and their rows parse, the base model
+    (directory, cache or hub, with a short timeout) and its tokenizer load. What ``plora
+    validate`` calls. Raises :class:`ConfigError`."""
+    from plora.runtime.prepare import check_inputs
+    from plora.tune.space import expand
+
+    n = len(expand(sweep, sample_adaptive=True))
+    data = check_inputs(sweep)
+    return InputsReport(sweep=sweep, num_configs=n, train_rows=len(data.train),
+                        eval_rows=len(data.eval), metric=str(data.metric))  # fmt: skip
+
+
 class BaselineOption(StrEnum):
     """A baseline schedule to output instead of PLoRA's plan."""
 
@@ -208,7 +237,9 @@ plan = make_plan
 
 __all__ = [
     "BaselineOption",
+    "InputsReport",
     "PlanReport",
+    "check",
     "load",
     "load_sweep",
     "make_plan",

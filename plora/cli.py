@@ -295,16 +295,18 @@ def _render_gantt(plan: Plan, path: Path) -> bytes:
 def validate(
     sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP.yaml", help="Sweep definition.")],
 ) -> None:
-    """Check a sweep file for training: values, search space and that the data files exist."""
-    from plora.tune.space import expand
+    """Check a sweep file for training: values, search space, the dataset's files and rows, and
+    that the base model and its tokenizer load (hub ids: a short timeout, HF_HUB_OFFLINE honoured)."""
+    from plora import api
 
     with user_errors(str(sweep_file)):
-        sweep = load_sweep(sweep_file)
-        sweep.check_trainable()
-        n = len(expand(sweep, sample_adaptive=True))
+        report = api.check(load_sweep(sweep_file))
+    sweep = report.sweep
     kind = "configs" if sweep.search in ("grid", "random") else "trials (proposed by the searcher)"
     typer.echo(
-        f"{sweep_file}: ok ({n} {kind}, {sweep.search} search, model {sweep.model.name_or_path})"
+        f"{sweep_file}: ok ({report.num_configs} {kind}, {sweep.search} search, model "
+        f"{sweep.model.name_or_path}; data {report.train_rows} train / {report.eval_rows} eval "
+        f"rows, metric {report.metric})"
     )
 
 

@@ -46,6 +46,7 @@ import ray
 from plora.config import SweepConfig
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
 from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackEngine, PackRequest
+from plora.models.hub import check_hub_model
 from plora.runtime.cluster import check_address, check_gpus, connect, cpus_per_worker
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.costs import record_profile
@@ -180,6 +181,7 @@ def _run(
     elif sweep is None:
         raise ValueError("run_sweep needs a sweep unless resume=True")
     sweep.check_trainable()
+    check_hub_model(sweep.model, file=sweep.source)  # seconds, before Ray: never a minute's retries
     # The dataset check and cost model (imports, tokenizing) run beside Ray's start and the
     # workers' start, not before them.
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plora-prepare")
