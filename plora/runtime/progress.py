@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from plora.sweepdir.store import SweepStore
+from plora.config import ConfigError
 
 
 def _fmt_s(s: float | None) -> str:
@@ -91,19 +91,35 @@ class Progress:
 
 
 def status_text(root: str) -> str:
-    """The ``plora status DIR`` report: counts, jobs, best configs, failures."""
-    store = SweepStore(root)
-    state = store.read_state()
-    status = state["status"]
+    """The ``plora status DIR`` report: counts, jobs, best configs, failures.
+
+    An interrupted or partial directory is shown as far as it goes, ending with a ``missing:``
+    line (file, what it holds, absent or damaged); counts come from ``results.parquet`` when
+    ``state.json`` is gone. ConfigError when ``root`` holds no sweep file at all."""
+    from plora.sweepdir import reader, schema
+
+    path = reader.check_sweep_dir(root)
+    missing: dict[str, str] = {}
+    state = reader.read_state(path, missing)
+    if int(state.get("sweepdir_version", 1)) > schema.SCHEMA_VERSION:
+        raise ConfigError(
+            f"{path}: sweep directory version {state['sweepdir_version']} is newer than this "
+            f"plora's ({schema.SCHEMA_VERSION}); upgrade plora to read it"
+        )
+    jobs = reader.read_jobs(path, missing)
+    results = reader.read_results(path, missing)
+    decisions = reader.read_decisions(path, missing)
     counts: dict[str, int] = {}
-    for s in status.values():
-        counts[s] = counts.get(s, 0) + 1
-    jobs = store.read_jobs()
-    results = store.read_results()
-    decisions = store.read_decisions()
-    done = bool(decisions) and decisions[-1]["kind"] == "sweep_done"
+    statuses = state.get("status")
+    if not isinstance(statuses, dict):  # no state.json: the results table knows the ended ones
+        statuses = dict(zip(results.get("config_id", []), results.get("status", []), strict=True))
+    for s in statuses.values():
+        counts[str(s)] = counts.get(str(s), 0) + 1
+    done = len(decisions) > 0 and decisions["kind"].iloc[-1] == "sweep_done"
+    elapsed = state.get("elapsed_s")
     lines = [
-        f"sweep {root}: {'finished' if done else 'not finished'} after {_fmt_s(state['elapsed_s'])}",
+        f"sweep {root}: {'finished' if done else 'not finished'}"
+        + (f" after {_fmt_s(float(elapsed))}" if isinstance(elapsed, int | float) else ""),
         "configs: "
         + ", ".join(
             f"{k} {counts.get(k, 0)}" for k in ("done", "stopped", "running", "queued", "failed")
@@ -116,7 +132,7 @@ def status_text(root: str) -> str:
             + ", ".join(f"{k} {v}" for k, v in sorted(by.items()))
             + ")"
         )
-    plan = store.read_plan()
+    plan = reader.read_plan(path, missing) or None
     if plan is not None:
         lines.append(
             f"latest plan: {len(plan['jobs'])} jobs, makespan {_fmt_s(plan['makespan_s'])} "
@@ -128,6 +144,8 @@ def status_text(root: str) -> str:
         failed = results[results["status"] == "failed"]
         for _, r in failed.head(5).iterrows():
             lines.append(f"failed {r['config_id']}: {r.get('error')}")
+    if missing:
+        lines.append(reader.missing_note(missing))
     return "\n".join(lines)
 
 
