@@ -103,7 +103,9 @@ def write_report(
     metric, mode = res.metric, res.mode
     figures = {
         "jobs_gantt": plots.plot_jobs_gantt(res.jobs, num_gpus=res.plan.get("num_gpus")),
-        "loss_curves": plots.plot_loss_curves(res.metrics, config_ids=_curve_ids(res), smooth=5),
+        "loss_curves": plots.plot_loss_curves(
+            res.metrics, config_ids=_curve_ids(res), smooth=5, results=res.results
+        ),
         "hp_effects": plots.plot_hp_effects(res.results, metric, mode=mode),
     }
     pngs = {name: _png(fig) for name, fig in figures.items()}
