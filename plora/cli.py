@@ -373,7 +373,8 @@ def sweep(
         with user_errors(str(sweep_file)):
             spec = load_sweep(sweep_file)
             out = out if out is not None else Path("runs") / spec.name
-            with Progress() as progress:
+            workers = "workers" if spec.hardware.is_cpu else "GPUs"  # CPU sweeps: worker slots
+            with Progress(workers=workers) as progress:
                 summary = api.run(
                     spec,
                     out,
