@@ -327,7 +327,8 @@ def validate(
     typer.echo(
         f"{sweep_file}: ok ({report.num_configs} {kind}, {sweep.search} search, model "
         f"{sweep.model.name_or_path}; data {report.train_rows} train / {report.eval_rows} eval "
-        f"rows, metric {report.metric})"
+        f"rows{f' (a sample of {report.sampled} checked)' if report.sampled else ''}, "
+        f"metric {report.metric})"
     )
 
 

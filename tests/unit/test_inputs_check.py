@@ -197,3 +197,17 @@ def test_adapter_base_name_by_kind(tmp_path) -> None:
     assert adapter_base_name(tiny, "/cache/tiny-qwen2-x", tmp_path) == "/cache/tiny-qwen2-x"
     (tmp_path / "base_model").mkdir()
     assert adapter_base_name(tiny, "/cache/tiny-qwen2-x", tmp_path) == "base_model"
+
+
+def test_builtin_task_size_is_bounded_and_validate_samples_it(tmp_path) -> None:
+    path = sweep_file(tmp_path, dataset={"builtin": "arithmetic", "num_examples": 10**9})
+    t0 = time.perf_counter()
+    assert_one_error(run("validate", str(path)), "dataset.num_examples=1000000000", "at most")
+    assert time.perf_counter() - t0 < 5.0  # was: generating 10^9 rows, never answering
+    path = sweep_file(tmp_path, dataset={"builtin": "arithmetic", "num_examples": 100_000,
+                                         "max_seq_len": 32})  # fmt: skip
+    t0 = time.perf_counter()
+    result = run("validate", str(path))
+    assert result.exit_code == 0, result.output
+    assert "/ 10000 eval rows (a sample of 5000 checked)" in result.output
+    assert time.perf_counter() - t0 < 20.0
