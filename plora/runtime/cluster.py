@@ -135,9 +135,11 @@ def check_gpus(num_gpus: int, *, cpu: bool = False) -> float:
 
 def cpus_per_worker(*, cpu_slots: int | None = None) -> float:
     """CPUs to reserve per worker: 1, or the cluster's CPU/GPU ratio when smaller; for a CPU
-    sweep of ``cpu_slots`` workers, the cluster's CPUs over the slots when smaller than 1."""
+    sweep of ``cpu_slots`` workers, its CPUs over the slots (over the GPUs, as GPU workers get,
+    when the cluster has more) when smaller than 1."""
     res = ray.cluster_resources()
-    over = float(cpu_slots) if cpu_slots else (float(res.get("GPU", 0.0)) or 1.0)
+    gpus = float(res.get("GPU", 0.0))
+    over = max(float(cpu_slots), gpus) if cpu_slots else (gpus or 1.0)
     return max(0.01, min(1.0, float(res.get("CPU", 1.0)) / over))
 
 

@@ -56,6 +56,9 @@ def test_cpu_sweep_needs_cpus_not_gpus(monkeypatch) -> None:
     assert cluster.worker_resources(cpu=True, num_slots=1) == (1.0, 0)
     monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
     assert cluster.worker_resources(cpu=False, num_slots=2) == (1.0, 1)
+    # a CPU sweep on a cluster with (logical) GPUs takes no more CPU per worker than GPU workers
+    monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 8.0})
+    assert cluster.worker_resources(cpu=True, num_slots=1) == (0.25, 0)
     monkeypatch.setattr(cluster.ray, "cluster_resources", lambda: {})
     with pytest.raises(ConfigError, match="no CPUs"):
         cluster.check_gpus(1, cpu=True)
