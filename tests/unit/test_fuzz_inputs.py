@@ -189,6 +189,7 @@ def test_the_base_files_are_valid(tmp_path, data_file) -> None:
         assert result.exit_code == 0, result.output
 
 
+@pytest.mark.timeout(300)  # a hang fails here, not at CI's end
 @fuzz_settings(40)
 @given(data=st.data())
 def test_mutated_sweep_files_get_an_answer(tmp_path, data_file, data) -> None:
@@ -199,6 +200,7 @@ def test_mutated_sweep_files_get_an_answer(tmp_path, data_file, data) -> None:
         check_answer([command, str(path)])
 
 
+@pytest.mark.timeout(300)
 @fuzz_settings(20)
 @given(rows=mutated_rows())
 def test_mutated_dataset_files_get_an_answer(tmp_path, data_file, rows) -> None:
@@ -206,3 +208,36 @@ def test_mutated_dataset_files_get_an_answer(tmp_path, data_file, rows) -> None:
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(base_sweep(data_file)))
     check_answer(["validate", str(path)])
+
+
+@pytest.mark.timeout(300)
+@fuzz_settings(15)
+@given(
+    changes=st.dictionaries(
+        st.sampled_from(
+            [
+                "num_examples",
+                "eval_fraction",
+                "max_seq_len",
+                "seed",
+                "metric",
+                "format",
+                "completion_only",
+                "eval_path",
+                "builtin",
+            ]
+        ),
+        values,
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_mutated_builtin_dataset_sections_get_an_answer(tmp_path, data_file, changes) -> None:
+    """Sizes and types in a built-in task's section (e.g. ``num_examples: 2**64``): an answer
+    within seconds, not rows generated for ever."""
+    doc = base_sweep(data_file)
+    doc["dataset"] = {"builtin": "arithmetic", "num_examples": 200, "max_seq_len": 32, **changes}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    for command in ("validate", "plan"):
+        check_answer([command, str(path)])
