@@ -165,6 +165,7 @@ def make_plan(
 
     t0 = time.perf_counter()
     configs = expand(sweep, sample_adaptive=True)
+    _check_model_reachable(sweep)
     cost = build_cost_model(sweep)
     g = sweep.hardware.num_gpus
     try:
@@ -201,6 +202,21 @@ def make_plan(
     overheads = {**cost.overheads.to_dict(), "totals": time_terms(chosen, configs, cost)}
     return PlanReport(sweep=sweep, configs=tuple(configs), plan=chosen, plora=plora, baselines=baselines,
                       skipped=skipped, seconds=time.perf_counter() - t0, overheads=overheads)  # fmt: skip
+
+
+def _check_model_reachable(sweep: SweepConfig) -> None:
+    """Planning reads only the model's architecture config: shipped for the common models, else
+    from a local directory or the hub. A hub id that is neither shipped nor cached is probed with
+    a short timeout first (:func:`plora.models.hub.check_hub_model`), instead of a minute of
+    ``transformers``' retries."""
+    from plora.model_spec import shipped_config_path
+
+    name = sweep.model.name_or_path
+    if sweep.model.is_builtin or sweep.model.is_local or shipped_config_path(name) is not None:
+        return
+    from plora.models.hub import check_hub_model
+
+    check_hub_model(sweep.model, file=sweep.source)
 
 
 def time_terms(plan: Plan, configs: Any, cost: Any) -> dict[str, float]:

@@ -115,7 +115,7 @@ def test_hub_id_offline_is_one_fast_line_in_validate_and_sweep(tmp_path, hub_id_
                  ["sweep", str(hub_id_sweep), "--out", str(tmp_path / "out")]):  # fmt: skip
         t0 = time.perf_counter()
         result = run(*args)
-        assert time.perf_counter() - t0 < 5.0
+        assert time.perf_counter() - t0 < 15.0  # imports included; was 54 s of retries
         assert_one_error(result, f"model.name_or_path='{NO_SUCH_HUB_ID}'", "HF_HUB_OFFLINE")
     no_sweep_dir(tmp_path / "out")
 
@@ -126,10 +126,11 @@ def test_hub_unreachable_is_one_line(tmp_path, hub_id_sweep, monkeypatch) -> Non
         port = s.getsockname()[1]
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-    t0 = time.perf_counter()
-    result = run("validate", str(hub_id_sweep))
-    assert time.perf_counter() - t0 < 8.0
-    assert_one_error(result, "cannot reach the Hugging Face hub", "HF_HUB_OFFLINE=1")
+    for command in ("validate", "plan"):  # plan reads the model's config from the hub too
+        t0 = time.perf_counter()
+        result = run(command, str(hub_id_sweep))
+        assert time.perf_counter() - t0 < 15.0  # imports included; was about a minute of retries
+        assert_one_error(result, "cannot reach the Hugging Face hub", "HF_HUB_OFFLINE=1")
 
 
 def test_hub_that_never_answers_times_out(monkeypatch) -> None:
