@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,6 +110,12 @@ def ray_head(tmp_path) -> Iterator[tuple[str, dict[str, str]]]:
 
 def test_quickstart_through_ray_job_submit_on_a_cpu_only_head(ray_head, tmp_path) -> None:
     url, env = ray_head
+    # examples/cluster_submit.sh waits on the health check: public under token auth, while the
+    # rest of the API wants the token
+    assert urllib.request.urlopen(f"{url}/api/gcs_healthz", timeout=30).status == 200
+    with pytest.raises(urllib.error.HTTPError) as denied_version:
+        urllib.request.urlopen(f"{url}/api/version", timeout=30)
+    assert denied_version.value.code in (401, 403)
     out = tmp_path / "runs" / "quickstart"
     cmd = [str(BIN / "ray"), "job", "submit", "--address", url, "--working-dir", ".", "--",
            "plora", "sweep", "sweeps/quickstart.yaml", "--address", "auto", "--out", str(out)]  # fmt: skip
