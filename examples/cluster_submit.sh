@@ -75,20 +75,28 @@ address="http://127.0.0.1:$port"
 #    any cloud instance starts
 plora plan "$sweep"
 
-# 2. the cluster's head node (workers are added by the autoscaler as jobs ask for GPUs)
+# 2. Ray's token authentication (Ray >= 2.52, on by default from 2.61): one token, made here
+#    and copied to every node by the cluster config; clients (ray job submit) send it
+if [[ -z "${RAY_AUTH_TOKEN:-}" && ! -s "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ]]; then
+    ray get-auth-token --generate >/dev/null
+fi
+export RAY_AUTH_MODE=token
+
+# 3. the cluster's head node (workers are added by the autoscaler as jobs ask for GPUs)
 ray up -y "$cluster"
 
-# 3. forward the dashboard / job submission port; stopped when this script exits
+# 4. forward the dashboard / job submission port; stopped when this script exits (the health
+#    check is one of the dashboard's public endpoints: it answers before any token is sent)
 ray dashboard -p "$port" "$cluster" >/dev/null 2>&1 &
 dashboard_pid=$!
 trap 'kill "$dashboard_pid" 2>/dev/null || true' EXIT
 for _ in $(seq 60); do
-    curl -fsS "$address/api/version" >/dev/null 2>&1 && break
+    curl -fsS "$address/api/gcs_healthz" >/dev/null 2>&1 && break
     sleep 1
 done
-curl -fsS "$address/api/version" >/dev/null 2>&1 || die "the Ray dashboard at $address did not come up"
+curl -fsS "$address/api/gcs_healthz" >/dev/null 2>&1 || die "the Ray dashboard at $address did not come up"
 
-# 4. the sweep as a Ray job: the driver runs on the head node, joins the cluster (--address
+# 5. the sweep as a Ray job: the driver runs on the head node, joins the cluster (--address
 #    auto) and places each packed job on d GPUs of one worker node
 submit=(ray job submit --address "$address" --working-dir .)
 [[ $wait_for_job -eq 1 ]] || submit+=(--no-wait)
@@ -100,7 +108,7 @@ if [[ $wait_for_job -eq 0 ]]; then
     exit 0
 fi
 
-# 5. progress and results: status on the cluster, then the sweep directory back here
+# 6. progress and results: status on the cluster, then the sweep directory back here
 ray exec "$cluster" "plora status $remote"
 mkdir -p "$(dirname "$local_dir")"
 ray rsync-down "$cluster" "$remote/" "$local_dir"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -26,6 +27,7 @@ import typer.exceptions
 from typer.core import TyperGroup
 
 from plora.api import BaselineOption, PlanReport, load_sweep, make_plan
+from plora.api import load as load_results
 from plora.config import ConfigError
 from plora.utils import fmt_duration
 
@@ -167,15 +169,34 @@ def user_errors(source: str | None = None) -> Iterator[None]:
         fail(str(err.located(file=source) if source and not err.file else err))
 
 
-def check_output_path(path: Path | None, option: str, suffixes: tuple[str, ...]) -> None:
-    """Reject an output path with a wrong suffix or that is a directory, before any work."""
+def check_output_path(path: Path | None, option: str, suffixes: tuple[str, ...] | None) -> None:
+    """Reject an output path with a wrong suffix, that is a directory or that cannot be written
+    (the file, or the nearest existing folder it would be created in), before any work."""
     if path is None:
         return
     if path.is_dir():
         raise ConfigError("is a directory", key=option, value=str(path), fix="give a file name")
-    if path.suffix.lower() not in suffixes:
+    if suffixes is not None and path.suffix.lower() not in suffixes:
         raise ConfigError(f"unsupported file type {path.suffix or '(none)'!r}", key=option, value=str(path),
                           fix=f"use one of {', '.join(suffixes)}")  # fmt: skip
+    probe = path.absolute().parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    why = None
+    if path.exists() and not os.access(path, os.W_OK):
+        why = "the file is not writable"
+    elif not probe.is_dir():
+        why = f"{probe} is not a directory"
+    else:
+        try:  # a real write: permissions, read-only mounts, /proc, root's os.access all told apart
+            fd, tmp = tempfile.mkstemp(dir=probe, prefix=".plora-probe-")
+            os.close(fd)
+            os.unlink(tmp)
+        except OSError as err:
+            why = f"cannot create files in {probe} ({err.strerror or type(err).__name__})"
+    if why:
+        raise ConfigError(f"cannot write there: {why}", key=option, value=str(path),
+                          fix="choose a path in a folder you can write, or fix its permissions")  # fmt: skip
 
 
 def print_warnings(sweep: Any) -> None:
@@ -304,17 +325,20 @@ def _render_gantt(plan: Plan, path: Path) -> bytes:
 def validate(
     sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP.yaml", help="Sweep definition.")],
 ) -> None:
-    """Check a sweep file for training: values, search space and that the data files exist."""
-    from plora.tune.space import expand
+    """Check a sweep file for training: values, search space, the dataset's files and rows, and
+    that the base model and its tokenizer load (hub ids: a short timeout, HF_HUB_OFFLINE honoured)."""
+    from plora import api
 
     with user_errors(str(sweep_file)):
-        sweep = load_sweep(sweep_file)
-        sweep.check_trainable()
-        n = len(expand(sweep, sample_adaptive=True))
+        report = api.check(load_sweep(sweep_file))
+    sweep = report.sweep
     print_warnings(sweep)
     kind = "configs" if sweep.search in ("grid", "random") else "trials (proposed by the searcher)"
     typer.echo(
-        f"{sweep_file}: ok ({n} {kind}, {sweep.search} search, model {sweep.model.name_or_path})"
+        f"{sweep_file}: ok ({report.num_configs} {kind}, {sweep.search} search, model "
+        f"{sweep.model.name_or_path}; data {report.train_rows} train / {report.eval_rows} eval "
+        f"rows{f' (a sample of {report.sampled} checked)' if report.sampled else ''}, "
+        f"metric {report.metric})"
     )
 
 
@@ -380,7 +404,8 @@ def sweep(
             spec = load_sweep(sweep_file)
             print_warnings(spec)
             out = out if out is not None else Path("runs") / spec.name
-            with Progress() as progress:
+            workers = "workers" if spec.hardware.is_cpu else "GPUs"  # CPU sweeps: worker slots
+            with Progress(workers=workers) as progress:
                 summary = api.run(
                     spec,
                     out,
@@ -449,11 +474,19 @@ def report(
     ] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="Rows in the best-config table.")] = 10,
 ) -> None:
-    """Write a sweep's report: best configs, a Gantt chart of its jobs, loss curves, HP effects."""
+    """Write a sweep's report: best configs, a Gantt chart of its jobs, loss curves, HP effects.
+
+    A partial sweep directory is reported as far as it goes (a note says what is missing); one
+    without any result or training step is an error (exit 2)."""
     from plora.analysis.report import write_report
 
     with user_errors():
-        path = write_report(sweep_dir, out, k=top)
+        res = load_results(sweep_dir)
+        out = out if out is not None else res.path / "report.html"
+        check_output_path(out, "--out", None)  # write_report checks the format
+        path = write_report(res, out, k=top)
+    if res.missing:
+        typer.echo(f"note: {sweep_dir} is partial; {res.missing_note}", err=True)
     typer.echo(f"wrote {path}")
 
 

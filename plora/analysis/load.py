@@ -2,7 +2,9 @@
 
 A sweep directory is the interface between a run and its analysis (DESIGN decision 9); its files
 and columns are :mod:`plora.sweepdir.schema`, read by :mod:`plora.sweepdir.reader` (no Ray, no
-torch). Missing optional files give empty frames; a directory with none of the files is an error.
+torch). A file that is absent or damaged (an interrupted sweep, a half-copied directory) gives an
+empty frame and an entry in :attr:`SweepResults.missing` saying what and why; a directory with none
+of the files is an error.
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ class SweepResults:
     """Coordinator decisions, one row each (empty when absent)."""
     sweep: dict[str, Any] = field(default_factory=dict)
     """The sweep definition from ``sweep.yaml`` (``{}`` when absent)."""
+    missing: dict[str, str] = field(default_factory=dict)
+    """Files of the sweep directory that are absent or damaged, with why (file name -> reason);
+    empty for a finished sweep. :attr:`missing_note` words it in one line."""
+
+    @property
+    def missing_note(self) -> str:
+        """``missing: results.parquet (the per-config results: not written yet ...)`` or ``""``."""
+        return reader.missing_note(self.missing)
 
     @property
     def metric(self) -> str:
@@ -82,14 +92,16 @@ def load(path: str | Path) -> SweepResults:
         ConfigError: ``path`` is not a directory or holds none of the sweep files.
     """
     path = reader.check_sweep_dir(path)
+    missing: dict[str, str] = {}
     return SweepResults(
         path=path,
-        results=reader.read_results(path),
-        metrics=reader.read_metrics(path),
-        jobs=reader.read_jobs(path),
-        plan=reader.read_plan(path),
-        decisions=reader.read_decisions(path),
-        sweep=reader.read_sweep(path),
+        results=reader.read_results(path, missing),
+        metrics=reader.read_metrics(path, missing),
+        jobs=reader.read_jobs(path, missing),
+        plan=reader.read_plan(path, missing),
+        decisions=reader.read_decisions(path, missing),
+        sweep=reader.read_sweep(path, missing),
+        missing=missing,
     )
 
 

@@ -119,6 +119,84 @@ def plot_jobs_gantt(
     return fig
 
 
+#: Line styles that, crossed with the 10 colours of ``tab10``, tell 40 curves apart.
+LINESTYLES: tuple[str, ...] = ("-", "--", "-.", ":")
+
+
+def curve_style(k: int) -> dict[str, Any]:
+    """Colour and line style of the ``k``-th curve: 10 colours, then the next line style, so
+    the first 40 curves all differ (matplotlib's default cycle repeats after 10)."""
+    colours = matplotlib.colormaps["tab10"].colors
+    return {"color": colours[k % 10], "linestyle": LINESTYLES[(k // 10) % len(LINESTYLES)]}
+
+
+def varying_params(results: pd.DataFrame, params: Sequence[str] | None = None) -> list[list[str]]:
+    """The hyperparameters that vary across ``results``, each once, in display order.
+
+    Parameters whose values determine each other one to one (``alpha`` with ``rank`` when the
+    space fixes ``alpha_ratio``) form one group: ``[["lr"], ["rank", "alpha"], ...]``; the first
+    of a group is the one plotted. Constant and absent columns are left out.
+
+    Args:
+        results: ``SweepResults.results``.
+        params: candidate columns (default: every hyperparameter, ``HPARAM_COLUMNS``).
+    """
+    from plora.sweepdir.schema import HPARAM_COLUMNS
+
+    keys = {
+        p: results[p].map(_hashable) for p in (params or HPARAM_COLUMNS) if p in results.columns
+    }
+    varying = [p for p, col in keys.items() if col.nunique(dropna=False) > 1]
+    groups: list[list[str]] = []
+    for p in varying:
+        for g in groups:
+            pair = pd.DataFrame({"a": keys[g[0]], "b": keys[p]})
+            one_to_one = (
+                pair.groupby("a", dropna=False)["b"].nunique(dropna=False) == 1
+            ).all() and (pair.groupby("b", dropna=False)["a"].nunique(dropna=False) == 1).all()
+            if one_to_one:
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    return groups
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, list | tuple | np.ndarray):
+        return ",".join(map(str, v))
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "none"
+    return v
+
+
+def config_labels(results: pd.DataFrame, config_ids: Sequence[str]) -> dict[str, str]:
+    """A legend label per config from the hyperparameters that vary in the sweep
+    (``lr=0.001 rank=16 target_modules=all``), the id where nothing varies or it is unknown."""
+    if results.empty or "config_id" not in results.columns:
+        return {str(c): str(c) for c in config_ids}
+    shown = [g[0] for g in varying_params(results)]
+    rows = results.drop_duplicates("config_id").set_index("config_id")
+    out = {}
+    for cid in config_ids:
+        if cid not in rows.index or not shown:
+            out[str(cid)] = str(cid)
+            continue
+        r = rows.loc[cid]
+        out[str(cid)] = " ".join(f"{p}={_short(r[p])}" for p in shown)
+    return out
+
+
+def _short(v: Any) -> str:
+    v = _hashable(v)
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    text = str(v)
+    presets = {"q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj": "all",
+               "q_proj,k_proj,v_proj,o_proj": "attention", "gate_proj,up_proj,down_proj": "mlp"}  # fmt: skip
+    return presets.get(text, text.replace("_proj", ""))
+
+
 def plot_loss_curves(
     metrics: pd.DataFrame,
     *,
@@ -126,30 +204,40 @@ def plot_loss_curves(
     smooth: int = 1,
     x: str = "step",
     ax: Axes | None = None,
+    results: pd.DataFrame | None = None,
+    labels: dict[str, str] | None = None,
 ) -> Figure:
     """Training loss per config against ``x`` (``step``, ``tokens`` or ``time``).
 
+    Each curve has its own colour and line style (:func:`curve_style`: distinct up to 40) and is
+    labelled by the hyperparameters that vary (:func:`config_labels`, given ``results``); the
+    legend sits beside the axes.
+
     Args:
         metrics: ``SweepResults.metrics``.
-        config_ids: configs to draw (default: all; the legend is shown for <= 12).
+        config_ids: configs to draw (default: all; the legend is shown for <= 40).
         smooth: centred rolling-mean window in steps (1 = raw).
         x: x-axis column.
         ax: axes to draw on.
+        results: ``SweepResults.results``, for the labels.
+        labels: config id -> label (default: from ``results``, else the ids).
     """
-    fig, ax = _fig_ax(ax, figsize=(8, 5))
+    fig, ax = _fig_ax(ax, figsize=(9, 5))
     if metrics.empty:
         ax.text(0.5, 0.5, "no metrics", ha="center", va="center", transform=ax.transAxes)
         return fig
     ids = list(config_ids) if config_ids is not None else list(dict.fromkeys(metrics["config_id"]))
-    for cid in ids:
+    if labels is None:
+        labels = config_labels(results if results is not None else pd.DataFrame(), ids)
+    for k, cid in enumerate(ids):
         m = metrics[metrics["config_id"] == cid].sort_values(x)
         y = m["loss"].rolling(max(1, smooth), center=True, min_periods=1).mean()
-        ax.plot(m[x], y, label=str(cid), linewidth=1.2)
+        ax.plot(m[x], y, label=labels.get(str(cid), str(cid)), linewidth=1.2, **curve_style(k))
     ax.set_xlabel(x)
     ax.set_ylabel("train loss" + (f" (rolling mean, {smooth})" if smooth > 1 else ""))
     ax.set_title(f"Training loss, {len(ids)} configs")
-    if 0 < len(ids) <= 12:
-        ax.legend(fontsize=7)
+    if 0 < len(ids) <= 10 * len(LINESTYLES):
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     return fig
 
@@ -158,50 +246,59 @@ def plot_hp_effects(
     results: pd.DataFrame,
     metric: str,
     *,
-    params: Sequence[str] = ("lr", "rank", "alpha", "batch_size"),
+    params: Sequence[str] | None = None,
     mode: str | None = None,
 ) -> Figure:
-    """The metric against each hyperparameter, one panel each, best config starred.
+    """The metric against each hyperparameter that varies, one panel each, best config starred.
 
-    Numeric hyperparameters are scattered (``lr`` on a log axis) with the per-value mean drawn;
-    categorical ones (e.g. ``target_modules``) as a strip per category.
+    Every varying hyperparameter appears once (:func:`varying_params`): ones that move together
+    one to one (``alpha`` with ``rank`` under a fixed ``alpha_ratio``) share a panel named after
+    both. Numeric hyperparameters are scattered (``lr`` on a log axis) with the per-value mean
+    drawn; categorical ones (``target_modules``, ``schedule``, ``use_rslora``) as a strip per
+    category. Panels wrap at four per row.
 
     Args:
         results: ``SweepResults.results``.
         metric: results column, e.g. ``"eval_loss"``.
-        params: hyperparameters to show (absent or constant ones are skipped).
+        params: hyperparameters to consider (default: all of them; constant ones are skipped).
         mode: ``"min"``/``"max"``; marks the best config when given.
     """
     df = results[results[metric].notna()] if metric in results.columns else results.iloc[:0]
-    shown = [p for p in params if p in df.columns and df[p].nunique(dropna=True) > 1]
-    fig = Figure(figsize=(3.6 * max(1, len(shown)), 3.4))
-    axes = np.atleast_1d(fig.subplots(1, max(1, len(shown))))
-    if not shown:
+    groups = varying_params(df, params) if not df.empty else []
+    ncols = min(4, max(1, len(groups)))
+    nrows = max(1, -(-len(groups) // ncols))
+    fig = Figure(figsize=(3.6 * ncols, 3.4 * nrows))
+    axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
+    if not groups:
         axes[0].text(0.5, 0.5, "no varying hyperparameters", ha="center", va="center")
         return fig
+    for ax in axes[len(groups) :]:
+        ax.set_visible(False)
     best_idx = None
-    if mode in ("min", "max") and not df.empty:
+    if mode in ("min", "max"):
         best_idx = df[metric].idxmin() if mode == "min" else df[metric].idxmax()
-    for ax, p in zip(axes, shown, strict=True):
-        col = df[p]
-        if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
-            xs = col.astype(float)
+    for ax, group in zip(axes, groups, strict=False):
+        p = group[0]
+        col = df[p].map(_hashable)
+        numeric = pd.to_numeric(col, errors="coerce")
+        if numeric.notna().all() and not pd.api.types.is_bool_dtype(df[p]):
+            xs = numeric.astype(float)
             ax.scatter(xs, df[metric], s=18, alpha=0.7)
-            means = df.groupby(p)[metric].mean().sort_index()
+            means = df[metric].groupby(xs).mean().sort_index()
             ax.plot(means.index.astype(float), means.to_numpy(), color="black", linewidth=1)
             if p == "lr" or ((xs > 0).all() and xs.max() / xs.min() >= 100):
                 ax.set_xscale("log")
-            bx = None if best_idx is None else float(df.loc[best_idx, p])
+            bx = None if best_idx is None else float(xs.loc[best_idx])
         else:
             cats = sorted(col.astype(str).unique())
             pos = {c: k for k, c in enumerate(cats)}
             ax.scatter([pos[str(v)] for v in col], df[metric], s=18, alpha=0.7)
             ax.set_xticks(range(len(cats)))
-            ax.set_xticklabels(cats, rotation=30, ha="right", fontsize=7)
-            bx = None if best_idx is None else pos[str(df.loc[best_idx, p])]
+            ax.set_xticklabels([_short(c) for c in cats], rotation=30, ha="right", fontsize=7)
+            bx = None if best_idx is None else pos[str(col.loc[best_idx])]
         if bx is not None:
             ax.scatter([bx], [df.loc[best_idx, metric]], marker="*", s=160, color="red")
-        ax.set_xlabel(p)
+        ax.set_xlabel(" & ".join(group))
         ax.set_ylabel(metric)
     fig.tight_layout()
     return fig

@@ -44,6 +44,8 @@ def summary(res: SweepResults) -> dict[str, Any]:
         "metric": res.metric,
         "mode": res.mode,
     }
+    if res.missing:
+        out["missing"] = res.missing_note.removeprefix("missing: ")
     num_gpus = res.plan.get("num_gpus")
     if not j.empty:
         makespan = float(j["end"].max() - j["start"].min())
@@ -66,20 +68,34 @@ def summary(res: SweepResults) -> dict[str, Any]:
     return out
 
 
-def write_report(sweep_dir: str | Path, out: str | Path | None = None, *, k: int = 10) -> Path:
+def write_report(
+    sweep_dir: str | Path | SweepResults, out: str | Path | None = None, *, k: int = 10
+) -> Path:
     """Write the report of ``sweep_dir`` and return its path.
 
+    A partial sweep directory (interrupted, still running, a file damaged) is reported as far as
+    it goes, with a "missing" line in the summary; one with neither results nor a single training
+    step is an error.
+
     Args:
-        sweep_dir: a sweep directory.
+        sweep_dir: a sweep directory (or what :func:`plora.analysis.load` read from one).
         out: ``.html`` or ``.md`` file (default ``<sweep_dir>/report.html``).
         k: rows in the best-config table.
 
     Raises:
-        ConfigError: unreadable sweep dir or an ``out`` suffix other than .html/.htm/.md.
+        ConfigError: unreadable sweep dir, nothing to report yet, or an ``out`` suffix other
+            than .html/.htm/.md.
     """
     from plora.analysis import plots
 
-    res = load(sweep_dir)
+    res = sweep_dir if isinstance(sweep_dir, SweepResults) else load(sweep_dir)
+    if not _has_results(res) and res.metrics.empty:
+        raise ConfigError(
+            f"sweep dir {str(res.path)!r}: nothing to report yet: no config has ended and no "
+            f"training step was recorded (every config is queued or running"
+            f"{'; ' + res.missing_note if res.missing else ''}); "
+            f"see `plora status {res.path}`, wait for the sweep or --resume it"
+        )
     out = Path(out) if out is not None else res.path / "report.html"
     suffix = out.suffix.lower()
     if suffix not in (".html", ".htm", ".md", ".markdown"):
@@ -87,7 +103,9 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, *, k: int
     metric, mode = res.metric, res.mode
     figures = {
         "jobs_gantt": plots.plot_jobs_gantt(res.jobs, num_gpus=res.plan.get("num_gpus")),
-        "loss_curves": plots.plot_loss_curves(res.metrics, config_ids=_curve_ids(res), smooth=5),
+        "loss_curves": plots.plot_loss_curves(
+            res.metrics, config_ids=_curve_ids(res), smooth=5, results=res.results
+        ),
         "hp_effects": plots.plot_hp_effects(res.results, metric, mode=mode),
     }
     pngs = {name: _png(fig) for name, fig in figures.items()}
@@ -105,6 +123,14 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None, *, k: int
     else:
         atomic_write_text(out, _html(facts, table, pngs))
     return out
+
+
+def _has_results(res: SweepResults) -> bool:
+    """Some config ended (done, stopped or failed): rows still queued or running do not count."""
+    r = res.results
+    if r.empty or "status" not in r.columns:
+        return not r.empty
+    return bool((~r["status"].astype(str).str.lower().isin(["queued", "running"])).any())
 
 
 def _curve_ids(res: SweepResults) -> list[str] | None:

@@ -13,6 +13,8 @@ BUILTIN_DATASETS: tuple[str, ...] = ("arithmetic", "sentiment", "reverse")
 #: Dataset file layouts: ``auto`` detects from the rows (``text`` / ``prompt``+``completion`` /
 #: chat ``messages``) or a ``datasets.save_to_disk`` directory (``disk``).
 DATASET_FORMATS: tuple[str, ...] = ("auto", "text", "prompt_completion", "chat", "disk")
+#: Most training rows a built-in task generates (every row is held in memory, tokenized).
+BUILTIN_MAX_EXAMPLES = 1_000_000
 #: Task metrics of a dataset; ``auto`` picks the builtin task's metric (none for text rows).
 DATASET_METRICS: tuple[str, ...] = ("auto", "exact_match", "accuracy", "none")
 
@@ -69,6 +71,12 @@ class DatasetSpec:
             as_str(self.eval_path, "eval_path")
         as_choice(self.format, "format", DATASET_FORMATS)
         as_int(self.num_examples, "num_examples", ge=1)
+        if self.builtin is not None and self.num_examples > BUILTIN_MAX_EXAMPLES:
+            raise ConfigError(
+                f"a built-in task generates at most {BUILTIN_MAX_EXAMPLES:,} rows",
+                key="num_examples", value=self.num_examples,
+                fix="lower it, or give your data as a .jsonl file (dataset.path)",
+            )  # fmt: skip
         object.__setattr__(
             self, "eval_fraction", as_float(self.eval_fraction, "eval_fraction", ge=0.0, lt=1.0)
         )
@@ -91,4 +99,10 @@ class DatasetSpec:
                                   fix="create it or fix the path (relative paths are relative to the sweep file)")  # fmt: skip
 
 
-__all__ = ["BUILTIN_DATASETS", "DATASET_FORMATS", "DATASET_METRICS", "DatasetSpec"]
+__all__ = [
+    "BUILTIN_DATASETS",
+    "BUILTIN_MAX_EXAMPLES",
+    "DATASET_FORMATS",
+    "DATASET_METRICS",
+    "DatasetSpec",
+]

@@ -329,7 +329,11 @@ class SearchSpace:
     @property
     def grid_size(self) -> int:
         """Points of the Cartesian product of the grid parameters (1 with no grid)."""
-        return math.prod(len(d.values) for d in self.domains().values() if d.kind is Kind.GRID)
+        return math.prod(self.grid_counts().values())
+
+    def grid_counts(self) -> dict[str, int]:
+        """Values of each grid parameter (the factors of :attr:`grid_size`)."""
+        return {n: len(d.values) for n, d in self.domains().items() if d.kind is Kind.GRID}
 
     @classmethod
     def from_dict(cls, raw: Any) -> SearchSpace:

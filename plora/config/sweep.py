@@ -34,6 +34,8 @@ from plora.config.validate import (
 SWEEP_METRICS: tuple[str, ...] = ("eval_loss", "train_loss", "eval_metric")
 #: Knapsack backends of the planner (``plora.planner.ilp.SOLVERS``).
 PLANNER_SOLVERS: tuple[str, ...] = ("auto", "bnb", "highs", "cvxpy", "gurobi")
+#: Default most configs a sweep may have (``planner.max_configs``): the planner's target size.
+DEFAULT_MAX_CONFIGS = 10_000
 
 
 class SearchAlgo(StrEnum):
@@ -60,6 +62,9 @@ class PlannerOptions:
     time_limit_s: float = 60.0
     """Wall-clock budget of one ILP solve (reserved: the planner bounds its search by node
     counts today and does not read it yet)."""
+    max_configs: int = DEFAULT_MAX_CONFIGS
+    """Most configs the sweep may have: a larger space is refused when the sweep file is read,
+    before anything is expanded, naming the parameters that multiply it."""
 
     def __post_init__(self) -> None:
         as_choice(self.solver, "solver", PLANNER_SOLVERS)
@@ -84,6 +89,7 @@ class PlannerOptions:
         object.__setattr__(
             self, "time_limit_s", as_float(self.time_limit_s, "time_limit_s", gt=0.0)
         )
+        as_int(self.max_configs, "max_configs", ge=1, fix="use a positive count, e.g. 10000")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -159,6 +165,40 @@ class SweepConfig:
             )
         object.__setattr__(self, "mode", mode)
         as_int(self.seed, "seed", ge=0)
+        self._check_size()
+
+    @property
+    def num_configs(self) -> int:
+        """Configs the sweep has, computed without expanding it: grid points x ``num_samples``
+        for a grid search, ``num_samples`` for the others."""
+        if self.search is SearchAlgo.GRID:
+            return self.space.grid_size * self.num_samples
+        return self.num_samples
+
+    def size_factors(self) -> dict[str, int]:
+        """What multiplies :attr:`num_configs`: each grid parameter's value count (grid search)
+        and ``num_samples`` when above 1, largest first."""
+        factors: dict[str, int] = {}
+        if self.search is SearchAlgo.GRID:
+            factors = {f"space.{n}": n_values for n, n_values in self.space.grid_counts().items()}
+        if self.num_samples > 1:
+            factors["num_samples"] = self.num_samples
+        return dict(sorted(factors.items(), key=lambda kv: -kv[1]))
+
+    def _check_size(self) -> None:
+        limit = self.planner.max_configs
+        n = self.num_configs
+        if n <= limit:
+            return
+        factors = self.size_factors()
+        product = " x ".join(f"{k} ({v})" for k, v in factors.items())
+        in_space = any(k.startswith("space.") for k in factors)
+        raise ConfigError(
+            f"{n:,} configs ({product}) exceeds planner.max_configs={limit:,}",
+            key="space" if in_space else "num_samples",
+            fix=("use fewer values of those parameters (or search: random with num_samples)"
+                 if in_space else "lower num_samples") + ", or raise planner.max_configs",
+        )  # fmt: skip
 
     @property
     def seq_len(self) -> int:
@@ -325,6 +365,7 @@ def _parse_sweep(cls: type[SweepConfig], data: Any, space_cls: Any, *, source: s
 
 
 __all__ = [
+    "DEFAULT_MAX_CONFIGS",
     "PLANNER_SOLVERS",
     "SWEEP_METRICS",
     "PlannerOptions",

@@ -60,6 +60,33 @@ def peft_lora_config(config: LoRAConfig, *, base_model_name_or_path: str | None 
     )
 
 
+def adapter_base_name(ref: Any, model_path: str, out_dir: str | os.PathLike[str]) -> str:
+    """What an adapter's ``adapter_config.json`` names as its base model, so that a sweep
+    directory copied elsewhere still loads with ``AutoPeftModelForCausalLM``:
+
+    * a hub id: the id (loads anywhere the hub or the HF cache is);
+    * a built-in tiny model saved in the sweep directory (``base_model/``): ``base_model``, a path
+      relative to the sweep directory -- load from there (``cd DIR``), or with
+      ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(DIR / "base_model"), ...)``;
+    * a local model directory: its absolute path, as the user gave it (not copied into the sweep).
+
+    Args:
+        ref: the sweep's :class:`~plora.config.ModelRef`.
+        model_path: where the base model was loaded from (``plora.models.resolve_model_path``).
+        out_dir: the sweep directory the adapters are written into.
+    """
+    from plora.models import is_builtin
+    from plora.sweepdir.schema import BASE_MODEL_DIR
+
+    builtin = is_builtin(ref)
+    if builtin and (Path(out_dir) / BASE_MODEL_DIR).is_dir():
+        return BASE_MODEL_DIR
+    name = ref if isinstance(ref, str) else str(getattr(ref, "name_or_path", model_path))
+    if not builtin and not Path(name).expanduser().exists():
+        return name  # a hub id
+    return str(Path(model_path).expanduser().absolute())
+
+
 def export_peft_adapter(
     path: str | os.PathLike[str],
     *,

@@ -328,7 +328,9 @@ def _encode_chat(row: Row, tok: Any, eos: list[int]) -> Example:
 
 
 def _ids(tok: Any, text: str, *, special: bool) -> list[int]:
-    return list(tok(text, add_special_tokens=special)["input_ids"])
+    # verbose=False: no "longer than the model's maximum length" warning per long row; rows are
+    # cut to dataset.max_seq_len here, never fed whole to the model
+    return list(tok(text, add_special_tokens=special, verbose=False)["input_ids"])
 
 
 def _replace(ex: Example, **changes: Any) -> Example:

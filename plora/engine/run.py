@@ -104,7 +104,9 @@ class PackSession:
                     seq_len=self.spec.dataset.max_seq_len,
                     max_rows=self.spec.max_rows,
                     gradient_checkpointing=self.spec.gradient_checkpointing,
-                    base_model_name_or_path=self.model_path,
+                    base_model_name_or_path=ckpt.adapter_base_name(
+                        self.spec.model, self.model_path, request.out_dir
+                    ),
                 )
                 run = _PackRun(trainer, self.data, self.tokenizer, request, clock)
                 run.start()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -19,14 +20,15 @@ import ray
 from plora.config import ConfigError
 
 
-def connect(address: str | None, *, num_gpus: int) -> bool:
+def connect(address: str | None, *, num_gpus: int, cpu: bool = False) -> bool:
     """Connect to Ray; returns True when this call started a local (embedded) cluster.
 
     ``address`` None and no ``RAY_ADDRESS``: start a local Ray (or use a ``ray start`` one of this
     machine); ``local``: always start a new local Ray. On a machine without CUDA it gets
-    ``num_gpus`` *logical* GPUs so jobs can be placed (the engine then runs on CPU). Otherwise
-    connect to ``address`` (``auto``, ``ray://...`` or ``host:port``). Call :func:`shutdown`
-    when done.
+    ``num_gpus`` *logical* GPUs so jobs can be placed (the engine then runs on CPU), unless the
+    sweep runs on CPU (``cpu``: ``hardware.gpu_type: cpu``), whose workers ask Ray for CPUs only.
+    Otherwise connect to ``address`` (``auto``, ``ray://...`` or ``host:port``). Call
+    :func:`shutdown` when done.
 
     Raises:
         ConfigError: the address cannot be reached.
@@ -38,7 +40,7 @@ def connect(address: str | None, *, num_gpus: int) -> bool:
     runtime_env = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}}
     if address is None or address == "local":
         kwargs: dict[str, Any] = {"address": address}
-        if not _has_cuda():
+        if not cpu and not _has_cuda():
             kwargs["num_gpus"] = num_gpus
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # Ray's start-up lines (local instance started, token set-up) are not the user's news:
@@ -88,6 +90,25 @@ def shutdown(*, started: bool) -> None:
     if _REAPER is not None:
         _REAPER.release()
         _REAPER = None
+#: Set by Ray's job supervisor in the environment of a ``ray job submit`` entrypoint.
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def in_ray_job() -> bool:
+    """Whether this process is the entrypoint of a ``ray job submit`` (or a Ray job's driver)."""
+    return bool(os.environ.get(RAY_JOB_ENV) or os.environ.get("RAY_JOB_ID"))
+
+
+def check_job_out(out: str | os.PathLike[str]) -> None:
+    """Refuse a relative sweep directory under ``ray job submit``: the entrypoint runs in Ray's
+    temporary copy of ``--working-dir``, on the head node only, which Ray deletes -- the sweep
+    would land there unseen. ConfigError naming what to give instead."""
+    if in_ray_job() and not Path(out).expanduser().is_absolute():
+        raise ConfigError(
+            f"--out {out}: a relative sweep directory under `ray job submit` would be written "
+            f"into Ray's temporary copy of --working-dir ({Path.cwd()}), which Ray deletes; give "
+            f"an absolute path on storage every node mounts, e.g. --out /mnt/shared/runs/{Path(out).name}"
+        )
 
 
 def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:
@@ -112,8 +133,18 @@ def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:
         ) from None
 
 
-def check_gpus(num_gpus: int) -> float:
-    """The cluster's GPU count; ConfigError when it has fewer than the sweep wants."""
+def check_gpus(num_gpus: int, *, cpu: bool = False) -> float:
+    """The cluster's GPU count (CPU count for a CPU sweep); ConfigError when it has fewer GPUs
+    than the sweep wants, or, on CPU (``hardware.gpu_type: cpu``: the "GPUs" are worker slots
+    that ask Ray for CPUs only, :func:`worker_resources`), no CPU at all."""
+    if cpu:
+        cpus = float(ray.cluster_resources().get("CPU", 0.0))
+        if cpus <= 0:
+            raise ConfigError(
+                "hardware.gpu_type: cpu: the Ray cluster has no CPUs for the sweep's workers; "
+                "add nodes with CPUs"
+            )
+        return cpus
     have = float(ray.cluster_resources().get("GPU", 0.0))
     if have < num_gpus:
         raise ConfigError(
@@ -123,11 +154,22 @@ def check_gpus(num_gpus: int) -> float:
     return have
 
 
-def cpus_per_worker() -> float:
-    """CPUs to reserve per GPU worker: 1, or the cluster's CPU/GPU ratio when smaller."""
+def cpus_per_worker(*, cpu_slots: int | None = None) -> float:
+    """CPUs to reserve per worker: 1, or the cluster's CPU/GPU ratio when smaller; for a CPU
+    sweep of ``cpu_slots`` workers, its CPUs over the slots (over the GPUs, as GPU workers get,
+    when the cluster has more) when smaller than 1."""
     res = ray.cluster_resources()
-    gpus = float(res.get("GPU", 0.0)) or 1.0
-    return max(0.01, min(1.0, float(res.get("CPU", 1.0)) / gpus))
+    gpus = float(res.get("GPU", 0.0))
+    over = max(float(cpu_slots), gpus) if cpu_slots else (gpus or 1.0)
+    return max(0.01, min(1.0, float(res.get("CPU", 1.0)) / over))
+
+
+def worker_resources(*, cpu: bool, num_slots: int) -> tuple[float, int]:
+    """``(cpus, gpus)`` each worker asks Ray for: a GPU and up to one CPU, or, for a CPU sweep
+    (``hardware.gpu_type: cpu``), CPUs only -- so it runs on CPU nodes without GPUs."""
+    if cpu:
+        return cpus_per_worker(cpu_slots=num_slots), 0
+    return cpus_per_worker(), 1
 
 
 def _has_cuda() -> bool:
@@ -139,4 +181,14 @@ def _has_cuda() -> bool:
         return False
 
 
-__all__ = ["check_address", "check_gpus", "connect", "cpus_per_worker", "shutdown"]
+__all__ = [
+    "RAY_JOB_ENV",
+    "check_address",
+    "check_gpus",
+    "check_job_out",
+    "connect",
+    "cpus_per_worker",
+    "in_ray_job",
+    "shutdown",
+    "worker_resources",
+]

@@ -161,6 +161,7 @@ class Coordinator:
         self.decisions: list[DecisionRecord] = []
         self._next_job = 0
         self._plans = 0
+        self._plan_trigger = ""
         self._need_plan = False
         self._stop_requests: set[str] = set()
         self._done_logged = False
@@ -215,11 +216,14 @@ class Coordinator:
     def snapshot(self) -> dict[str, Any]:
         """A small JSON-able view for the progress display."""
         running = {
-            j: {"config_ids": list(r.config_ids), "gpus": r.spec.gpus, "started_s": r.started_s}
+            j: {"config_ids": list(r.config_ids), "gpus": r.spec.gpus, "started_s": r.started_s,
+                "planned_start_s": getattr(r.plan_job, "start_s", None),
+                "planned_end_s": getattr(r.plan_job, "end_s", None)}
             for j, r in self.running.items()
-        }
+        }  # fmt: skip
         eta = None
         plan_end = [getattr(j, "end_s", 0.0) for j in self.pending]
+        pending_end = max(plan_end) if plan_end else None
         plan_end += [getattr(r.plan_job, "end_s", 0.0) for r in self.running.values()]
         if plan_end:
             eta = max(0.0, max(plan_end) - self.now())
@@ -229,6 +233,9 @@ class Coordinator:
             "counts": self.counts(),
             "running": running,
             "eta_s": eta,
+            "pending_end_s": pending_end,
+            "plan_index": self._plans,
+            "plan_trigger": self._plan_trigger,
             "done": self.is_done(),
             "failed": {
                 c: self.results.get(c, {}).get("error")
@@ -592,6 +599,7 @@ class Coordinator:
         plan_dict.update(time_s=now, trigger=trigger, kind=str(kind))
         index = self.store.write_plan(plan_dict) if self.store is not None else self._plans
         self._plans += 1
+        self._plan_trigger = trigger
         self._decide(
             kind,
             config_ids=[c.config_id for c in remaining],

@@ -47,7 +47,14 @@ from plora.config import ConfigError, SweepConfig
 from plora.config.diff import sweep_changes
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
 from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackEngine, PackRequest
-from plora.runtime.cluster import check_address, check_gpus, connect, cpus_per_worker
+from plora.models.hub import check_hub_model
+from plora.runtime.cluster import (
+    check_address,
+    check_gpus,
+    check_job_out,
+    connect,
+    worker_resources,
+)
 from plora.runtime.cluster import shutdown as shutdown_cluster
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.costs import record_profile
@@ -160,6 +167,7 @@ def run_sweep(
     """
     options = options or RunOptions()
     t0 = time.monotonic()
+    check_job_out(out)  # under `ray job submit` a relative --out would vanish with Ray's temp dir
     # absolute: workers write adapters and checkpoints from their own working directory
     out = check_out_dir(out, resume=resume, force_unlock=options.force_unlock).absolute()
     check_address(address)
@@ -196,6 +204,7 @@ def _run(
     elif sweep is None:
         raise ValueError("run_sweep needs a sweep unless resume=True")
     sweep.check_trainable()
+    check_hub_model(sweep.model, file=sweep.source)  # seconds, before Ray: never a minute's retries
     # The dataset check and cost model (imports, tokenizing) run beside Ray's start and the
     # workers' start, not before them.
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plora-prepare")
@@ -208,9 +217,10 @@ def _run(
     started_ray = False
     driver: _Driver | None = None
     try:
-        started_ray = connect(address, num_gpus=sweep.hardware.num_gpus)
+        hw = sweep.hardware
+        started_ray = connect(address, num_gpus=hw.num_gpus, cpu=hw.is_cpu)
         ray_start_s = time.monotonic() - t0
-        check_gpus(sweep.hardware.num_gpus)
+        check_gpus(hw.num_gpus, cpu=hw.is_cpu)
         driver = _Driver(sweep=sweep, options=options, on_update=on_update)
         if options.prestart and fits_one_gpu(sweep):
             driver.prestart(range(sweep.hardware.num_gpus))
@@ -302,7 +312,10 @@ class _Driver:
         tag = uuid.uuid4().hex[:6]
         self.prefix = f"plora-{sweep.name}-{tag}"
         self.relay = start_relay(f"{self.prefix}-coordinator")
-        self.cpus = cpus_per_worker()
+        # CPU sweeps (gpu_type: cpu) ask Ray for CPUs only: they run on CPU nodes without GPUs
+        self.cpus, self.gpus = worker_resources(
+            cpu=sweep.hardware.is_cpu, num_slots=sweep.hardware.num_gpus
+        )
         self.groups: dict[tuple[int, ...], WorkerGroup] = {}
         self.jobs: dict[str, _Job] = {}
         self.posted: set[str] = set()
@@ -457,6 +470,7 @@ class _Driver:
             spec=self.engine_spec,
             name=f"{self.prefix}-w{self._groups_started}",
             cpus_per_worker=self.cpus,
+            gpus_per_worker=self.gpus,
         )
         self.groups[key] = group
         return group

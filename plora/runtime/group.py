@@ -85,6 +85,7 @@ def start_group(
     spec: EngineSpec,
     name: str,
     cpus_per_worker: float = 1.0,
+    gpus_per_worker: int = 1,
     parallel_strategies: frozenset[str] = RUNTIME_STRATEGIES,
 ) -> WorkerGroup:
     """Reserve ``len(gpu_ids)`` GPU bundles (STRICT_PACK, one node), start a worker on each and
@@ -101,13 +102,13 @@ def start_group(
             "(the default) so every job is d = 1"
         )
     started = time.monotonic()
-    pg = placement_group([{"GPU": 1, "CPU": cpus_per_worker} for _ in range(d)],
-                         strategy="STRICT_PACK", name=name)  # fmt: skip
+    bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+    pg = placement_group([dict(bundle) for _ in range(d)], strategy="STRICT_PACK", name=name)
     workers = [
         _worker_cls()
         .options(
             name=f"{name}-r{r}",
-            num_gpus=1,
+            num_gpus=gpus_per_worker,
             num_cpus=cpus_per_worker,
             max_restarts=0,
             max_concurrency=2,

@@ -34,16 +34,8 @@ def prepare(
         ConfigError: missing dataset files, an empty dataset, configs that fit no GPU, ...
     """
     from plora.cost.build import build_cost_model
-    from plora.engine.data import load_dataset
 
-    sweep.check_trainable()
-    tokenizer = load_tokenizer(sweep.model)
-    data = load_dataset(sweep.dataset, tokenizer)
-    if not data.train:
-        raise ConfigError(
-            f"{sweep.source or 'sweep'}: dataset has no training examples; "
-            "point dataset.path at a non-empty file or raise dataset.num_examples"
-        )
+    data = check_inputs(sweep)
     cost = build_cost_model(
         sweep,
         dataset_size=len(data.train),
@@ -55,6 +47,48 @@ def prepare(
     if source is None:
         source = config_source(sweep)
     return cost, source, data.metric, data.report
+
+
+def check_inputs(sweep: SweepConfig) -> Any:
+    """What training reads, checked the way training reads it: the dataset files exist, the base
+    model can be loaded (:func:`plora.models.hub.check_hub_model`: seconds, never a minute of
+    retries), its tokenizer loads, and the dataset's rows parse into at least one training
+    example. ``plora validate`` runs exactly this, so it rejects what ``plora sweep`` would.
+
+    Returns:
+        The tokenized dataset (:class:`plora.engine.data.TokenizedDataset`).
+
+    Raises:
+        ConfigError: naming the sweep file, key and value.
+    """
+    from plora.engine.data import load_dataset
+    from plora.models.hub import check_hub_model
+
+    sweep.check_trainable()
+    check_hub_model(sweep.model, file=sweep.source)
+    problem = None
+    try:
+        tokenizer = load_tokenizer(sweep.model)
+        if not tokenizer("a b 1").get("input_ids"):  # transformers builds an empty one silently
+            problem = "its tokenizer has no vocabulary (no tokenizer files)"
+    except OSError as err:  # a model directory or cache entry without tokenizer files
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        problem = f"cannot load its tokenizer ({first[:200]})"
+    if problem:
+        raise ConfigError(
+            problem, key="model.name_or_path", value=sweep.model.name_or_path, file=sweep.source,
+            fix="point to a model directory with tokenizer files (save_pretrained of the tokenizer)",
+        )  # fmt: skip
+    try:
+        data = load_dataset(sweep.dataset, tokenizer)
+    except ConfigError as err:
+        raise err.located(file=sweep.source) from None
+    if not data.train:
+        raise ConfigError(
+            f"{sweep.source or 'sweep'}: dataset has no training examples; "
+            "point dataset.path at a non-empty file or raise dataset.num_examples"
+        )
+    return data
 
 
 def config_source(sweep: SweepConfig) -> ConfigSource:
@@ -91,4 +125,4 @@ def load_tokenizer(ref: Any) -> Any:
     )
 
 
-__all__ = ["config_source", "fits_one_gpu", "load_tokenizer", "prepare"]
+__all__ = ["check_inputs", "config_source", "fits_one_gpu", "load_tokenizer", "prepare"]

@@ -6,6 +6,10 @@ report``). It is tolerant: a missing optional file gives an empty frame with the
 columns, ``results.parquet`` may hold its hyperparameters as one ``hyperparameters`` column of
 dicts / JSON strings, ``jobs.parquet`` times may be datetimes and its ``gpus`` a list of GPU ids.
 ``decisions.parquet`` is read in place of ``decisions.jsonl`` when present.
+
+An interrupted or partial sweep directory is read as far as it goes: each ``read_*`` takes a
+``missing`` dict and, when given one, records there a file that is absent or damaged (with why,
+:func:`missing_note` words it) and returns an empty frame instead of raising.
 """
 
 from __future__ import annotations
@@ -26,7 +30,34 @@ SWEEP_FILES: tuple[str, ...] = (
     schema.METRICS_PARQUET,
     schema.JOBS_PARQUET,
     schema.PLAN_JSON,
+    schema.STATE_JSON,
 )
+
+
+#: What each file of a sweep directory holds: the words of :func:`missing_note`.
+FILE_ROLES: dict[str, str] = {
+    schema.SWEEP_YAML: "the sweep definition",
+    schema.STATE_JSON: "the driver's state",
+    schema.PLAN_JSON: "the plan",
+    schema.JOBS_PARQUET: "the job attempts",
+    schema.METRICS_PARQUET: "the loss curves",
+    schema.RESULTS_PARQUET: "the per-config results",
+    schema.DECISIONS_JSONL: "the coordinator's decisions",
+}
+#: Why a file is absent: nothing of that kind was written yet (the sweep was interrupted early
+#: or is still starting).
+NOT_WRITTEN = "not written yet (the sweep is starting or stopped before)"
+
+
+def missing_note(missing: dict[str, str]) -> str:
+    """One line naming what a partial sweep directory lacks: ``missing: results.parquet (the
+    per-config results: not written yet ...); ...`` (``""`` when nothing is missing)."""
+    if not missing:
+        return ""
+    by_why: dict[str, list[str]] = {}
+    for name, why in missing.items():
+        by_why.setdefault(why, []).append(f"{name} ({FILE_ROLES.get(name, name)})")
+    return "missing: " + "; ".join(f"{', '.join(names)}: {why}" for why, names in by_why.items())
 
 
 def check_sweep_dir(path: str | Path) -> Path:
@@ -36,18 +67,22 @@ def check_sweep_dir(path: str | Path) -> Path:
         raise ConfigError(f"sweep dir {str(path)!r}: not a directory; pass the sweep's output dir")
     if not any((path / f).exists() for f in SWEEP_FILES):
         raise ConfigError(
-            f"sweep dir {str(path)!r}: none of {', '.join(SWEEP_FILES)} found; "
+            f"sweep dir {str(path)!r}: not a plora sweep directory (none of {', '.join(SWEEP_FILES)}); "
             "pass the directory `plora sweep` wrote"
         )
     return path
 
 
-def read_results(path: Path) -> pd.DataFrame:
+Missing = dict[str, str] | None
+
+
+def read_results(path: Path, missing: Missing = None) -> pd.DataFrame:
     """``results.parquet``: one row per config, hyperparameters as flat columns."""
-    return _normalize_results(_read_parquet(path / schema.RESULTS_PARQUET, schema.RESULT_COLUMNS))
+    df = _read_parquet(path / schema.RESULTS_PARQUET, schema.RESULT_COLUMNS, missing)
+    return _normalize_results(df)
 
 
-def read_metrics(path: Path, *, all_attempts: bool = False) -> pd.DataFrame:
+def read_metrics(path: Path, missing: Missing = None, *, all_attempts: bool = False) -> pd.DataFrame:
     """``metrics.parquet``, sorted by (config_id, step).
 
     A step trained more than once (a job resumed from a checkpoint older than its last
@@ -55,7 +90,8 @@ def read_metrics(path: Path, *, all_attempts: bool = False) -> pd.DataFrame:
     one the final adapter followed; ``all_attempts`` keeps every row (``attempt`` tells them
     apart).
     """
-    df = _normalize_metrics(_read_parquet(path / schema.METRICS_PARQUET, schema.METRIC_COLUMNS))
+    df = _read_parquet(path / schema.METRICS_PARQUET, schema.METRIC_COLUMNS, missing)
+    df = _normalize_metrics(df)
     if all_attempts or df.empty or not {"config_id", "step", "time"} <= set(df.columns):
         return df
     latest = df.sort_values("time", kind="stable").drop_duplicates(
@@ -64,24 +100,29 @@ def read_metrics(path: Path, *, all_attempts: bool = False) -> pd.DataFrame:
     return latest.sort_values(["config_id", "step"], kind="stable").reset_index(drop=True)
 
 
-def read_jobs(path: Path) -> pd.DataFrame:
+def read_jobs(path: Path, missing: Missing = None) -> pd.DataFrame:
     """``jobs.parquet``; ``start``/``end`` in seconds since the first start, plus ``num_gpus``."""
-    return _normalize_jobs(_read_parquet(path / schema.JOBS_PARQUET, schema.JOB_COLUMNS))
+    return _normalize_jobs(_read_parquet(path / schema.JOBS_PARQUET, schema.JOB_COLUMNS, missing))
 
 
-def read_plan(path: Path) -> dict[str, Any]:
+def read_plan(path: Path, missing: Missing = None) -> dict[str, Any]:
     """``plan.json`` (``{}`` when absent)."""
-    return _read_json(path / schema.PLAN_JSON)
+    return _read_json(path / schema.PLAN_JSON, missing)
 
 
-def read_sweep(path: Path) -> dict[str, Any]:
+def read_state(path: Path, missing: Missing = None) -> dict[str, Any]:
+    """``state.json``, the driver's state (``{}`` when absent)."""
+    return _read_json(path / schema.STATE_JSON, missing)
+
+
+def read_sweep(path: Path, missing: Missing = None) -> dict[str, Any]:
     """``sweep.yaml`` as a plain dict (``{}`` when absent)."""
-    return _read_sweep(path / schema.SWEEP_YAML)
+    return _read_sweep(path / schema.SWEEP_YAML, missing)
 
 
-def read_decisions(path: Path) -> pd.DataFrame:
-    """Coordinator decisions, one row each (empty when absent)."""
-    return _read_decisions(path)
+def read_decisions(path: Path, missing: Missing = None) -> pd.DataFrame:
+    """Coordinator decisions, one row each (empty when absent); a torn line is skipped."""
+    return _read_decisions(path, missing)
 
 
 #: Sweep metrics (``SweepConfig.metric``) whose ``results.parquet`` column has another name.
@@ -114,49 +155,75 @@ SUCCESS_STATUSES = frozenset(
 )
 
 
-def _read_parquet(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    if not path.exists():
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+def _absent(path: Path, missing: Missing) -> bool:
+    if path.exists():
+        return False
+    if missing is not None:
+        missing[path.name] = NOT_WRITTEN
+    return True
+
+
+def _damaged(path: Path, exc: BaseException, missing: Missing, fix: str) -> None:
+    """Record ``path`` as damaged in ``missing``, or raise the one-line error without it."""
+    first = " ".join(str(exc).split())[:160]
+    why = f"unreadable ({type(exc).__name__}: {first})"
+    if missing is None:
+        raise ConfigError(f"{path}: {why}; {fix}") from None
+    missing[path.name] = why
+
+
+def _read_parquet(path: Path, columns: tuple[str, ...], missing: Missing = None) -> pd.DataFrame:
+    empty = pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    if _absent(path, missing):
+        return empty
     try:
         return pd.read_parquet(path)
     except Exception as exc:  # pyarrow raises several types for a corrupt file
-        raise ConfigError(
-            f"{path}: cannot read parquet ({type(exc).__name__}: {exc}); re-run or remove the file"
-        ) from None
+        _damaged(path, exc, missing, "re-run or remove the file")
+    return empty
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.exists():
+def _read_json(path: Path, missing: Missing = None) -> dict[str, Any]:
+    if _absent(path, missing):
         return {}
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON ({exc}); re-run the planner") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        _damaged(path, exc, missing, "the sweep dir is damaged; re-run the sweep or remove it")
+        return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        err = ValueError(f"expected a JSON object, got {type(data).__name__}")
+        _damaged(path, err, missing, "the sweep dir is damaged")
+        return {}
     return data
 
 
-def _read_sweep(path: Path) -> dict[str, Any]:
-    if not path.exists():
+def _read_sweep(path: Path, missing: Missing = None) -> dict[str, Any]:
+    if _absent(path, missing):
         return {}
     import yaml
 
     try:
         data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML ({exc})") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        _damaged(path, exc, missing, "the sweep dir is damaged")
+        return {}
     return data if isinstance(data, dict) else {}
 
 
-def _read_decisions(path: Path) -> pd.DataFrame:
+def _read_decisions(path: Path, missing: Missing = None) -> pd.DataFrame:
     if (path / "decisions.parquet").exists():
-        return pd.read_parquet(path / "decisions.parquet")
+        return _read_parquet(path / "decisions.parquet", (), missing)
     jl = path / schema.DECISIONS_JSONL
-    if jl.exists():
-        rows = [json.loads(line) for line in jl.read_text().splitlines() if line.strip()]
-        return pd.DataFrame(rows)
-    return pd.DataFrame()
+    if _absent(jl, missing):
+        return pd.DataFrame()
+    rows = []
+    for line in jl.read_text(errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line: the driver was killed mid-write
+            continue
+    return pd.DataFrame([r for r in rows if isinstance(r, dict)])
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -246,14 +313,18 @@ def _as_list(value: Any) -> list[Any]:
 
 
 __all__ = [
+    "FILE_ROLES",
+    "NOT_WRITTEN",
     "SUCCESS_STATUSES",
     "SWEEP_FILES",
     "check_sweep_dir",
+    "missing_note",
     "objective",
     "read_decisions",
     "read_jobs",
     "read_metrics",
     "read_plan",
     "read_results",
+    "read_state",
     "read_sweep",
 ]

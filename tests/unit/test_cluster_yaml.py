@@ -24,3 +24,8 @@ def test_cluster_yaml_is_consistent() -> None:
         assert spec["min_workers"] <= spec["max_workers"]
     assert {"p4d.24xlarge", "g5.12xlarge"} <= seen
     assert any("plora" in cmd for cmd in cfg["setup_commands"])
+    # Ray's token authentication: one token on every node, every `ray start` enforcing it
+    assert cfg["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        starts = [c for c in cfg[key] if "ray start" in c]
+        assert starts and all("RAY_AUTH_MODE=token ray start" in c for c in starts), key

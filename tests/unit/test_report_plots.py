@@ -1,0 +1,73 @@
+"""Reports people read (issue 14, item 6): the HP-effects plot shows every hyperparameter that
+varies, once; loss curves stay readable past 10 configs (distinct colour + line style, labels
+from the varying hyperparameters)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pandas as pd
+import pytest
+from matplotlib.colors import to_rgba
+
+from plora.analysis import plots
+from plora.config import LoRAConfig
+
+
+def _results() -> pd.DataFrame:
+    """24 configs varying lr, rank (alpha = 2 rank), target modules, dropout, rsLoRA, epochs."""
+    rows = []
+    grid = itertools.product((1e-4, 1e-3), (8, 16), ("attention", "all"), (0.0, 0.1), (False, True))
+    for k, (lr, rank, targets, dropout, rslora) in enumerate(grid):
+        if k >= 24:
+            break
+        c = LoRAConfig(lr=lr, rank=rank, alpha=2 * rank, target_modules=targets, dropout=dropout,
+                       use_rslora=rslora, epochs=1.0 + (k // 3) % 2, batch_size=4, seed=3)  # fmt: skip
+        rows.append({"config_id": c.config_id, **c.hparams(), "status": "done",
+                     "eval_loss": 1.0 + 0.01 * k})  # fmt: skip
+    df = pd.DataFrame(rows)
+    df["target_modules"] = df["target_modules"].map(",".join)
+    return df
+
+
+def test_hp_effects_shows_every_varying_parameter_once() -> None:
+    res = _results()
+    fig = plots.plot_hp_effects(res, "eval_loss", mode="min")
+    labels = [ax.get_xlabel() for ax in fig.axes if ax.get_visible()]
+    assert sorted(labels) == sorted(
+        ["rank & alpha", "lr", "target_modules", "dropout", "use_rslora", "epochs"]
+    )
+    assert len(labels) == len(set(labels))
+    # what varies, from the table itself: each varying column is named by exactly one panel
+    varying = [c for c in ("lr", "rank", "alpha", "target_modules", "dropout", "use_rslora",
+                           "epochs", "batch_size", "seed") if res[c].map(str).nunique() > 1]  # fmt: skip
+    named = [p for label in labels for p in label.split(" & ")]
+    assert sorted(named) == sorted(varying)
+
+
+def test_loss_curves_distinct_and_labelled_past_ten() -> None:
+    res = _results()
+    ids = list(res["config_id"][:14])
+    metrics = pd.DataFrame(
+        [
+            {"config_id": c, "step": s, "loss": 2.0 / s + k}
+            for k, c in enumerate(ids)
+            for s in (1, 2, 3)
+        ]
+    )
+    fig = plots.plot_loss_curves(metrics, config_ids=ids, results=res)
+    lines = fig.axes[0].get_lines()
+    styles = {(to_rgba(line.get_color()), line.get_linestyle()) for line in lines}
+    assert len(lines) == 14 and len(styles) == 14  # no two curves look the same
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert len(legend) == 14 and len(set(legend)) == 14
+    assert all("lr=" in t and "rank=" in t and "target_modules=" in t for t in legend), legend
+    assert not any(t in ids for t in legend)  # not hash ids
+
+
+@pytest.mark.parametrize("k", [0, 9, 10, 39])
+def test_curve_style_cycle(k) -> None:
+    seen = {
+        (plots.curve_style(i)["color"], plots.curve_style(i)["linestyle"]) for i in range(k + 1)
+    }
+    assert len(seen) == k + 1
