@@ -24,6 +24,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,27 @@ class PackSession:
         self.model_loads = 1
         self._load_charged = False
 
+    #: Whether this process writes checkpoints and results (one rank of a parallel job does).
+    _writer = True
+
+    def _trainer(self) -> PackedTrainer:
+        """A fresh trainer on the resident model for one pack."""
+        return PackedTrainer(
+            self.model,
+            self.tokenizer,
+            self.data,
+            device=self.device,
+            seq_len=self.spec.dataset.max_seq_len,
+            max_rows=self.spec.max_rows,
+            gradient_checkpointing=self.spec.gradient_checkpointing,
+            base_model_name_or_path=self.model_path,
+        )
+
+    @staticmethod
+    def _agree(value: Any) -> Any:
+        """The value every process of the job acts on (one process: its own)."""
+        return value
+
     def run(self, request: PackRequest, hooks: PackHooks | None = None) -> PackOutcome:
         """Train ``request.configs`` packed until each finishes, is stopped or the job aborts.
 
@@ -93,17 +115,11 @@ class PackSession:
         trainer = None
         try:
             with clock.phase("start"):
-                trainer = PackedTrainer(
-                    self.model,
-                    self.tokenizer,
-                    self.data,
-                    device=self.device,
-                    seq_len=self.spec.dataset.max_seq_len,
-                    max_rows=self.spec.max_rows,
-                    gradient_checkpointing=self.spec.gradient_checkpointing,
-                    base_model_name_or_path=self.model_path,
-                )
-                run = _PackRun(trainer, self.data, self.tokenizer, request, clock)
+                trainer = self._trainer()
+                run = _PackRun(
+                    trainer, self.data, self.tokenizer, request, clock,
+                    agree=self._agree, writer=self._writer,
+                )  # fmt: skip
                 run.start()
             run.loop(hooks)
         except torch.OutOfMemoryError as e:
@@ -235,8 +251,22 @@ class _Phase:
 class _PackRun:
     """Bookkeeping of one pack: the step loop, results, exports, evaluation, checkpoints."""
 
-    def __init__(self, trainer, data, tokenizer, request: PackRequest, clock: _Clock) -> None:
+    def __init__(
+        self,
+        trainer,
+        data,
+        tokenizer,
+        request: PackRequest,
+        clock: _Clock,
+        *,
+        agree: Callable[[Any], Any] = lambda value: value,
+        writer: bool = True,
+    ) -> None:
         self.trainer = trainer
+        self.agree = agree
+        """Makes every rank of a parallel job act on rank 0's control and timing decisions."""
+        self.writer = writer
+        """Whether this process writes the checkpoint files (collectives run on every rank)."""
         self.data = data
         self.tokenizer = tokenizer
         self.request = request
@@ -248,7 +278,9 @@ class _PackRun:
 
     def start(self) -> None:
         state = self.ckpt_dir / TRAIN_STATE_DIR if self.ckpt_dir else None
-        if self.request.resume and state is not None and ckpt.has_train_state(state):
+        # rank 0's view: another rank may get here while rank 0 still writes the last one
+        found = self.agree(state is not None and ckpt.has_train_state(state))
+        if self.request.resume and state is not None and found:
             self.trainer.load_state_dict(ckpt.load_train_state(state))
             saved = self.ckpt_dir / RESULTS_FILE
             if saved.is_file():
@@ -262,7 +294,7 @@ class _PackRun:
         trainer, policy = self.trainer, self.request.checkpoint
         last_checkpoint = time.monotonic()
         while True:
-            control = hooks.poll() if hooks is not None else None
+            control = self.agree(hooks.poll() if hooks is not None else None)
             if control is not None:
                 if control.abort:
                     self.abort()
@@ -281,7 +313,7 @@ class _PackRun:
             self.finalize_finished()
             due = bool(policy.every_steps) and trainer.global_step % policy.every_steps == 0
             if policy.every_s is not None:
-                due = due or time.monotonic() - last_checkpoint >= policy.every_s
+                due = self.agree(due or time.monotonic() - last_checkpoint >= policy.every_s)
             if due:
                 self.checkpoint()
                 last_checkpoint = time.monotonic()
@@ -347,10 +379,12 @@ class _PackRun:
         if self.ckpt_dir is None:
             return
         with self.clock.phase("checkpoint"):
-            ckpt.save_train_state(self.ckpt_dir / TRAIN_STATE_DIR, self.trainer.state_dict())
-            atomic_write_json(
-                self.ckpt_dir / RESULTS_FILE, {c: r.to_dict() for c, r in self.results.items()}
-            )
+            state = self.trainer.state_dict()  # a collective in a parallel job: every rank
+            if self.writer:
+                ckpt.save_train_state(self.ckpt_dir / TRAIN_STATE_DIR, state)
+                atomic_write_json(
+                    self.ckpt_dir / RESULTS_FILE, {c: r.to_dict() for c, r in self.results.items()}
+                )
         self.clock.checkpoints += 1
 
 
