@@ -93,7 +93,8 @@ class RunOptions:
     prestart: bool = True
     """Start a one-GPU worker group on every GPU right after Ray is up, so the workers import,
     initialise CUDA and load the base model while the driver reads the dataset and plans (not
-    when the base model alone fills a GPU: the plan will want several GPUs per job)."""
+    when the base model alone fills a GPU, nor when ``planner.strategies`` allows multi-GPU
+    jobs: the plan may want several GPUs per job)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,7 +197,7 @@ def _run(
         ray_start_s = time.monotonic() - t0
         check_gpus(sweep.hardware.num_gpus)
         driver = _Driver(sweep=sweep, options=options, on_update=on_update)
-        if options.prestart and fits_one_gpu(sweep):
+        if options.prestart and fits_one_gpu(sweep) and not sweep.planner.strategies:
             driver.prestart(range(sweep.hardware.num_gpus))
         t_wait = time.monotonic()
         if prepared is None:
