@@ -102,3 +102,12 @@ def test_step_time_charges_the_bytes_plora_parallel_sends() -> None:
     fixed = model._fixed_terms(d, Strategy.FSDP)[1][5]
     assert fixed == pytest.approx(fsdp_bytes(base_bytes=2.0 * spec.total_params, lora_params=0,
                                              fsdp=d) / link)  # fmt: skip
+
+
+def test_the_runtime_runs_tp_and_fsdp_and_refuses_pp_before_starting() -> None:
+    from plora.config import ConfigError
+    from plora.runtime.group import check_strategies
+
+    check_strategies([Strategy.TP, Strategy.FSDP])
+    with pytest.raises(ConfigError, match=r"planner.strategies: pp cannot run yet.*fsdp, tp"):
+        check_strategies([Strategy.TP, Strategy.PP])
