@@ -82,13 +82,16 @@ def _request(job_id: str, configs, out: Path) -> PackRequest:
     )  # fmt: skip
 
 
-def _rank(rank: int, strategy: str, port: int, out: str) -> None:
+def _rank(rank: int, strategy: str, port: int, out: str, backend: str = "gloo") -> None:
     from plora.parallel.dims import ParallelDims
     from plora.parallel.session import ParallelPackSession
 
+    if backend == "nccl":  # one GPU per rank, as Ray gives each worker (before CUDA starts)
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+        torch.cuda.set_device(0)
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group(backend, rank=rank, world_size=2)
     try:
         root = Path(out) / strategy
         session = ParallelPackSession(EngineSpec(**SPEC), dims=ParallelDims.for_job(2, strategy))
