@@ -24,10 +24,10 @@ class Strategy(StrEnum):
     PP = "pp"
 
 
-#: Strategies the engine and runtime can run for d > 1 (none until ``plora.parallel``'s engine
-#: lands: every job is then d = 1). The cost model offers the planner these when a sweep names
-#: none; the runtime refuses any other.
-SUPPORTED_STRATEGIES: tuple[Strategy, ...] = ()
+#: Strategies the runtime's resident worker groups run for d > 1
+#: (``plora.parallel.session.ParallelPackSession``); a sweep's ``planner.strategies`` may name
+#: only these. ``pp`` trains in ``plora.parallel`` but is not served by resident groups yet.
+SUPPORTED_STRATEGIES: tuple[Strategy, ...] = (Strategy.TP, Strategy.FSDP)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -55,8 +55,10 @@ class PlannerOptions:
     """Knapsack backend of the ILPs: auto | bnb (exact branch and bound, then HiGHS) | highs |
     cvxpy | gurobi (if installed and licensed, else HiGHS)."""
     strategies: tuple[Any, ...] = ()
-    """Multi-GPU strategies (:class:`Strategy`: tp | fsdp | pp) jobs with d > 1 may use;
-    empty: every strategy the runtime supports."""
+    """Multi-GPU strategies (:class:`Strategy`: tp | fsdp | pp) the planner may give a job of
+    d = 2, 4, ... GPUs (one worker group, one process group); empty (the default): every job
+    runs on one GPU. ``plora sweep`` runs tp and fsdp (``SUPPORTED_STRATEGIES``); pp is planned
+    but not run yet."""
     seq_len: int | None = None
     """Sequence length to plan with; default ``dataset.max_seq_len``."""
     time_limit_s: float = 60.0

@@ -12,7 +12,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from plora.config import SUPPORTED_STRATEGIES
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY, eval_defaults
 from plora.cost.memory import FULL_FP32, Loss, MemoryOptions
 from plora.cost.model import SweepCostModel
@@ -66,7 +65,7 @@ def build_cost_model(
         memory = MemoryOptions(loss=Loss.FUSED, checkpointing=ckpt)
         if fp32:
             memory = dataclasses.replace(memory, precision=FULL_FP32)
-    strategies = tuple(sweep.planner.strategies) or SUPPORTED_STRATEGIES
+    strategies = tuple(sweep.planner.strategies)  # empty: d = 1 jobs only (opt-in)
     profile = None
     if use_profile:
         profile = ProfileStore(profile_dir).load(sweep.model.name_or_path, hw.gpu_type)

@@ -35,9 +35,13 @@ needs), per layer, in bytes with bf16 activations ``a = 2``:
 With activation checkpointing each layer keeps only its input (``a·h``) and one layer's
 activations are rebuilt at a time (added once). Parallelism (App. A.1.1): tensor parallel
 shards the projections, their LoRA factor on the sharded side (colwise base: B sharded;
-rowwise base: A sharded) and the activations inside attention/MLP; pipeline parallel keeps
-``L/d`` layers per GPU; FSDP shards base weights (ZeRO-3), splits the rows over GPUs, and
-shards adapter state by ``zero_stage`` (1: optimizer; 2: + grads; 3: + params).
+rowwise base: A sharded) and the activations inside attention/MLP -- embeddings, norms and the
+LM head stay whole on every GPU; pipeline parallel keeps ``L/d`` layers per GPU; FSDP shards
+the decoder's base weights (ZeRO-3; the LM head stays whole, as ``packed_loss`` calls it
+outside the decoder) and splits the rows over GPUs. The adapters under FSDP are what
+``zero_stage`` says: 0 (the default, what :func:`plora.parallel.fsdp.apply_fsdp` does) keeps
+them replicated -- whole parameters, gradients and AdamW state on every GPU; 1-3 shard them as
+ZeRO does (1: optimizer; 2: + grads; 3: + params).
 """
 
 from __future__ import annotations
@@ -129,16 +133,17 @@ class MemoryOptions:
     """How logits are kept for the loss."""
     attention: Attention = Attention.SDPA
     """Attention kernel."""
-    zero_stage: int = 3
-    """ZeRO stage of the adapter state under FSDP (base weights are always sharded)."""
+    zero_stage: int = 0
+    """ZeRO stage of the adapter state under FSDP (base weights are always sharded): 0 keeps
+    adapters replicated, as ``plora.parallel`` runs them; 1-3 shard them (DeepSpeed-style)."""
     reserved_bytes: float = 1.0 * GIB
     """CUDA context, cuBLAS and NCCL workspaces: outside the torch allocator's count."""
     activation_scale: float = 1.0
     """Multiplier on base activations (set by a refit against measured peaks)."""
 
     def __post_init__(self) -> None:
-        if self.zero_stage not in (1, 2, 3):
-            raise ConfigError(f"zero_stage={self.zero_stage!r} must be 1, 2 or 3")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"zero_stage={self.zero_stage!r} must be 0, 1, 2 or 3")
         if self.reserved_bytes < 0 or self.activation_scale <= 0:
             raise ConfigError("reserved_bytes must be >= 0 and activation_scale > 0")
 
@@ -193,10 +198,26 @@ def base_memory(
     strategy: Strategy | None = None,
     options: MemoryOptions = MemoryOptions(),
 ) -> MemoryBreakdown:
-    """``M_base`` per GPU: frozen weights (sharded by tp/pp/fsdp), FSDP gather buffer, reserve."""
+    """``M_base`` per GPU: frozen weights (sharded by tp/pp/fsdp), FSDP gather buffer, reserve.
+
+    What each strategy shards is what ``plora.parallel`` shards: TP the seven projections (the
+    rest whole), FSDP everything in the decoder (the LM head, tied or not, stays whole), PP
+    ``1/d`` of everything.
+    """
     strat = check_parallel(d, strategy)
     weights = base_weight_bytes(spec, options.precision)
-    comps = {"base_weights": weights / d, "reserved": options.reserved_bytes}
+    rest_bytes = max(2.0, options.precision.activation_bytes)
+    if strat is Strategy.TP:
+        proj = spec.num_layers * sum(spec.projection_params(p) for p in spec.projection_shapes)
+        proj_bytes = proj * options.precision.base_weight_bytes
+        per_gpu = proj_bytes / d + (weights - proj_bytes)
+    elif strat is Strategy.FSDP:
+        head = spec.vocab_size * spec.hidden_size * rest_bytes  # a whole copy even when tied
+        untied = spec.lm_head_params * rest_bytes
+        per_gpu = (weights - untied) / d + head
+    else:
+        per_gpu = weights / d
+    comps = {"base_weights": per_gpu, "reserved": options.reserved_bytes}
     if strat is Strategy.FSDP:
         # Two layers unsharded at a time: the one computing and the one being prefetched.
         layer = spec.layer_params * options.precision.base_weight_bytes
@@ -283,7 +304,7 @@ def adapter_memory(
     )
     if strat is Strategy.FSDP:
         z = options.zero_stage
-        opt /= d
+        opt = opt / d if z >= 1 else opt
         grads = grads / d if z >= 2 else grads
         params = params / d if z >= 3 else params
     tokens = float(batch_size * seq_len)

@@ -12,10 +12,13 @@ One optimizer step of a job ``(pack, d, strategy)`` costs (all terms per GPU):
   (launches): plora's packed layers pay it once per job for all seven projections
   (``7·L·m`` in ``c_fixed``), PEFT per adapter for its ``T_k`` targets (:class:`LoRALayout`),
   ``2·W/(d·B_hbm)`` reading the frozen weights in forward and backward;
-* communication: tensor parallel all-reduces ``4·L·h`` activations per token (2 forward, 2
-  backward) with ring factor ``2(d-1)/d``; FSDP all-gathers the base weights twice per step
-  (fixed) and reduce-scatters each adapter's grads; pipeline parallel sends ``2·h`` values per
-  token per stage boundary and loses ``(d-1)/(2d)`` to the bubble (2 microbatches per stage).
+* communication, in bytes from :mod:`plora.cost.parallel` (what ``plora.parallel`` sends):
+  tensor parallel all-reduces ``4·L·h`` activations per token (2 forward, 2 backward) with
+  ring factor ``2(d-1)/d``, and each adapter's partial factor gradients (fp32, half its
+  parameters) once per step; FSDP all-gathers the base weights twice per step (fixed) and
+  all-reduces each adapter's fp32 gradients (adapters are replicated); pipeline parallel sends
+  ``2·h`` values per token forward and back from a middle stage and idles the 1F1B bubble
+  ``(P-1)/(M+P-1)`` of 2 micro-batches per stage (``M = 2P``: ``(d-1)/(2d)`` more time).
   Bandwidth is the GPU link's, times the fitted ``comm_efficiency``.
 
 The sum over configs makes the step affine in the pack, so a job's time is
@@ -40,6 +43,7 @@ from plora.config import PROJECTIONS, ConfigError, LoRAConfig
 from plora.config.hardware import GPU_TYPES, GPUSpec, gpu_spec
 from plora.cost import Strategy
 from plora.cost.memory import check_parallel
+from plora.cost.parallel import fsdp_bytes, pp_bubble_fraction, pp_bytes, tp_bytes
 from plora.model_spec import ModelSpec
 
 
@@ -304,8 +308,8 @@ class StepTimeModel:
         reads = self._weight_bytes / (1 if strat is Strategy.FSDP else d)
         known = 2.0 * reads / (self.gpu.hbm_gbps * 1e9)
         comm = 0.0
-        if strat is Strategy.FSDP:
-            comm = 2.0 * self._weight_bytes * (d - 1) / d / link
+        if strat is Strategy.FSDP:  # the base's all-gathers: forward and again in backward
+            comm = fsdp_bytes(base_bytes=self._weight_bytes, lora_params=0.0, fsdp=d) / link
         modules = len(PROJECTIONS) * self.spec.num_layers if self.layout is LoRALayout.PACKED else 0
         return known, np.array([self.spec.num_layers, 0.0, 0.0, 0.0, modules, comm])
 
@@ -315,7 +319,8 @@ class StepTimeModel:
         strat = check_parallel(d, strategy)
         spec, peak, link = self.spec, self.gpu.peak_flops, self.gpu.link_gbps * 1e9
         tokens = float(load.sequences * seq_len)
-        slow = 1.0 + (d - 1) / (2.0 * d) if strat is Strategy.PP else 1.0
+        # 1F1B over d stages with 2 micro-batches per stage: the bubble stretches the step
+        slow = 1.0 / (1.0 - pp_bubble_fraction(d, 2 * d)) if strat is Strategy.PP else 1.0
         base_flops = spec.train_flops_per_token(seq_len)
         lora_flops = spec.lora_flops_per_token(load.rank, load.targets)
         if self.recompute:
@@ -324,13 +329,16 @@ class StepTimeModel:
         base = tokens * base_flops / (peak * d) * slow
         lora = tokens * lora_flops / (peak * d) * slow
         comm = 0.0
-        if strat is Strategy.TP:
-            comm = tokens * 4 * spec.num_layers * spec.hidden_size * 2.0 * 2 * (d - 1) / d / link
+        lora_params = float(spec.lora_params(load.rank, load.targets))
+        if strat is Strategy.TP:  # colwise A and rowwise B are replicated: half the factors
+            sent = tp_bytes(tokens=tokens, layers=spec.num_layers, hidden=spec.hidden_size,
+                            tp=d, replicated_lora_params=lora_params / 2)  # fmt: skip
+            comm = sent / link
         elif strat is Strategy.FSDP:
-            grads = 4.0 * spec.lora_params(load.rank, load.targets)
-            comm = grads * (d - 1) / d / link
+            sent = fsdp_bytes(base_bytes=0.0, lora_params=lora_params, fsdp=d, shard_base=False)
+            comm = sent / link
         elif strat is Strategy.PP:
-            comm = tokens * 2 * spec.hidden_size * 2.0 * (d - 1) / d / link
+            comm = pp_bytes(tokens=tokens, hidden=spec.hidden_size, stages=d) / link
         modules = 0.0
         if self.layout is LoRALayout.PER_ADAPTER:
             modules = len(load.targets) * spec.num_layers

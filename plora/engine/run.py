@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,29 @@ class PackSession:
         self.model_loads = 1
         self._load_charged = False
 
+    #: Whether this process writes checkpoints and results (one rank of a parallel job does).
+    _writer = True
+
+    def _trainer(self, request: PackRequest) -> PackedTrainer:
+        """A fresh trainer on the resident model for one pack."""
+        return PackedTrainer(
+            self.model,
+            self.tokenizer,
+            self.data,
+            device=self.device,
+            seq_len=self.spec.dataset.max_seq_len,
+            max_rows=self.spec.max_rows,
+            gradient_checkpointing=self.spec.gradient_checkpointing,
+            base_model_name_or_path=ckpt.adapter_base_name(
+                self.spec.model, self.model_path, request.out_dir
+            ),
+        )
+
+    @staticmethod
+    def _agree(value: Any) -> Any:
+        """The value every process of the job acts on (one process: its own)."""
+        return value
+
     def run(self, request: PackRequest, hooks: PackHooks | None = None) -> PackOutcome:
         """Train ``request.configs`` packed until each finishes, is stopped or the job aborts.
 
@@ -96,19 +120,11 @@ class PackSession:
         run: _PackRun | None = None
         try:
             with clock.phase("start"):
-                trainer = PackedTrainer(
-                    self.model,
-                    self.tokenizer,
-                    self.data,
-                    device=self.device,
-                    seq_len=self.spec.dataset.max_seq_len,
-                    max_rows=self.spec.max_rows,
-                    gradient_checkpointing=self.spec.gradient_checkpointing,
-                    base_model_name_or_path=ckpt.adapter_base_name(
-                        self.spec.model, self.model_path, request.out_dir
-                    ),
-                )
-                run = _PackRun(trainer, self.data, self.tokenizer, request, clock)
+                trainer = self._trainer(request)
+                run = _PackRun(
+                    trainer, self.data, self.tokenizer, request, clock,
+                    agree=self._agree, writer=self._writer,
+                )  # fmt: skip
                 run.start()
             run.loop(hooks)
         except torch.OutOfMemoryError as e:
@@ -244,8 +260,22 @@ class _Phase:
 class _PackRun:
     """Bookkeeping of one pack: the step loop, results, exports, evaluation, checkpoints."""
 
-    def __init__(self, trainer, data, tokenizer, request: PackRequest, clock: _Clock) -> None:
+    def __init__(
+        self,
+        trainer,
+        data,
+        tokenizer,
+        request: PackRequest,
+        clock: _Clock,
+        *,
+        agree: Callable[[Any], Any] = lambda value: value,
+        writer: bool = True,
+    ) -> None:
         self.trainer = trainer
+        self.agree = agree
+        """Makes every rank of a parallel job act on rank 0's control and timing decisions."""
+        self.writer = writer
+        """Whether this process writes the checkpoint files (collectives run on every rank)."""
         self.data = data
         self.tokenizer = tokenizer
         self.request = request
@@ -262,6 +292,12 @@ class _PackRun:
         if self.request.resume and self.ckpt_dir is not None:
             state, results, notes = ckpt.latest_good_checkpoint(self.ckpt_dir)
             self.notes += notes
+            # rank 0's view: in a parallel job every rank must resume from the same step
+            step = state.get("global_step") if state is not None else None
+            agreed = self.agree(step)
+            if agreed != step:
+                state, results = (None, None) if agreed is None else ckpt.verify_train_state(
+                    self.ckpt_dir / f"state-{int(agreed):09d}")  # fmt: skip
             if state is not None:
                 self.trainer.load_state_dict(state)
                 for cid, r in (results or {}).items():
@@ -275,7 +311,7 @@ class _PackRun:
         self.hooks = hooks
         last_checkpoint = time.monotonic()
         while True:
-            control = hooks.poll() if hooks is not None else None
+            control = self.agree(hooks.poll() if hooks is not None else None)
             if control is not None:
                 if control.abort:
                     self.abort()
@@ -294,7 +330,7 @@ class _PackRun:
             self.finalize_finished()
             due = bool(policy.every_steps) and trainer.global_step % policy.every_steps == 0
             if policy.every_s is not None:
-                due = due or time.monotonic() - last_checkpoint >= policy.every_s
+                due = self.agree(due or time.monotonic() - last_checkpoint >= policy.every_s)
             if due:
                 self.checkpoint()
                 last_checkpoint = time.monotonic()
@@ -362,11 +398,11 @@ class _PackRun:
         with self.clock.phase("checkpoint"):
             if isinstance(self.hooks, SyncHooks):  # metrics durable before the state after them
                 self.hooks.sync()
-            ckpt.write_checkpoint(
-                self.ckpt_dir,
-                self.trainer.state_dict(),
-                results={c: r.to_dict() for c, r in self.results.items()},
-            )
+            state = self.trainer.state_dict()  # a collective in a parallel job: every rank
+            if self.writer:
+                ckpt.write_checkpoint(
+                    self.ckpt_dir, state, results={c: r.to_dict() for c, r in self.results.items()}
+                )
         self.clock.checkpoints += 1
 
 

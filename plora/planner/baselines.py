@@ -3,8 +3,9 @@
 * **Min GPU** -- one config per job on the fewest GPUs it fits on (d = 1 whenever it fits;
   the fastest allowed strategy otherwise), list-scheduled longest-first (LPT): whenever GPUs
   free up, start the longest waiting job that fits on them.
-* **Max GPU** -- one config per job on all GPUs (the largest power of two d <= G, fastest
-  strategy), one job after another. Needs a multi-GPU strategy when G > 1.
+* **Max GPU** -- one config per job on all GPUs (the largest power of two d <= G the model
+  can be split over, fastest strategy), one job after another. Needs a multi-GPU strategy
+  when G > 1.
 * **Sequential** -- the brief's reading of "Sequential PLoRA": the planner's packs (F(d, K)
   on d = the largest power of two <= G, repeated on the configs left) run one at a time on
   all GPUs. (In the paper's ablation the difference is the execution engine -- packed
@@ -88,7 +89,12 @@ def min_gpu_starts(table: ClassTable, num_gpus: int, groups: Groups | None = Non
 
 
 def _widest(table: ClassTable, num_gpus: int, kind: Baseline) -> list[DegreeCosts]:
+    """The options of the widest job: the largest power of two d <= G on which some config
+    fits (a degree the model cannot be split over -- TP 8 of 28 heads -- fits none)."""
     d = 1 << (num_gpus.bit_length() - 1)
+    usable = [o.d for o in table.options if o.d <= d and bool(o.fits.any())]
+    if usable and (max(usable) > 1 or d == 1):
+        d = max(usable)
     options = [o for o in table.options if o.d == d]
     if not options:
         raise ConfigError(

@@ -90,6 +90,8 @@ def shutdown(*, started: bool) -> None:
     if _REAPER is not None:
         _REAPER.release()
         _REAPER = None
+
+
 #: Set by Ray's job supervisor in the environment of a ``ray job submit`` entrypoint.
 RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 

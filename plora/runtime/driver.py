@@ -111,7 +111,8 @@ class RunOptions:
     prestart: bool = True
     """Start a one-GPU worker group on every GPU right after Ray is up, so the workers import,
     initialise CUDA and load the base model while the driver reads the dataset and plans (not
-    when the base model alone fills a GPU: the plan will want several GPUs per job)."""
+    when the base model alone fills a GPU, nor when ``planner.strategies`` allows multi-GPU
+    jobs: the plan may want several GPUs per job)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -222,7 +223,7 @@ def _run(
         ray_start_s = time.monotonic() - t0
         check_gpus(hw.num_gpus, cpu=hw.is_cpu)
         driver = _Driver(sweep=sweep, options=options, on_update=on_update)
-        if options.prestart and fits_one_gpu(sweep):
+        if options.prestart and fits_one_gpu(sweep) and not sweep.planner.strategies:
             driver.prestart(range(sweep.hardware.num_gpus))
         t_wait = time.monotonic()
         data_report = None
@@ -292,6 +293,9 @@ class _Job:
     spec: JobSpec
     group: WorkerGroup
     refs: list[Any]
+    peers: set[Any] = dataclasses.field(default_factory=set)
+    """The refs of ranks 1..d-1 not yet returned: one that fails (a dead worker) fails the job,
+    since rank 0 waits on it in the job's collectives."""
 
 
 class _Driver:
@@ -360,13 +364,17 @@ class _Driver:
 
     def _step(self) -> None:
         refs = {job.refs[0]: jid for jid, job in self.jobs.items()}
+        peers = {r: jid for jid, job in self.jobs.items() for r in job.peers}
         ready: list[Any] = []
         if refs:
-            ready, _ = ray.wait(list(refs), num_returns=1, timeout=self.options.tick_s)
+            ready, _ = ray.wait([*refs, *peers], num_returns=1, timeout=self.options.tick_s)
         else:
             time.sleep(self.options.tick_s)
         launches = self._drain()
         for ref in ready:
+            if ref in peers:
+                self._peer_returned(peers[ref], ref)
+                continue
             launches += self._finish(refs[ref])
         if not refs and not ready:
             launches += self.coord.tick()  # a waiting searcher may have configs now
@@ -415,19 +423,34 @@ class _Driver:
             self.coord.stop_config(cid, reason="relay request")
         return launches
 
+    def _peer_returned(self, job_id: str, ref: Any) -> None:
+        """Rank k > 0 of a job returned: fine when it ended with rank 0; when it failed (its
+        worker died), rank 0 cannot finish the job's collectives, so the group is stopped and
+        rank 0's ref fails too (:meth:`_finish` sees a dead worker)."""
+        job = self.jobs[job_id]
+        job.peers.discard(ref)
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayError:
+            stop_group(job.group)
+
     def _finish(self, job_id: str) -> list[JobSpec]:
         job = self.jobs.pop(job_id)
         self._resolve_groups()  # a short first job may end before its group was recorded
         try:
             outcome = ray.get(job.refs[0])
-        except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError,
-                ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as e:  # fmt: skip
+        except _DIED as e:
             kind, msg, outcome = FailureKind.DIED, _first_line(e), None
         except ray.exceptions.RayTaskError as e:
             kind, msg, outcome = FailureKind.ERROR, _first_line(e.cause or e), None
         except ray.exceptions.RayError as e:  # lost objects, runtime-env setup, ...
             kind, msg, outcome = FailureKind.ERROR, _first_line(e), None
-        if outcome is None:
+        if outcome is None and kind is FailureKind.ERROR and len(job.refs) > 1:
+            # rank 0's collective failed because another rank's worker died: a dead worker
+            died = _dead_peer(job.refs[1:])
+            if died is not None:
+                kind, msg = FailureKind.DIED, died
+        if outcome is None or (len(job.refs) > 1 and outcome.status is not OutcomeStatus.OK):
             # A dead worker, or an error that may have left the model half-changed: the group
             # goes; a later job on these GPUs starts a fresh one.
             self._drop_group(job.group)
@@ -492,9 +515,8 @@ class _Driver:
     def _launch(self, launches: list[JobSpec]) -> None:
         for spec in launches:
             group = self._group_for(spec)
-            self.jobs[spec.job_id] = _Job(
-                spec=spec, group=group, refs=group.run(self._request(spec))
-            )
+            refs = group.run(self._request(spec))
+            self.jobs[spec.job_id] = _Job(spec=spec, group=group, refs=refs, peers=set(refs[1:]))
             if group.info is not None:
                 self.coord.on_job_started(spec.job_id, node=group.node)
         if launches:
@@ -531,6 +553,28 @@ def _resumed_sweep(
             f"or resume with the saved one ({store.sweep_yaml})"
         )
     return given, changed
+
+
+_DIED = (
+    ray.exceptions.ActorDiedError,
+    ray.exceptions.ActorUnavailableError,
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.NodeDiedError,
+)
+
+
+def _dead_peer(refs: list[Any], timeout_s: float = 10.0) -> str | None:
+    """Why one of ``refs`` (ranks 1..d-1 of a job whose rank 0 failed) died, if one did: they
+    fail within seconds of rank 0 when a worker was lost."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except _DIED as e:
+            return _first_line(e)
+        except ray.exceptions.RayError:
+            continue
+    return None
 
 
 def _first_line(e: BaseException) -> str:

@@ -6,9 +6,11 @@ A group is started on the GPUs the coordinator booked for a job, loads the base 
 call of ``run`` on the group's workers, not a process. The driver tears a group down only when its
 GPUs are wanted by a job of another shape, when a worker died, or at the end of the sweep.
 
-``d > 1`` groups need a model-parallel engine (``tp``, ``fsdp``, ``pp``): until ``plora.parallel``
-provides one they are refused with a clear error rather than replicated silently (the cost model
-lists no strategies, so the planner only makes d = 1 jobs).
+A ``d > 1`` group is one job's ``d`` ranks: its workers join one torch.distributed group (NCCL
+on GPU, gloo on CPU) before they load, and each builds a
+:class:`~plora.parallel.session.ParallelPackSession` for the group's strategy (``tp`` or
+``fsdp``, :data:`RUNTIME_STRATEGIES`); rank 0 carries the job's metrics, control and outcome.
+A strategy the runtime cannot run is refused with a clear error rather than replicated silently.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ RUNTIME_STRATEGIES: frozenset[str] = frozenset(str(s) for s in SUPPORTED_STRATEG
 
 
 class UnsupportedJobError(RuntimeError):
-    """A job asks for something the engine cannot run yet (d > 1 without a parallel strategy)."""
+    """A job asks for something the engine cannot run (d > 1 without a runtime strategy)."""
 
 
 def check_strategies(strategies: Any) -> None:
@@ -40,9 +42,10 @@ def check_strategies(strategies: Any) -> None:
     cannot run (``planner.strategies`` set, or ``plora.parallel`` listing more than the runtime)."""
     bad = sorted(str(s) for s in strategies if str(s) not in RUNTIME_STRATEGIES)
     if bad:
+        runs = ", ".join(sorted(RUNTIME_STRATEGIES)) or "none"
         raise ConfigError(
-            f"planner.strategies: {', '.join(bad)} cannot run yet: plora's runtime trains only "
-            "d = 1 jobs (one GPU each); remove planner.strategies from the sweep"
+            f"planner.strategies: {', '.join(bad)} cannot run yet: plora's runtime runs d > 1 "
+            f"jobs with {runs}; remove {', '.join(bad)} from planner.strategies"
         )
 
 
@@ -96,10 +99,10 @@ def start_group(
     """
     d = len(gpu_ids)
     if d > 1 and (strategy is None or strategy not in parallel_strategies):
+        runs = ", ".join(sorted(parallel_strategies)) or "none"
         raise UnsupportedJobError(
-            f"{name}: d={d} GPUs with strategy {strategy!r}, but plora's engine runs only d = 1 "
-            "jobs until tp/fsdp/pp land in plora.parallel; plan with planner.strategies: [] "
-            "(the default) so every job is d = 1"
+            f"{name}: d={d} GPUs with strategy {strategy!r}; the runtime runs d > 1 jobs with "
+            f"{runs}; plan with planner.strategies among those"
         )
     started = time.monotonic()
     bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
@@ -116,7 +119,7 @@ def start_group(
                 placement_group=pg, placement_group_bundle_index=r
             ),
         )
-        .remote(rank=r, world_size=d, relay=relay, engine=engine, spec=spec)
+        .remote(rank=r, world_size=d, relay=relay, engine=engine, spec=spec, strategy=strategy)
         for r in range(d)
     ]
     if d > 1:

@@ -123,8 +123,10 @@ class PackWorker:
         world_size: d, the group's GPU count.
         relay: The coordinator relay actor handle.
         engine: The engine class (``engine(spec)`` loads the base model; a ``PackEngine``);
-            None: :class:`plora.engine.run.PackSession`, imported in the worker (the driver
-            need not import torch to start workers).
+            None: :class:`plora.engine.run.PackSession` for d = 1, and for d > 1
+            :class:`plora.parallel.session.ParallelPackSession` on the group's process group
+            with ``strategy`` -- imported in the worker (the driver need not import torch).
+        strategy: The group's strategy (``tp``, ``fsdp``) when d > 1.
         spec: What the engine loads.
         threads: ``torch.set_num_threads`` on CPU (1 keeps concurrent workers from
             oversubscribing).
@@ -139,16 +141,20 @@ class PackWorker:
         engine: type[PackEngine] | None = None,
         spec: EngineSpec | None = None,
         threads: int = 1,
+        strategy: str | None = None,
     ) -> None:
         import torch
 
         self.rank = rank
         self.world_size = world_size
+        self.strategy = strategy
         self.relay = relay
         self._engine_cls = engine
         self._spec = spec
         self.engine: PackEngine | None = None
         self._loaded = threading.Event()  # calls run on two threads: ``run`` waits for ``load``
+        self._running = threading.Lock()  # one job at a time, even when the next one is queued
+        # while this rank still finishes the last (rank 0 returned first)
         self._load_error: str | None = None
         self.cuda = torch.cuda.is_available()
         if not self.cuda:
@@ -173,11 +179,18 @@ class PackWorker:
             raise RuntimeError("this worker was created without an engine spec to load")
         t0 = time.perf_counter()
         try:
-            if self._engine_cls is None:
-                from plora.engine.run import PackSession
+            if self._engine_cls is None and self.world_size > 1:
+                from plora.parallel.dims import ParallelDims
+                from plora.parallel.session import ParallelPackSession
 
-                self._engine_cls = PackSession
-            self.engine = self._engine_cls(self._spec)
+                dims = ParallelDims.for_job(self.world_size, self.strategy)
+                self.engine = ParallelPackSession(self._spec, dims=dims)
+            else:
+                if self._engine_cls is None:
+                    from plora.engine.run import PackSession
+
+                    self._engine_cls = PackSession
+                self.engine = self._engine_cls(self._spec)
         except Exception as e:
             self._load_error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
             raise
@@ -196,6 +209,10 @@ class PackWorker:
         import torch.distributed as dist
 
         backend = "nccl" if self.cuda else "gloo"
+        if self.cuda:
+            import torch
+
+            torch.cuda.set_device(0)  # the one GPU Ray made visible to this worker
         if self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group(
                 backend=backend,
@@ -216,15 +233,23 @@ class PackWorker:
         return float(t.item())
 
     def run(self, request: PackRequest) -> PackOutcome:
-        """Train one job's pack on the resident engine; reports are flushed before returning."""
+        """Train one job's pack on the resident engine; reports are flushed before returning.
+
+        In a group of d > 1 every rank runs the job; only rank 0 talks to the relay (metrics
+        out, control in: the engine hands its control to the other ranks), and rank 0's
+        outcome is the job's.
+        """
         self._loaded.wait()
         if self.engine is None:
             raise RuntimeError(f"the worker could not load the base model: {self._load_error}")
-        hooks = RelayHooks(self.relay, request.job_id, poll_every_s=request.poll_every_s)
-        try:
-            return self.engine.run(request, hooks)
-        finally:
-            hooks.flush(wait=True)
+        with self._running:
+            if self.rank != 0:
+                return self.engine.run(request, None)
+            hooks = RelayHooks(self.relay, request.job_id, poll_every_s=request.poll_every_s)
+            try:
+                return self.engine.run(request, hooks)
+            finally:
+                hooks.flush(wait=True)
 
 
 __all__ = ["PackWorker", "RelayHooks", "WorkerInfo"]

@@ -82,7 +82,9 @@ def read_results(path: Path, missing: Missing = None) -> pd.DataFrame:
     return _normalize_results(df)
 
 
-def read_metrics(path: Path, missing: Missing = None, *, all_attempts: bool = False) -> pd.DataFrame:
+def read_metrics(
+    path: Path, missing: Missing = None, *, all_attempts: bool = False
+) -> pd.DataFrame:
     """``metrics.parquet``, sorted by (config_id, step).
 
     A step trained more than once (a job resumed from a checkpoint older than its last

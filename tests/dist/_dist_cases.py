@@ -163,7 +163,29 @@ def _layout(trainer) -> dict:
         "base_dtensors": sum(isinstance(p, DTensor) for p in decoder.parameters()),
         "layers_here": sum(any(True for _ in b.parameters()) for b in decoder.layers),
         "idle_micro_batches": trainer.idle_micro_batches,
+        **_held_numel(trainer.model),
     }
+
+
+def _held_numel(model) -> dict:
+    """Elements this rank holds: of the frozen base (a DTensor's local shard; a parameter
+    shared by two modules once) and of the packed LoRA factors (for the memory model)."""
+    from torch.distributed.tensor import DTensor
+
+    from plora.engine.adapters import packed_layers
+
+    lora = {id(p) for layer in packed_layers(model).values() for p in (layer.A, layer.Bt)}
+    seen: set[int] = set()
+    base = 0
+    for _, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in lora or id(p) in seen:
+            continue
+        seen.add(id(p))
+        base += (p.to_local() if isinstance(p, DTensor) else p).numel()
+    lora_numel = sum(
+        layer.A.numel() + layer.Bt.numel() for layer in packed_layers(model).values()
+    )
+    return {"base_numel": base, "lora_numel": lora_numel}
 
 
 def _worker(rank: int, cases: list[Case], ports: list[int], out: str, device_type: str) -> None:

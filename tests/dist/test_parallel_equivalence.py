@@ -148,6 +148,36 @@ def test_parallel_checkpoint_resumes_on_one_process(runs, reference):
         assert_same_adapter(adapter_state_dict(trainer.model, trainer.slot_of(cid)), want)
 
 
+@pytest.mark.parametrize("case", ["tp2", "fsdp2", "pp2"])
+def test_memory_model_counts_what_each_rank_holds(case, runs):
+    """The cost model's per-GPU base weights are what the ranks hold (mean over ranks: PP's
+    first and last stages differ), and under FSDP the adapters are whole on every rank, as the
+    memory model's default (``zero_stage=0``) books them."""
+    from plora.cost import Strategy
+    from plora.cost.memory import FULL_FP32, MemoryOptions, adapter_memory, base_memory
+    from plora.model_spec import ModelSpec
+
+    spec = ModelSpec.from_hf_config(tiny_model("qwen2").config)
+    strategy = {"tp2": Strategy.TP, "fsdp2": Strategy.FSDP, "pp2": Strategy.PP}[case]
+    got = [torch.load(runs / f"{case}.rank{r}.pt")["layout"] for r in range(2)]
+    fp32 = MemoryOptions(precision=FULL_FP32)
+    want = base_memory(spec, d=2, strategy=strategy, options=fp32).components["base_weights"]
+    assert sum(4.0 * g["base_numel"] for g in got) / 2 == pytest.approx(want, rel=1e-12)
+    if strategy is Strategy.FSDP:
+        trainer = PackedTrainer(tiny_model("qwen2"), TOKENIZER, toy_dataset(), device="cpu")
+        for cfg in CONFIGS:
+            trainer.add(cfg)
+        alone = sum(layer.A.numel() + layer.Bt.numel() for layer in trainer.layers.values())
+        assert [g["lora_numel"] for g in got] == [alone, alone]  # replicated, not sharded
+        one, two = (
+            adapter_memory(spec, rank=8, targets=("q_proj",), batch_size=2, seq_len=16, d=d,
+                           strategy=s, options=fp32).components
+            for d, s in ((1, None), (2, Strategy.FSDP))
+        )  # fmt: skip
+        for part in ("lora_params", "lora_grads", "optimizer"):
+            assert two[part] == one[part]
+
+
 def test_dist_group_timing(runs):
     """Report the spawned groups' wall time (the tier's budget is 2 minutes on 2 cores)."""
     print({k: round(v, 1) for k, v in TIMINGS.items()})

@@ -53,7 +53,7 @@ def test_multi_gpu_groups_are_refused_loudly() -> None:
 
     spec = EngineSpec(model=tiny_sweep().model, dataset=tiny_sweep().dataset)
     with pytest.raises(UnsupportedJobError, match="d=2 GPUs"):
-        start_group((0, 1), strategy="tp", relay=None, engine=PackFnEngine, spec=spec, name="g")
+        start_group((0, 1), strategy="pp", relay=None, engine=PackFnEngine, spec=spec, name="g")
 
 
 def test_stop_one_adapter_of_a_running_job(ray_cluster, tmp_path) -> None:

@@ -1,0 +1,99 @@
+"""The resident engine of one rank of a ``d``-GPU job: :class:`ParallelPackSession`.
+
+A worker group of ``d`` processes (one per GPU, :mod:`plora.runtime.group`) shares one
+torch.distributed group. Each process builds a ``ParallelPackSession``: it loads the base model
+once, parallelises it for its rank (:func:`plora.parallel.parallelize`, with the job's
+:class:`~plora.parallel.dims.ParallelDims`) and then serves successive packs exactly as
+:class:`plora.engine.run.PackSession` does on one GPU, with a
+:class:`~plora.parallel.trainer.ParallelPackedTrainer` per pack. What changes with ``d``:
+
+- **Decisions come from rank 0.** Only rank 0 talks to the coordinator (its hooks stream the
+  metrics and poll control); before every step the control it got, and every time-based
+  checkpoint decision, is broadcast so that all ranks stop, add and checkpoint the same
+  adapters at the same step (the collectives stay in step).
+- **Files come from rank 0.** Train-state checkpoints (gathered, layout-free: a retried job
+  resumes on a fresh group of the same ``d``) and the results so far are written by rank 0;
+  adapters are gathered from the shards and exported in PEFT format by rank 0
+  (:meth:`ParallelPackedTrainer.export_adapter`).
+- **Evaluation** runs the same packed forwards on every rank (TP and FSDP forwards are
+  collectives); every rank gets the same scores.
+
+Pipeline parallelism is not served here: evaluation and the packed forwards need the whole
+model on a rank (``SUPPORTED_STRATEGIES`` lists ``tp`` and ``fsdp``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+from plora.engine import checkpoint as ckpt
+from plora.engine.api import EngineSpec, PackRequest
+from plora.engine.run import PackSession
+from plora.parallel import parallelize
+from plora.parallel.dims import ParallelDims
+from plora.parallel.trainer import ParallelPackedTrainer
+
+
+class ParallelPackSession(PackSession):
+    """A base model parallelised over the ranks of one job, serving successive packs.
+
+    Needs an initialised default process group of ``dims.world_size`` ranks (NCCL on GPU, gloo
+    on CPU); every rank builds one and calls :meth:`run` with the same requests.
+
+    Args:
+        spec: the base model, dataset and engine options; loaded here, once.
+        dims: the job's degrees (``pp`` must be 1: see the module docstring).
+        shard_base: FSDP shards the frozen base (False keeps it whole on every rank).
+    """
+
+    def __init__(self, spec: EngineSpec, *, dims: ParallelDims, shard_base: bool = True) -> None:
+        if not dist.is_initialized() or dist.get_world_size() != dims.world_size:
+            have = dist.get_world_size() if dist.is_initialized() else 0
+            raise RuntimeError(
+                f"ParallelPackSession: dims need {dims.world_size} processes, the process "
+                f"group has {have}; call torch.distributed.init_process_group first"
+            )
+        if dims.pp > 1:
+            raise ValueError(
+                "ParallelPackSession: pp > 1 is not served by resident workers yet (evaluation "
+                "needs every layer on a rank); use tp or fsdp"
+            )
+        super().__init__(spec)
+        t0 = time.perf_counter()
+        self.dims = dims
+        self.rank = dist.get_rank()
+        self._writer = self.rank == 0
+        self.mesh = dims.build_mesh(self.device.type)
+        self.stage = parallelize(self.model, dims=dims, mesh=self.mesh, shard_base=shard_base)
+        self.load_s += time.perf_counter() - t0
+
+    def _trainer(self, request: PackRequest) -> ParallelPackedTrainer:
+        return ParallelPackedTrainer(
+            self.model,
+            self.tokenizer,
+            self.data,
+            device=self.device,
+            seq_len=self.spec.dataset.max_seq_len,
+            max_rows=self.spec.max_rows,
+            adapt_to_memory=False,  # one rank halving its micro-batches alone would desync
+            gradient_checkpointing=self.spec.gradient_checkpointing,
+            base_model_name_or_path=ckpt.adapter_base_name(
+                self.spec.model, self.model_path, request.out_dir
+            ),
+            dims=self.dims,
+            mesh=self.mesh,
+            stage=self.stage,
+        )
+
+    @staticmethod
+    def _agree(value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (a broadcast of one small object)."""
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+__all__ = ["ParallelPackSession"]
