@@ -16,6 +16,8 @@ bit-identically -- the ``base_model_name_or_path`` that exported PEFT adapters p
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ import torch
 from transformers import PretrainedConfig
 
 from plora.config import ConfigError
+from plora.models.quantize import import_torchao_quietly, quantize_model
 from plora.models.tiny import TINY_MODELS, tiny_config, tiny_model_dir
 from plora.utils import atomic_path
 
@@ -74,6 +77,9 @@ def load_model(
             dtype; built-ins are float32).
         device: where to put the model.
 
+    With ``ref.quantization == "nf4"`` the decoder's projections are stored in NF4 on
+    ``device`` (:func:`plora.models.quantize.quantize_model`), computed in ``dtype``.
+
     Returns:
         ``(model, tokenizer)``; the tokenizer always has a pad token (eos when it had none).
 
@@ -96,6 +102,9 @@ def load_model(
             value=name,
             fix="point to a directory written by save_pretrained",
         )
+    if importlib.util.find_spec("torchao") is not None:
+        with contextlib.suppress(ImportError):
+            import_torchao_quietly()  # transformers imports it below, with a page of warnings
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch_dtype, trust_remote_code=trust
@@ -114,6 +123,9 @@ def load_model(
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
+    quantization = getattr(ref, "quantization", "none")
+    if quantization != "none":  # on the target device, one projection at a time
+        quantize_model(model, quantization, device=device)
     return model.to(device), tokenizer
 
 
@@ -172,6 +184,7 @@ __all__ = [
     "PretrainedConfig",
     "is_builtin",
     "load_model",
+    "quantize_model",
     "resolve_model_path",
     "save_base_model",
     "tiny_config",

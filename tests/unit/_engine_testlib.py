@@ -111,12 +111,15 @@ def peft_reference(
     *,
     total_steps: int | None = None,
     keyed_dropout: bool = False,
+    copy_base: bool = True,
 ) -> tuple[list[float], dict[str, torch.Tensor], nn.Module]:
     """Train ``config`` alone with PEFT for ``steps`` steps from PEFT-keyed weights ``init``.
 
+    ``copy_base=False`` trains on ``base`` itself (a fresh model the caller built: torchao's
+    NF4 weights re-quantize when deep-copied, so QLoRA tests build each base anew).
     Returns the per-step losses, the final PEFT-keyed adapter weights and the PEFT model.
     """
-    model = copy.deepcopy(base)
+    model = copy.deepcopy(base) if copy_base else base
     peft_cfg = LoraConfig(
         r=config.rank,
         lora_alpha=config.alpha,
