@@ -24,13 +24,14 @@ from _engine_testlib import (
 
 pytest.importorskip("torchao", reason="QLoRA needs torchao: pip install -e '.[qlora]'")
 
-from plora.config import ConfigError, LoRAConfig, ModelRef  # noqa: E402
-from plora.cost.memory import NF4_BYTES_PER_PARAM  # noqa: E402
-from plora.engine import fused  # noqa: E402
-from plora.engine.adapters import adapter_state_dict, add_adapter, inject, packed_segments  # noqa: E402
-from plora.engine.trainer import PackedTrainer  # noqa: E402
-from plora.kernels import packed_lora_linear  # noqa: E402
-from plora.models import quantize as q  # noqa: E402
+from plora.kernels import packed_lora_linear
+
+from plora.config import ConfigError, LoRAConfig, ModelRef
+from plora.cost.memory import NF4_BYTES_PER_PARAM
+from plora.engine import fused
+from plora.engine.adapters import adapter_state_dict, add_adapter, inject, packed_segments
+from plora.engine.trainer import PackedTrainer
+from plora.models import quantize as q
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -195,9 +196,14 @@ def test_recompute_saved_is_what_frees_the_weight():
         w = torch.randn(8, 8)
         x = torch.randn(2, 8, requires_grad=True)
         ref = weakref.ref(w)
-        rebuilt = []
+        rebuilt: list[int] = []
+
+        def rebuild(log=rebuilt):
+            log.append(1)
+            return torch.ones(8, 8)
+
         if hooked:
-            with q.recompute_saved(w, lambda: rebuilt.append(1) or torch.ones(8, 8)):
+            with q.recompute_saved(w, rebuild):
                 y = x @ w.t()
         else:
             y = x @ w.t()
