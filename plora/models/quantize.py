@@ -195,7 +195,7 @@ def quantize_model(
 
 def dense_weight(module: nn.Linear, dtype: torch.dtype) -> torch.Tensor:
     """``module``'s weight as a dense ``dtype`` tensor (dequantized if it is NF4)."""
-    weight = module.weight
+    weight: Any = module.weight
     if is_nf4(weight):
         return weight.get_original_weight().to(dtype)
     return weight.to(dtype)
@@ -216,7 +216,7 @@ def recompute_saved(dense: torch.Tensor, rebuild: Any) -> Iterator[None]:
 
     def pack(t: torch.Tensor) -> Any:
         if t.device == device and t.untyped_storage().data_ptr() == ptr:
-            return _Rebuild(rebuild, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            return _Rebuild(rebuild, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()))
         return t
 
     def unpack(saved: Any) -> torch.Tensor:
@@ -243,7 +243,7 @@ def quantized_bytes(model: nn.Module) -> int:
     total = 0
     for module in model.modules():
         if is_quantized(module):
-            w = module.weight
+            w: Any = module.weight
             for part in (w.quantized_data, w.quantized_scalers, w.quantization_factor):
                 total += part.numel() * part.element_size()
     return total
