@@ -364,7 +364,7 @@ __all__ = [
     "base_activation_bytes_per_token",
     "base_memory",
     "base_weight_bytes",
+    "check_parallel",
     "projection_params",
     "quantized",
-    "check_parallel",
 ]
