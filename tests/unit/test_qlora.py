@@ -214,3 +214,59 @@ def test_recompute_saved_is_what_frees_the_weight():
         assert len(rebuilt) == int(hooked)
         if hooked:  # backward used the rebuilt tensor (ones), not the freed one
             torch.testing.assert_close(x.grad, torch.full((2, 8), 8.0))
+
+
+def test_run_pack_on_nf4_exports_adapters_that_reload_with_peft(tmp_path):
+    """A QLoRA pack through the engine's one door (``run_pack``), exported in PEFT format:
+    PEFT reloads each adapter on the NF4 base (same logits as plora's packed layer with the
+    adapter in a slot: two independent paths) and on the dense fp32 base it names."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from plora.config import DatasetSpec
+    from plora.engine import run_pack
+    from plora.engine.adapters import load_adapter_state_dict, use_slot
+    from plora.models import load_model
+
+    data = DatasetSpec(builtin="arithmetic", num_examples=32, max_seq_len=32, eval_fraction=0.1)
+    configs = [
+        LoRAConfig(config_id="q1", rank=4, alpha=8, lr=5e-3, batch_size=2, max_steps=3, seed=1),
+        LoRAConfig(config_id="q2", rank=8, alpha=16, lr=1e-2, batch_size=3, max_steps=3, seed=2,
+                   target_modules="all"),
+    ]  # fmt: skip
+    ref = ModelRef(name_or_path="tiny-qwen2", quantization="nf4")
+    res = run_pack(model=ref, configs=configs, dataset=data, out_dir=tmp_path, device="cpu")
+    assert all(r.eval_loss is not None and r.eval_loss > 0 for r in res.results.values())
+    dense_res = run_pack(model="tiny-qwen2", configs=configs[:1], dataset=data,
+                         out_dir=tmp_path / "dense", device="cpu")  # fmt: skip
+    assert dense_res.results["q1"].eval_loss != pytest.approx(res.results["q1"].eval_loss, rel=1e-4)
+    ids = torch.tensor([[5, 17, 42, 99, 3, 250, 7]])
+    for cfg in configs:
+        path = tmp_path / "adapters" / cfg.config_id
+        weights = load_file(path / "adapter_model.safetensors")
+        assert any("lora_B" in k and v.abs().max() > 0 for k, v in weights.items())
+        # plora: NF4 base, packed layers, the exported weights in slot 0
+        mine, _ = load_model(ref)
+        inject(mine)
+        add_adapter(mine, 0, cfg)
+        load_adapter_state_dict(mine, 0, weights)
+        with torch.no_grad(), use_slot(mine, 0):
+            want = mine(input_ids=ids).logits
+        # PEFT on the NF4 base
+        base, _ = load_model(ref)
+        assert any(q.is_quantized(m) for m in base.modules())
+        peft_nf4 = PeftModel.from_pretrained(base, path).eval()
+        with torch.no_grad():
+            got = peft_nf4(input_ids=ids).logits
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        # PEFT on the dense base the adapter names: it loads and applies the same LoRA term
+        dense, _ = load_model("tiny-qwen2")
+        peft_dense = PeftModel.from_pretrained(dense, path).eval()
+        with torch.no_grad():
+            dense_logits = peft_dense(input_ids=ids).logits
+            with peft_dense.disable_adapter():
+                dense_base = peft_dense(input_ids=ids).logits
+        assert not torch.allclose(dense_logits, dense_base)  # the adapter is applied
+        assert not torch.allclose(dense_logits, got, atol=1e-4)  # and the base is not NF4
+        # NF4 rounds the base, not the adapter: same outputs up to the quantization error
+        assert (dense_logits - got).abs().max() < 0.1 * dense_logits.abs().max()
