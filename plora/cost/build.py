@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from plora.config import SUPPORTED_STRATEGIES
+from plora.config import SUPPORTED_STRATEGIES, ConfigError
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY, eval_defaults
 from plora.cost.memory import FULL_FP32, Loss, MemoryOptions, quantized
 from plora.cost.model import SweepCostModel
@@ -61,15 +61,25 @@ def build_cost_model(
     if dataset_size is None:
         dataset_size = int(sweep.dataset.num_examples)
     rows, metric = eval_defaults(sweep.dataset)
+    quantization = str(getattr(sweep.model, "quantization", "none"))
     if memory is None:
         fp32 = getattr(hw, "is_cpu", False) or sweep.model.dtype == "float32"
         ckpt = bool(getattr(getattr(sweep, "training", None), "gradient_checkpointing", False))
         memory = MemoryOptions(loss=Loss.FUSED, checkpointing=ckpt)
         if fp32:
             memory = dataclasses.replace(memory, precision=FULL_FP32)
-        quantization = str(getattr(sweep.model, "quantization", "none"))
         memory = dataclasses.replace(memory, precision=quantized(memory.precision, quantization))
     strategies = tuple(sweep.planner.strategies) or SUPPORTED_STRATEGIES
+    if quantization != "none":  # the tp/fsdp/pp paths are not built for a 4-bit base yet
+        if sweep.planner.strategies:
+            raise ConfigError(
+                f"not supported with model.quantization: {quantization} (QLoRA jobs run on "
+                "one GPU each)",
+                key="planner.strategies",
+                value=[str(s) for s in sweep.planner.strategies],
+                fix="remove planner.strategies, or set model.quantization: none",
+            )
+        strategies = ()
     profile = None
     if use_profile:
         profile = ProfileStore(profile_dir).load(_profile_key(sweep.model), hw.gpu_type)

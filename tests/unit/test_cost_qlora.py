@@ -84,3 +84,16 @@ def test_planner_packs_a_14b_qlora_sweep_on_a_24gb_gpu(tmp_path, monkeypatch) ->
     assert sum(len(j.config_ids) for j in jobs) == 4
     assert max(len(j.config_ids) for j in jobs) > 1  # packed on one base copy
     assert all(j.memory_gib_per_gpu <= 0.9 * 24 for j in jobs)
+
+
+def test_qlora_jobs_run_on_one_gpu(tmp_path) -> None:
+    """tp/fsdp/pp are not built for a 4-bit base: a QLoRA sweep plans d = 1 jobs only, and
+    asking for a strategy is a one-line error."""
+    sweep = _sweep("Qwen/Qwen2.5-7B", "nf4", gpu_type="H100", num_gpus=4)
+    assert build_cost_model(sweep, profile_dir=tmp_path).strategies() == ()
+    data = sweep.to_dict()
+    data["planner"] = {**data.get("planner", {}), "strategies": ["fsdp"]}
+    dense = {**data, "model": {**data["model"], "quantization": "none"}}
+    assert build_cost_model(SweepConfig.from_dict(dense), profile_dir=tmp_path).strategies()
+    with pytest.raises(ConfigError, match=r"planner\.strategies.*remove planner\.strategies"):
+        build_cost_model(SweepConfig.from_dict(data), profile_dir=tmp_path)
