@@ -8,7 +8,8 @@ For each decoder projection shape of a model (``plora/models/configs``) and ``T`
                  (plora's torch path; the fused kernels take the same dequantized weight);
 * ``int4``       torch's 4-bit weight-only GEMM (``_weight_int4pack_mm``, tinygemm on CUDA,
                  ``_for_cpu`` on CPU): an affine int4 format with groups of 64, *not* NF4, but the
-                 one 4-bit GEMM torch ships -- the speed a 4-bit kernel would give;
+                 one 4-bit GEMM torch ships -- the speed a 4-bit kernel would give (bf16
+                 activations; on CPU compare with ``dense_int4dtype``, the dense bf16 GEMM);
 * ``bnb``        bitsandbytes ``matmul_4bit`` on its NF4 weight (CUDA, when installed).
 
 and the backward's ``dX = dY·W`` (dense, and NF4 dequantize + GEMM): a 4-bit GEMM of ``x·Wᵀ``
@@ -109,10 +110,15 @@ def bench_shape(name: str, out_f: int, in_f: int, tokens: int, device, dtype, re
     row["dense_dx_ms"] = 1e3 * timed(lambda: dy @ w, device, reps)
     row["nf4_dx_ms"] = 1e3 * timed(lambda: dy @ nf4.get_original_weight().to(dtype), device, reps)
     row["nf4_err"] = rel(F.linear(x, nf4), F.linear(x, deq))
+    # torch's CPU int4 kernel is built for bf16 activations (fp32 measured ~100x slower than
+    # the dense fp32 GEMM): time it in bf16 there, beside a dense bf16 GEMM of the same shape
+    w4, x4 = (w, x) if device.type == "cuda" else (w.bfloat16(), x.bfloat16())
+    row["int4_dtype"] = str(x4.dtype).removeprefix("torch.")
+    row["dense_int4dtype_ms"] = 1e3 * timed(lambda: F.linear(x4, w4), device, reps)
     try:
-        mm, twin = int4_weight(w)
-        row["int4_ms"] = 1e3 * timed(lambda: mm(x), device, reps)
-        row["int4_err"] = rel(mm(x), F.linear(x, twin))
+        mm, twin = int4_weight(w4)
+        row["int4_ms"] = 1e3 * timed(lambda: mm(x4), device, reps)
+        row["int4_err"] = rel(mm(x4), F.linear(x4, twin))
     except (RuntimeError, NotImplementedError) as err:
         row["int4_ms"], row["int4_note"] = None, " ".join(str(err).split())[:120]
     bnb = bnb_weight(w)
@@ -137,7 +143,7 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.smoke or device.type == "cpu":
-        args.models, args.tokens, args.reps = ["Qwen/Qwen2.5-0.5B"], [256], min(args.reps, 5)
+        args.models, args.tokens, args.reps = ["Qwen/Qwen2.5-0.5B"], [256], min(args.reps, 3)
         torch.set_num_threads(1)  # one core: steadier timings on a shared machine
     from plora.models.quantize import require_torchao
 
@@ -145,8 +151,10 @@ def main() -> None:
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device {what}, {dtype}, torch {torch.__version__}", flush=True)
     head = f"{'model':>18} {'proj':>9} {'out x in':>12} {'T':>5}"
-    cols = ("dense", "dequant", "nf4", "int4", "bnb", "dense_dx", "nf4_dx")
-    print(head + "".join(f"{c + ' ms':>12}" for c in cols) + f"{'nf4/dense':>11}", flush=True)
+    cols = ("dense", "dequant", "nf4", "dense_int4dtype", "int4", "bnb", "dense_dx", "nf4_dx")
+    names = {"dense_int4dtype": "dense16"}
+    print(head + "".join(f"{names.get(c, c) + ' ms':>12}" for c in cols) + f"{'nf4/dense':>11}",
+          flush=True)  # fmt: skip
     rows = []
     for model in args.models:
         spec = ModelSpec.from_hf_config(model)
