@@ -17,6 +17,7 @@ bit-identically -- the ``base_model_name_or_path`` that exported PEFT adapters p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import shutil
 from pathlib import Path
@@ -143,8 +144,9 @@ def save_base_model(ref: ModelRef | str, out_dir: str | Path) -> Path:
     with atomic_path(out) as tmp:
         if name in TINY_MODELS:
             shutil.copytree(tiny_model_dir(name), tmp)
-        else:
-            model, tokenizer = load_model(ref)
+        else:  # the dense weights (a quantized ref's base is saved unquantized)
+            dense = ref if isinstance(ref, str) else dataclasses.replace(ref, quantization="none")
+            model, tokenizer = load_model(dense)
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
     return out

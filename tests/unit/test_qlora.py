@@ -270,3 +270,27 @@ def test_run_pack_on_nf4_exports_adapters_that_reload_with_peft(tmp_path):
         assert not torch.allclose(dense_logits, got, atol=1e-4)  # and the base is not NF4
         # NF4 rounds the base, not the adapter: same outputs up to the quantization error
         assert (dense_logits - got).abs().max() < 0.1 * dense_logits.abs().max()
+
+
+def test_fused_path_on_nf4_under_activation_checkpointing():
+    """Non-reentrant checkpointing (the trainer's) nests its saved-tensor hooks around ours:
+    forward, recomputation and backward still equal the dense path's."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    qmodel = _layer(torch.randn(64, 64), nf4=True)
+    dmodel = _layer(q.dense_weight(qmodel.layers[0].q_proj.base_layer, torch.float32), nf4=False)
+    fn = functools.partial(packed_lora_linear, backend="torch")
+    x = torch.randn(3, 5, 64)
+    pieces = [(0, 0, 1), (1, 1, 3)]
+    outs = []
+    for model in (qmodel, dmodel):
+        layer = model.layers[0].q_proj
+        xi = x.clone().requires_grad_(True)
+        with packed_segments(model, pieces):
+            y = checkpoint(lambda t, layer=layer: fused.fused_forward(fn, layer, t, pieces, seed=7),
+                           xi, use_reentrant=False)  # fmt: skip
+            (y * y).sum().backward()
+        outs.append((y.detach(), xi.grad, layer.A.grad, layer.Bt.grad))
+    for got, want in zip(outs[0], outs[1], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
