@@ -41,8 +41,14 @@ PACK = [
 ]  # fmt: skip
 
 
+def _wide(family: str = "qwen2") -> torch.nn.Module:
+    """64 wide: every projection has rows of >= 64 weights, one bitsandbytes block (its CPU
+    path mis-quantizes narrower rows; the same shapes keep the CUDA comparison clean)."""
+    return tiny_model(family, hidden=64, intermediate=128)
+
+
 def _nf4_base(family: str = "qwen2") -> torch.nn.Module:
-    model = tiny_model(family).to(torch.bfloat16)
+    model = _wide(family).to(torch.bfloat16)
     quantize_model(model, "nf4", device="cuda")
     return model.cuda()
 
@@ -80,7 +86,7 @@ def _bnb_base(tmp_path: Path, family: str = "qwen2") -> torch.nn.Module:
 
     path = tmp_path / f"tiny-{family}"
     if not path.exists():
-        tiny_model(family).to(torch.bfloat16).save_pretrained(path)
+        _wide(family).to(torch.bfloat16).save_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(
         path,
         dtype=torch.bfloat16,
@@ -111,7 +117,7 @@ def test_packed_qlora_matches_peft_bitsandbytes_qlora(tmp_path):
     err = adapter_rel_err(weights["q"], ref_w)
     # for scale: the same config with PEFT on the dense bf16 base
     _, dense_w, _ = peft_reference(
-        tiny_model("qwen2").to(torch.bfloat16).cuda(), CFG, inits["q"], data, CFG.max_steps,
+        _wide().to(torch.bfloat16).cuda(), CFG, inits["q"], data, CFG.max_steps,
         copy_base=False,
     )  # fmt: skip
     dense_err = adapter_rel_err({k: v.float().cpu() for k, v in dense_w.items()}, ref_w)

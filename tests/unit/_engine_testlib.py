@@ -26,12 +26,14 @@ VOCAB = 61
 PAD = 0
 
 
-def tiny_model(family: str = "qwen2", seed: int = 0) -> nn.Module:
+def tiny_model(
+    family: str = "qwen2", seed: int = 0, *, hidden: int = 32, intermediate: int = 48
+) -> nn.Module:
     """A 2-layer random causal LM (GQA, untied head), float32, eval-free (dropout 0)."""
     common = dict(
         vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
