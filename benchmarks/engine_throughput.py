@@ -17,8 +17,14 @@ matmul on this device. Peak memory (``torch.cuda.max_memory_allocated``) is comp
 cost model's prediction (``plora.cost.memory``, the allocator's share: without the fixed
 reserve) and the relative error printed.
 
+QLoRA (``--quantization nf4``): the decoder's projections of the random base are stored in NF4
+(torchao, :mod:`plora.models.quantize`) and dequantized per layer into bf16; ``peft`` is PEFT on
+that same NF4 base; the prediction uses the cost model's QLoRA precision (~0.52 B per projection
+weight, one dense projection buffer). Default shapes then: Qwen2.5-7B and -14B.
+
 GPU:   PYTHONPATH=$PWD python benchmarks/engine_throughput.py --out $OUT
-CPU:   python benchmarks/engine_throughput.py --smoke      (tiny shape, < 1 minute)
+       PYTHONPATH=$PWD python benchmarks/engine_throughput.py --quantization nf4 --out $OUT
+CPU:   python benchmarks/engine_throughput.py --smoke [--quantization nf4]  (tiny shape, < 1 min)
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from plora.model_spec import ModelSpec, shipped_config_path
 from plora.utils import atomic_write_json
 
 DEFAULT_MODELS = ("Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B")
+QLORA_MODELS = ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-14B")
 SMOKE_CONFIG = dict(
     model_type="qwen2",
     vocab_size=256,
@@ -77,13 +84,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build_base(hf_config, device, dtype) -> torch.nn.Module:
-    """Random-weight causal LM of ``hf_config``'s shape, frozen, on ``device``."""
+def build_base(hf_config, device, dtype, quantization: str = "none") -> torch.nn.Module:
+    """Random-weight causal LM of ``hf_config``'s shape, frozen, on ``device``; with
+    ``quantization="nf4"`` its projections are then stored in NF4 there (one at a time)."""
     cfg = copy.deepcopy(hf_config)
     cfg.use_cache = False
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     model.requires_grad_(False)
+    if quantization != "none":
+        from plora.models.quantize import quantize_model
+
+        quantize_model(model, quantization, device=device)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return model
 
 
@@ -114,9 +129,13 @@ def apply_liger(model: torch.nn.Module, model_type: str) -> None:
     )  # fmt: skip
 
 
-def predicted_bytes(spec: ModelSpec, configs, seq: int, *, liger: bool, ckpt: bool) -> float:
+def predicted_bytes(
+    spec: ModelSpec, configs, seq: int, *, liger: bool, ckpt: bool, quantization: str = "none"
+) -> float:
     """Cost-model peak per GPU, minus the fixed reserve the allocator does not see."""
-    opts = mem.MemoryOptions(loss=mem.Loss.FUSED, fused_kernels=liger, checkpointing=ckpt)
+    precision = mem.quantized(mem.PEFT_AMP, quantization)
+    opts = mem.MemoryOptions(loss=mem.Loss.FUSED, fused_kernels=liger, checkpointing=ckpt,
+                             precision=precision)  # fmt: skip
     total = mem.base_memory(spec, options=opts).total - opts.reserved_bytes
     for c in configs:
         total += mem.adapter_memory(
@@ -193,7 +212,14 @@ def run_packed(base, tok, data, k, rank, seq, device, dtype, warmup, steps, ckpt
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="*", default=list(DEFAULT_MODELS))
+    ap.add_argument(
+        "--models",
+        nargs="*",
+        default=None,
+        help=f"default {' '.join(DEFAULT_MODELS)}; with nf4 {' '.join(QLORA_MODELS)}",
+    )
+    ap.add_argument("--quantization", choices=["none", "nf4"], default="none",
+                    help="nf4: QLoRA, the base's projections stored in NF4 (torchao)")  # fmt: skip
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--packs", type=int, nargs="*", default=[1, 8, 16, 32])
     ap.add_argument("--rank", type=int, default=16)
@@ -209,6 +235,8 @@ def main() -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.models is None:
+        args.models = list(QLORA_MODELS if args.quantization == "nf4" else DEFAULT_MODELS)
     if args.smoke:
         args.models, args.seq, args.packs = ["smoke"], 32, [1, 4]
         args.warmup, args.steps = 1, 2
@@ -230,7 +258,7 @@ def main() -> None:
         ceiling = spec.flop_ceiling_tokens_per_s(peak, args.seq)
         data = synthetic_data(spec.vocab_size, args.seq, n=max(args.packs) * 2)
         tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
-        base = build_base(cfg, device, dtype)
+        base = build_base(cfg, device, dtype, args.quantization)
         passes = [False]
         if args.liger == "auto" and device.type == "cuda":
             try:
@@ -245,12 +273,14 @@ def main() -> None:
             cases = [("peft", 1)] + [(f"packed-{k}", k) for k in args.packs]
             for label, k in cases:
                 cfgs = adapter_configs(k, args.rank)
-                pred = predicted_bytes(spec, cfgs, args.seq, liger=liger, ckpt=False)
+                pred = predicted_bytes(spec, cfgs, args.seq, liger=liger, ckpt=False,
+                                       quantization=args.quantization)  # fmt: skip
                 ckpt = args.checkpointing == "on" or (
                     args.checkpointing == "auto" and capacity and pred > 0.9 * capacity
                 )
                 if ckpt:
-                    pred = predicted_bytes(spec, cfgs, args.seq, liger=liger, ckpt=True)
+                    pred = predicted_bytes(spec, cfgs, args.seq, liger=liger, ckpt=True,
+                                           quantization=args.quantization)  # fmt: skip
                 gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -263,7 +293,8 @@ def main() -> None:
                                          args.warmup, args.steps, ckpt)  # fmt: skip
                 except torch.OutOfMemoryError:
                     print(f"{name:>18} {label:>10} liger={liger!s:5} OOM", flush=True)
-                    rows.append({"model": name, "case": label, "liger": liger, "oom": True})
+                    rows.append({"model": name, "case": label, "liger": liger, "oom": True,
+                                 "quantization": args.quantization})  # fmt: skip
                     continue
                 tps = res["tokens"] / res["step_s"]
                 # on CPU there is no allocator peak to compare (the trainer reports RSS)
@@ -271,6 +302,7 @@ def main() -> None:
                 err = (res["peak_bytes"] - pred) / pred if cuda else float("nan")
                 row = {
                     "model": name, "case": label, "adapters": k, "liger": liger,
+                    "quantization": args.quantization,
                     "checkpointing": bool(ckpt), "kernels": args.kernels,
                     "tokens_per_s": tps, "ceiling_fraction": tps / ceiling,
                     "step_s": res["step_s"], "peak_gib": res["peak_bytes"] / 2**30,
@@ -284,7 +316,8 @@ def main() -> None:
                     else "memory n/a on CPU"
                 )
                 print(
-                    f"{name:>18} {label:>10} liger={liger!s:5} ckpt={bool(ckpt)!s:5} "
+                    f"{name:>18} {label:>10} {args.quantization:>4} liger={liger!s:5} "
+                    f"ckpt={bool(ckpt)!s:5} "
                     f"{tps:>10.0f} tok/s  {tps / ceiling:6.3f} of ceiling  {mem_txt}",
                     flush=True,
                 )
@@ -292,8 +325,10 @@ def main() -> None:
         gc.collect()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        out = {"device": gpu, "peak_flops": peak, "seq": args.seq, "rank": args.rank, "rows": rows}
-        atomic_write_json(args.out / "engine_throughput.json", out)
+        out = {"device": gpu, "peak_flops": peak, "seq": args.seq, "rank": args.rank,
+               "quantization": args.quantization, "rows": rows}  # fmt: skip
+        suffix = "" if args.quantization == "none" else f"_{args.quantization}"
+        atomic_write_json(args.out / f"engine_throughput{suffix}.json", out)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from plora.config.lora import (
     Schedule,
     normalize_targets,
 )
-from plora.config.model import BUILTIN_MODELS, DTYPES, ModelRef, looks_like_path
+from plora.config.model import BUILTIN_MODELS, DTYPES, QUANTIZATIONS, ModelRef, looks_like_path
 from plora.config.space import SearchSpace
 from plora.config.sweep import (
     PLANNER_SOLVERS,
@@ -50,6 +50,7 @@ __all__ = [
     "PLANNER_SOLVERS",
     "PROJECTIONS",
     "PROJECTION_ALIASES",
+    "QUANTIZATIONS",
     "SUPPORTED_STRATEGIES",
     "SWEEP_METRICS",
     "ConfigError",

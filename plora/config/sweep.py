@@ -329,7 +329,9 @@ def _parse_sweep(cls: type[SweepConfig], data: Any, space_cls: Any, *, source: s
     model = data["model"]
     if isinstance(model, str):
         model = {"name_or_path": model}
-    model = dict(expect_mapping(model, "model", what="name_or_path, dtype, trust_remote_code"))
+    model = dict(
+        expect_mapping(model, "model", what="name_or_path, dtype, quantization, trust_remote_code")
+    )
     name = model.get("name_or_path")
     if isinstance(name, str) and looks_like_path(name):
         model["name_or_path"] = _resolve(name, base_dir)

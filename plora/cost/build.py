@@ -12,8 +12,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from plora.config import ConfigError
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY, eval_defaults
-from plora.cost.memory import FULL_FP32, Loss, MemoryOptions
+from plora.cost.memory import FULL_FP32, Loss, MemoryOptions, quantized
 from plora.cost.model import SweepCostModel
 from plora.cost.overheads import EvalMetric, Overheads
 from plora.cost.profile import ProfileStore
@@ -51,7 +52,8 @@ def build_cost_model(
         use_profile: read the stored (model, GPU type) profile, if any, and plan from it.
         memory: memory options; default: plora's engine (bf16 autocast with fp32 LoRA state
             on GPUs, fp32 on CPU; chunked recomputed cross-entropy; activation checkpointing
-            as ``training.gradient_checkpointing`` says).
+            as ``training.gradient_checkpointing`` says; ``model.quantization: nf4``: NF4 base
+            projections at ~0.52 byte/weight, :func:`~plora.cost.memory.quantized`).
     """
     hw = sweep.hardware
     spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
@@ -59,16 +61,26 @@ def build_cost_model(
     if dataset_size is None:
         dataset_size = int(sweep.dataset.num_examples)
     rows, metric = eval_defaults(sweep.dataset)
+    quantization = str(getattr(sweep.model, "quantization", "none"))
     if memory is None:
         fp32 = getattr(hw, "is_cpu", False) or sweep.model.dtype == "float32"
         ckpt = bool(getattr(getattr(sweep, "training", None), "gradient_checkpointing", False))
         memory = MemoryOptions(loss=Loss.FUSED, checkpointing=ckpt)
         if fp32:
             memory = dataclasses.replace(memory, precision=FULL_FP32)
+        memory = dataclasses.replace(memory, precision=quantized(memory.precision, quantization))
     strategies = tuple(sweep.planner.strategies)  # empty: d = 1 jobs only (opt-in)
+    if quantization != "none" and strategies:  # tp/fsdp/pp are not built for a 4-bit base yet
+        raise ConfigError(
+            f"not supported with model.quantization: {quantization} (QLoRA jobs run on "
+            "one GPU each)",
+            key="planner.strategies",
+            value=[str(s) for s in sweep.planner.strategies],
+            fix="remove planner.strategies, or set model.quantization: none",
+        )
     profile = None
     if use_profile:
-        profile = ProfileStore(profile_dir).load(sweep.model.name_or_path, hw.gpu_type)
+        profile = ProfileStore(profile_dir).load(_profile_key(sweep.model), hw.gpu_type)
     return SweepCostModel(
         spec,
         int(sweep.seq_len),
@@ -83,6 +95,11 @@ def build_cost_model(
         eval_metric=metric if eval_metric is None else eval_metric,
         checkpoint_every=checkpoint_every,
     )
+
+
+def _profile_key(model: Any) -> str:
+    """The model's profile name: a quantized base is profiled apart (``ModelRef.profile_key``)."""
+    return str(getattr(model, "profile_key", model.name_or_path))
 
 
 __all__ = ["build_cost_model"]

@@ -46,7 +46,7 @@ ZeRO does (1: optimizer; 2: + grads; 3: + params).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from plora.config import ConfigError
@@ -107,6 +107,11 @@ class Precision:
     """AdamW state per LoRA parameter (m and v)."""
     activation_bytes: float = 2.0
     """Saved activations (bf16 autocast: 2)."""
+    dequant_bytes: float = 0.0
+    """Bytes moved per projection weight and pass to use a quantized base: the dense copy
+    written by the dequantization and read by the GEMM (QLoRA in bf16: 2 + 2 = 4; fp32: 8);
+    0 for a dense base. Forward and backward each dequantize again (the step-time model), and
+    one projection's dense copy is alive at a time (``dequant_buffer`` in :func:`base_memory`)."""
 
 
 #: PEFT under bf16 autocast: fp32 LoRA weights, grads and AdamW state (16 B/param).
@@ -115,8 +120,26 @@ PEFT_AMP = Precision()
 PURE_BF16 = Precision(adapter_param_bytes=2.0, adapter_grad_bytes=2.0, optimizer_bytes=4.0)
 #: Everything fp32 (CPU training).
 FULL_FP32 = Precision(base_weight_bytes=4.0, activation_bytes=4.0)
-#: QLoRA: NF4 base projections, PEFT-style fp32 adapters.
-QLORA_NF4 = Precision(base_weight_bytes=NF4_BYTES_PER_PARAM)
+#: QLoRA: NF4 base projections dequantized to bf16 per layer, PEFT-style fp32 adapters.
+QLORA_NF4 = Precision(base_weight_bytes=NF4_BYTES_PER_PARAM, dequant_bytes=4.0)
+#: QLoRA on the CPU: NF4 base projections, everything else fp32.
+QLORA_NF4_FP32 = Precision(
+    base_weight_bytes=NF4_BYTES_PER_PARAM, activation_bytes=4.0, dequant_bytes=8.0
+)
+
+
+def quantized(precision: Precision, quantization: str) -> Precision:
+    """``precision`` with its base projections stored as ``quantization`` (``none`` | ``nf4``).
+
+    ``nf4``: :data:`NF4_BYTES_PER_PARAM` per projection weight, dequantized per layer into the
+    activation dtype (:attr:`Precision.dequant_bytes`); the adapters' bytes are unchanged.
+    """
+    if quantization == "none":
+        return precision
+    if quantization != "nf4":
+        raise ConfigError(f"quantization={quantization!r}: use none or nf4")
+    dense = max(2.0, precision.activation_bytes)
+    return replace(precision, base_weight_bytes=NF4_BYTES_PER_PARAM, dequant_bytes=2.0 * dense)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -183,10 +206,15 @@ def check_parallel(d: int, strategy: Strategy | None) -> Strategy | None:
     return Strategy(strategy)
 
 
+def projection_params(spec: ModelSpec) -> int:
+    """Weights of every decoder projection (the ones LoRA wraps and QLoRA quantizes)."""
+    return spec.num_layers * sum(spec.projection_params(p) for p in spec.projection_shapes)
+
+
 def base_weight_bytes(spec: ModelSpec, precision: Precision) -> float:
     """Frozen weights: projections at ``base_weight_bytes``; embeddings, head and norms in the
     activation dtype (bf16 even for QLoRA, fp32 when training in fp32)."""
-    proj = spec.num_layers * sum(spec.projection_params(p) for p in spec.projection_shapes)
+    proj = projection_params(spec)
     rest = spec.total_params - proj
     return proj * precision.base_weight_bytes + rest * max(2.0, precision.activation_bytes)
 
@@ -222,6 +250,11 @@ def base_memory(
         # Two layers unsharded at a time: the one computing and the one being prefetched.
         layer = spec.layer_params * options.precision.base_weight_bytes
         comps["fsdp_gather_buffer"] = 2.0 * layer * (d - 1) / d
+    if options.precision.dequant_bytes > 0:
+        # the largest projection dequantized (its shard under TP), alive during its GEMM
+        tp = d if strat is Strategy.TP else 1
+        largest = max(spec.projection_params(p) for p in spec.projection_shapes) / tp
+        comps["dequant_buffer"] = largest * options.precision.dequant_bytes / 2.0
     return MemoryBreakdown(components=comps)
 
 
@@ -341,6 +374,7 @@ __all__ = [
     "PEFT_AMP",
     "PURE_BF16",
     "QLORA_NF4",
+    "QLORA_NF4_FP32",
     "Attention",
     "Loss",
     "MemoryBreakdown",
@@ -352,4 +386,6 @@ __all__ = [
     "base_memory",
     "base_weight_bytes",
     "check_parallel",
+    "projection_params",
+    "quantized",
 ]

@@ -49,6 +49,7 @@ from plora.cost.memory import (
     base_memory,
     base_weight_bytes,
     check_parallel,
+    projection_params,
 )
 from plora.cost.overheads import EvalMetric, Overheads, OverheadSample
 from plora.cost.profile import Profile
@@ -127,6 +128,7 @@ class SweepCostModel:
             coef,
             weight_bytes=base_weight_bytes(spec, memory.precision),
             recompute=memory.checkpointing,
+            dequant_bytes=projection_params(spec) * memory.precision.dequant_bytes,
         )
         self._capacity = float(hardware.load_factor) * float(hardware.gpu_memory_gib) * GIB
         self._clear()

@@ -283,6 +283,9 @@ class StepTimeModel:
         layout: where the per-projection cost ``m`` is paid (:class:`LoRALayout`).
         recompute: activation checkpointing: every token pays one more forward of the base
             (``2·P_mm + A_fwd``) and of its LoRA (``2r(in+out)``).
+        dequant_bytes: a quantized base (QLoRA): bytes of dense weights each pass writes and
+            reads to dequantize (``projection params · Precision.dequant_bytes``), paid forward
+            and backward like the weight reads, in the job's fixed part.
     """
 
     def __init__(
@@ -294,11 +297,13 @@ class StepTimeModel:
         weight_bytes: float | None = None,
         layout: LoRALayout = LoRALayout.PACKED,
         recompute: bool = False,
+        dequant_bytes: float = 0.0,
     ) -> None:
         self.spec, self.gpu, self.coefficients = spec, gpu, coefficients
         self.layout = LoRALayout(layout)
         self.recompute = recompute
         self._weight_bytes = 2.0 * spec.total_params if weight_bytes is None else weight_bytes
+        self._dequant_bytes = float(dequant_bytes)
 
     # Each part returns its terms as a feature vector over theta (o, 1/e_b, 1/e_l, a, m, 1/e_c)
     # plus a known time; time = known + features · theta.
@@ -306,6 +311,7 @@ class StepTimeModel:
         strat = check_parallel(d, strategy)
         link = self.gpu.link_gbps * 1e9
         reads = self._weight_bytes / (1 if strat is Strategy.FSDP else d)
+        reads += self._dequant_bytes / d  # FSDP: each GPU dequantizes its 1/d after the gather
         known = 2.0 * reads / (self.gpu.hbm_gbps * 1e9)
         comm = 0.0
         if strat is Strategy.FSDP:  # the base's all-gathers: forward and again in backward

@@ -6,10 +6,17 @@ whole output ``y = x·Wᵀ + b + Σ_i s_i·(drop_i(x_i)·A_iᵀ)·B_iᵀ`` is on
 rank-concatenated factors (ranks zero-padded to :data:`RANK_ALIGN`) and a token segment table.
 Everything else -- CPU, float32 on CUDA (the exactness mode), or no Triton -- runs the torch
 reference in :mod:`plora.engine.lora`.
+
+QLoRA. When the frozen weight is stored in NF4 (:mod:`plora.models.quantize`) the kernels get
+it dequantized to the compute dtype, once per layer and call (``W = deq(W_q)``, then the fused
+GEMM), and autograd keeps the 4-bit weight, not the dense one: the dense weight saved for
+``dX = dY·W`` is dequantized again in backward (:func:`~plora.models.quantize.recompute_saved`),
+so at most one layer's dense weight is alive at a time, as with torchao's ``linear_nf4``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -18,6 +25,7 @@ import torch
 from plora.kernels.meta import DropoutKeys
 
 from plora.engine.rng import mix
+from plora.models.quantize import dense_weight, is_nf4, recompute_saved
 
 #: Ranks are zero-padded to a multiple of this in the concatenated (kernel) layout.
 RANK_ALIGN = 16
@@ -66,7 +74,7 @@ def fused_forward(fn, layer, x, pieces, routing) -> torch.Tensor:
         if len(layer.memo) > 64:  # many distinct row tables (sequence lengths): start over
             layer.memo.clear()
         table = layer.memo[key] = _slot_table(layer, pieces, per_row)
-    slots, seg_starts, ranks, scales, drops, starts = table
+    slots, _, _, _, drops, starts = table
     a_cat, b_cat, rank_offsets = layer.packed(slots)
     keyed = tuple(
         (layer.specs[s].seed, *routing.dropout_keys.get(s, (0, start))) if p > 0.0 else None
@@ -80,13 +88,27 @@ def fused_forward(fn, layer, x, pieces, routing) -> torch.Tensor:
     )  # fmt: skip
     autocast = torch.is_autocast_enabled(x.device.type)
     dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
-    bias = layer.base_layer.bias
+    base = layer.base_layer
+    bias = base.bias
+    weight = dense_weight(base, dtype)
+    keep = (
+        recompute_saved(weight, lambda: dense_weight(base, dtype))
+        if is_nf4(base.weight)
+        else contextlib.nullcontext()
+    )
+    with keep:
+        return _call(fn, x.to(dtype), weight, None if bias is None else bias.to(dtype),
+                     a_cat.to(dtype), b_cat.to(dtype), table, rank_offsets, drop)  # fmt: skip
+
+
+def _call(fn, x, weight, bias, a_cat, b_cat, table, rank_offsets, drop) -> torch.Tensor:
+    _, seg_starts, ranks, scales, drops, _ = table
     return fn(
-        x.to(dtype),
-        layer.base_layer.weight.to(dtype),
-        None if bias is None else bias.to(dtype),
-        a_cat.to(dtype),
-        b_cat.to(dtype),  # a transposed view of a contiguous Bᵀ: the kernels' native layout
+        x,
+        weight,
+        bias,
+        a_cat,
+        b_cat,  # a transposed view of a contiguous Bᵀ: the kernels' native layout
         seg_starts,
         rank_offsets,
         ranks,

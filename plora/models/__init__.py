@@ -16,6 +16,9 @@ bit-identically -- the ``base_model_name_or_path`` that exported PEFT adapters p
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import importlib.util
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +27,7 @@ import torch
 from transformers import PretrainedConfig
 
 from plora.config import ConfigError
+from plora.models.quantize import import_torchao_quietly, quantize_model
 from plora.models.tiny import TINY_MODELS, tiny_config, tiny_model_dir
 from plora.utils import atomic_path
 
@@ -74,6 +78,9 @@ def load_model(
             dtype; built-ins are float32).
         device: where to put the model.
 
+    With ``ref.quantization == "nf4"`` the decoder's projections are stored in NF4 on
+    ``device`` (:func:`plora.models.quantize.quantize_model`), computed in ``dtype``.
+
     Returns:
         ``(model, tokenizer)``; the tokenizer always has a pad token (eos when it had none).
 
@@ -96,6 +103,9 @@ def load_model(
             value=name,
             fix="point to a directory written by save_pretrained",
         )
+    if importlib.util.find_spec("torchao") is not None:
+        with contextlib.suppress(ImportError):
+            import_torchao_quietly()  # transformers imports it below, with a page of warnings
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch_dtype, trust_remote_code=trust
@@ -114,6 +124,9 @@ def load_model(
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
+    quantization = getattr(ref, "quantization", "none")
+    if quantization != "none":  # on the target device, one projection at a time
+        quantize_model(model, quantization, device=device)
     return model.to(device), tokenizer
 
 
@@ -131,8 +144,9 @@ def save_base_model(ref: ModelRef | str, out_dir: str | Path) -> Path:
     with atomic_path(out) as tmp:
         if name in TINY_MODELS:
             shutil.copytree(tiny_model_dir(name), tmp)
-        else:
-            model, tokenizer = load_model(ref)
+        else:  # the dense weights (a quantized ref's base is saved unquantized)
+            dense = ref if isinstance(ref, str) else dataclasses.replace(ref, quantization="none")
+            model, tokenizer = load_model(dense)
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
     return out
@@ -172,6 +186,7 @@ __all__ = [
     "PretrainedConfig",
     "is_builtin",
     "load_model",
+    "quantize_model",
     "resolve_model_path",
     "save_base_model",
     "tiny_config",

@@ -181,6 +181,6 @@ def record_profile(
     samples = step_samples(cost, measurements, configs)
     if samples or overheads:
         ProfileStore(profile_dir).record(
-            sweep.model.name_or_path, sweep.hardware.gpu_type, samples, overheads=overheads
+            sweep.model.profile_key, sweep.hardware.gpu_type, samples, overheads=overheads
         )
     return len(samples) + len(overheads)

@@ -7,7 +7,7 @@ module is the one place that says what is in it. Layout (``DIR`` is ``plora swee
 
     DIR/sweep.yaml          the resolved sweep config
     DIR/base_model/         built-in tiny base model saved as a HF dir (adapters reload on it)
-    DIR/base_model.json     the base-model reference ({"name_or_path", "dtype", "local_dir"})
+    DIR/base_model.json     the base-model reference ({"name_or_path", "dtype", "quantization", "local_dir"})
     DIR/plan.json           the latest plan; DIR/plans/plan-NNN.json every plan in order
     DIR/decisions.jsonl     one JSON line per coordinator decision (append-only)
     DIR/jobs.parquet        one row per job attempt (:data:`JOB_COLUMNS`)

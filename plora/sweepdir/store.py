@@ -310,6 +310,7 @@ def write_base_model(
         {
             "name_or_path": ref.name_or_path,
             "dtype": getattr(ref, "dtype", "auto"),
+            "quantization": getattr(ref, "quantization", "none"),
             "local_dir": local_dir,
         },
     )

@@ -26,12 +26,14 @@ VOCAB = 61
 PAD = 0
 
 
-def tiny_model(family: str = "qwen2", seed: int = 0) -> nn.Module:
+def tiny_model(
+    family: str = "qwen2", seed: int = 0, *, hidden: int = 32, intermediate: int = 48
+) -> nn.Module:
     """A 2-layer random causal LM (GQA, untied head), float32, eval-free (dropout 0)."""
     common = dict(
         vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -111,12 +113,15 @@ def peft_reference(
     *,
     total_steps: int | None = None,
     keyed_dropout: bool = False,
+    copy_base: bool = True,
 ) -> tuple[list[float], dict[str, torch.Tensor], nn.Module]:
     """Train ``config`` alone with PEFT for ``steps`` steps from PEFT-keyed weights ``init``.
 
+    ``copy_base=False`` trains on ``base`` itself (a fresh model the caller built: torchao's
+    NF4 weights re-quantize when deep-copied, so QLoRA tests build each base anew).
     Returns the per-step losses, the final PEFT-keyed adapter weights and the PEFT model.
     """
-    model = copy.deepcopy(base)
+    model = copy.deepcopy(base) if copy_base else base
     peft_cfg = LoraConfig(
         r=config.rank,
         lora_alpha=config.alpha,
