@@ -178,7 +178,7 @@ def test_fused_path_dequantizes_per_layer_and_recomputes_in_backward(monkeypatch
         xi = x.clone().requires_grad_(True)
         pieces = [(0, 0, 1), (1, 1, 3)]
         with packed_segments(model, pieces):
-            y = fused.fused_forward(fn, layer, xi, pieces, seed=7)
+            y = fused.fused_forward(fn, layer, xi, pieces, layer.routing)
         if model is qmodel:
             gc.collect()
             assert made and made[0]() is None  # the dense weight died after the forward
@@ -288,7 +288,7 @@ def test_fused_path_on_nf4_under_activation_checkpointing():
         layer = model.layers[0].q_proj
         xi = x.clone().requires_grad_(True)
         with packed_segments(model, pieces):
-            y = checkpoint(lambda t, layer=layer: fused.fused_forward(fn, layer, t, pieces, seed=7),
+            y = checkpoint(lambda t, layer=layer: fused.fused_forward(fn, layer, t, pieces, layer.routing),
                            xi, use_reentrant=False)  # fmt: skip
             (y * y).sum().backward()
         outs.append((y.detach(), xi.grad, layer.A.grad, layer.Bt.grad))
