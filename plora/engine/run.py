@@ -87,12 +87,9 @@ class PackSession:
     #: Whether this process writes checkpoints and results (one rank of a parallel job does).
     _writer = True
 
-    def _trainer(self, request: PackRequest) -> PackedTrainer:
-        """A fresh trainer on the resident model for one pack."""
-        return PackedTrainer(
-            self.model,
-            self.tokenizer,
-            self.data,
+    def _trainer_kwargs(self, request: PackRequest) -> dict[str, Any]:
+        """What every trainer of one pack on the resident model is built with."""
+        return dict(
             device=self.device,
             seq_len=self.spec.dataset.max_seq_len,
             max_rows=self.spec.max_rows,
@@ -101,6 +98,10 @@ class PackSession:
                 self.spec.model, self.model_path, request.out_dir
             ),
         )
+
+    def _trainer(self, request: PackRequest) -> PackedTrainer:
+        """A fresh trainer on the resident model for one pack."""
+        return PackedTrainer(self.model, self.tokenizer, self.data, **self._trainer_kwargs(request))
 
     @staticmethod
     def _agree(value: Any) -> Any:

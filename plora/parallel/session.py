@@ -29,7 +29,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from plora.engine import checkpoint as ckpt
 from plora.engine.api import EngineSpec, PackRequest
 from plora.engine.run import PackSession
 from plora.parallel import parallelize
@@ -75,14 +74,8 @@ class ParallelPackSession(PackSession):
             self.model,
             self.tokenizer,
             self.data,
-            device=self.device,
-            seq_len=self.spec.dataset.max_seq_len,
-            max_rows=self.spec.max_rows,
+            **self._trainer_kwargs(request),
             adapt_to_memory=False,  # one rank halving its micro-batches alone would desync
-            gradient_checkpointing=self.spec.gradient_checkpointing,
-            base_model_name_or_path=ckpt.adapter_base_name(
-                self.spec.model, self.model_path, request.out_dir
-            ),
             dims=self.dims,
             mesh=self.mesh,
             stage=self.stage,
