@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,3 +63,31 @@ def fmt_duration(seconds: float) -> str:
         return f"{minutes}m {s:02d}s"
     hours, m = divmod(minutes, 60)
     return f"{hours}h {m:02d}m"
+
+
+def import_torchao_quietly() -> Any:
+    """Import torchao's NF4 module with warnings off during torchao's first import.
+
+    On a machine without CUDA, torchao logs a warning for each CUDA-only extension it cannot
+    load (the MX/CUTLASS kernels, which NF4 does not use) and torch one per enum torchao
+    registers with torch.compile. transformers imports torchao (and its safetensors support)
+    inside ``from_pretrained`` whenever it is installed, so :func:`plora.models.load_model`
+    imports both first, through here. ``logging.disable`` is the switch that holds: torch's logging set-up resets
+    per-logger levels during the import.
+    """
+    import logging
+
+    previous = logging.root.manager.disable
+    if "torchao" not in sys.modules:
+        logging.disable(logging.WARNING)
+    try:
+        try:
+            from torchao.quantization.quantize_.workflows.nf4 import nf4_tensor
+        except ImportError:  # torchao < 0.15 kept it here
+            from torchao.dtypes import nf4tensor as nf4_tensor
+
+        with contextlib.suppress(ImportError):  # what transformers imports (registers MX enums)
+            import torchao.prototype.safetensors.safetensors_support  # noqa: F401
+    finally:
+        logging.disable(previous)
+    return nf4_tensor

@@ -35,7 +35,6 @@ otherwise (toy models: a 32x64 projection has 32 blocks).
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -45,6 +44,7 @@ import torch
 from torch import nn
 
 from plora.config import PROJECTIONS, QUANTIZATIONS, ConfigError
+from plora.utils import import_torchao_quietly
 
 #: Weights per NF4 block (one absmax scale each), as in QLoRA and bitsandbytes.
 BLOCK_SIZE = 64
@@ -64,32 +64,6 @@ def require_torchao() -> Any:
             value="nf4",
             fix="pip install 'plora[qlora]' (torchao), or set quantization: none",
         ) from None
-
-
-def import_torchao_quietly() -> Any:
-    """Import torchao's NF4 module with warnings off during torchao's first import.
-
-    On a machine without CUDA, torchao logs a warning for each CUDA-only extension it cannot
-    load (the MX/CUTLASS kernels, which NF4 does not use) and torch one per enum torchao
-    registers with torch.compile. transformers imports torchao (and its safetensors support)
-    inside ``from_pretrained`` whenever it is installed, so :func:`plora.models.load_model`
-    imports both first, through here. ``logging.disable`` is the switch that holds: torch's logging set-up resets
-    per-logger levels during the import.
-    """
-    previous = logging.root.manager.disable
-    if "torchao" not in sys.modules:
-        logging.disable(logging.WARNING)
-    try:
-        try:
-            from torchao.quantization.quantize_.workflows.nf4 import nf4_tensor
-        except ImportError:  # torchao < 0.15 kept it here
-            from torchao.dtypes import nf4tensor as nf4_tensor
-
-        with contextlib.suppress(ImportError):  # what transformers imports (registers MX enums)
-            import torchao.prototype.safetensors.safetensors_support  # noqa: F401
-    finally:
-        logging.disable(previous)
-    return nf4_tensor
 
 
 _NF4_MODULES = (

@@ -95,7 +95,7 @@ def test_d2_jobs_run_on_two_worker_groups_and_survive_a_killed_rank(ray_cluster,
     def killer() -> None:  # rank 1 of every running group, once a job has a checkpoint
         deadline = time.time() + 240
         while time.time() < deadline:
-            if list(out.glob("checkpoints/*/train_state")):
+            if list(out.glob("checkpoints/*/state-*")):
                 for a in ray.util.list_named_actors(all_namespaces=True):
                     name = a["name"]
                     if name.startswith("plora-partest-") and name.endswith("-r1"):
