@@ -94,6 +94,9 @@ class RunOptions:
     """Start a one-GPU worker group on every GPU right after Ray is up, so the workers import,
     initialise CUDA and load the base model while the driver reads the dataset and plans (not
     when the base model alone fills a GPU: the plan will want several GPUs per job)."""
+    actor_prefix: str | None = None
+    """Name prefix of this sweep's Ray actors (the relay is ``<prefix>-coordinator``); default
+    ``plora-<sweep name>-<random>``. The Tune integration names it to find the relay."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -274,7 +277,7 @@ class _Driver:
         self.options = options
         self.on_update = on_update
         tag = uuid.uuid4().hex[:6]
-        self.prefix = f"plora-{sweep.name}-{tag}"
+        self.prefix = options.actor_prefix or f"plora-{sweep.name}-{tag}"
         self.relay = start_relay(f"{self.prefix}-coordinator")
         self.cpus = cpus_per_worker()
         self.groups: dict[tuple[int, ...], WorkerGroup] = {}
@@ -329,9 +332,12 @@ class _Driver:
         launches = self._drain()
         for ref in ready:
             launches += self._finish(refs[ref])
-        if not refs and not ready:
+        # configs registered from outside (Tune proxy trials) are asked while jobs run, too
+        outside = getattr(self.coord.source, "has_waiting", None)
+        if (not refs and not ready) or (callable(outside) and outside()):
             launches += self.coord.tick()  # a waiting searcher may have configs now
-            if not launches and not self.coord.running and not self.coord.is_done():
+            if (not launches and not self.coord.running and not self.coord.is_done()
+                    and not callable(outside)):  # fmt: skip
                 raise RuntimeError(
                     "the searcher gives no more configs but the sweep is not finished; "
                     f"counts: {self.coord.counts()}"
@@ -369,8 +375,8 @@ class _Driver:
         launches: list[JobSpec] = []
         for jid, rows in reports.items():
             launches += self.coord.on_reports(jid, rows)
-        for cid in stops:
-            self.coord.stop_config(cid, reason="relay request")
+        for cid, reason in stops:
+            self.coord.stop_config(cid, reason=reason)
         return launches
 
     def _finish(self, job_id: str) -> list[JobSpec]:

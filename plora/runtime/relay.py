@@ -22,24 +22,26 @@ class CoordinatorActor:
 
     Worker side: :meth:`push_reports`, :meth:`poll`. Driver side: :meth:`drain`,
     :meth:`post_control`, :meth:`post_results`, :meth:`forget`, :meth:`set_snapshot`. Others
-    (a Tune proxy trial following one config, a user) may call :meth:`stop_config`,
-    :meth:`config_view` and :meth:`snapshot`.
+    (a Tune proxy trial following one config, a scheduler, a user) may call :meth:`stop_config`,
+    :meth:`config_view`, :meth:`history` and :meth:`snapshot`.
     """
 
     def __init__(self) -> None:
         self._reports: dict[str, list[StepReport]] = defaultdict(list)
         self._control: dict[str, Control] = {}
         self._aborted: set[str] = set()
-        self._stops: list[str] = []
+        self._stops: list[tuple[str, str]] = []
         self._snapshot: dict[str, Any] = {}
         self._last: dict[str, StepMetrics] = {}
         self._results: dict[str, dict[str, Any]] = {}
+        self._history: dict[str, list[StepMetrics]] = defaultdict(list)
 
     def push_reports(self, job_id: str, reports: list[StepReport]) -> None:
         self._reports[job_id].extend(reports)
         for report in reports:
             for m in report.metrics:
                 self._last[m.config_id] = m
+                self._history[m.config_id].append(m)
 
     def post_results(self, results: dict[str, dict[str, Any]]) -> None:
         """Result rows (``results.parquet`` shape) of configs that ended."""
@@ -53,14 +55,24 @@ class CoordinatorActor:
             "result": self._results.get(config_id),
         }
 
+    def history(
+        self, config_id: str, after_step: int = 0
+    ) -> tuple[list[StepMetrics], dict[str, Any] | None]:
+        """One config's step metrics with ``step > after_step`` (in step order, as streamed
+        in this driver's run) and, once it ended, its result row (``results.parquet`` shape).
+        The result is only returned with every step before it, so a follower that reads both
+        has seen the config's whole stream."""
+        rows = [m for m in self._history.get(config_id, ()) if m.step > after_step]
+        return rows, self._results.get(config_id)
+
     def poll(self, job_id: str) -> Control:
         ctl = self._control.pop(job_id, None) or Control()
         if job_id in self._aborted:
             ctl = dataclasses.replace(ctl, abort=True)
         return ctl
 
-    def drain(self) -> tuple[dict[str, list[StepReport]], list[str]]:
-        """``({job_id: step reports}, config ids asked to stop)`` since the last drain."""
+    def drain(self) -> tuple[dict[str, list[StepReport]], list[tuple[str, str]]]:
+        """``({job_id: step reports}, [(config id asked to stop, why)])`` since the last drain."""
         out, self._reports = dict(self._reports), defaultdict(list)
         stops, self._stops = self._stops, []
         return out, stops
@@ -80,8 +92,10 @@ class CoordinatorActor:
         self._control.pop(job_id, None)
         self._aborted.discard(job_id)
 
-    def stop_config(self, config_id: str) -> None:
-        self._stops.append(config_id)
+    def stop_config(self, config_id: str, reason: str = "relay request") -> None:
+        """Ask the coordinator to stop one config (e.g. a Tune scheduler's STOP); ``reason``
+        lands in its ``stop_config`` decision."""
+        self._stops.append((config_id, reason))
 
     def set_snapshot(self, snapshot: dict[str, Any]) -> None:
         self._snapshot = snapshot

@@ -420,11 +420,17 @@ def test_relay_actor_logic_without_ray() -> None:
         "j1", [report({"config_id": "a", "step": 1}), report({"config_id": "a", "step": 2})]
     )
     relay.push_reports("j2", [report({"config_id": "b", "step": 1})])
-    relay.stop_config("a")
+    relay.stop_config("a", "asha")
     reports, stops = relay.drain()
-    assert [r.metrics[0].step for r in reports["j1"]] == [1, 2] and stops == ["a"]
+    assert [r.metrics[0].step for r in reports["j1"]] == [1, 2] and stops == [("a", "asha")]
     assert relay.drain() == ({}, [])
     assert relay.config_view("a")["last"]["step"] == 2 and relay.config_view("a")["result"] is None
+    # a follower (a Tune proxy trial) reads one config's stream after a step, then its result
+    assert [m.step for m in relay.history("a", 1)[0]] == [2] and relay.history("a")[1] is None
+    relay.post_results({"a": {"status": "stopped", "steps": 2}})
+    assert [m.step for m in relay.history("a")[0]] == [1, 2]
+    assert relay.history("a", 2) == ([], {"status": "stopped", "steps": 2})
+    assert relay.history("b", 0)[0][0].config_id == "b" and relay.history("zz") == ([], None)
     relay.post_control("j1", Control(stop=frozenset({"a"}), add=(lora(7),)))
     relay.post_control("j1", Control(stop=frozenset({"x"})))
     assert relay.poll("j1") == Control(stop=frozenset({"a", "x"}), add=(lora(7),))
