@@ -783,7 +783,11 @@ class Coordinator:
     # -- resume -----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         """JSON-able state for ``--resume`` (``set_state`` restores it)."""
-        running = [r.spec for r in self.running.values()]
+        # a running job's configs as they are now: refilled ones are in its checkpoint too
+        running = [
+            dataclasses.replace(r.spec, configs=tuple(self.configs[c] for c in r.config_ids))
+            for r in self.running.values()
+        ]
         return {
             "version": 1,
             "elapsed_s": self.now(),

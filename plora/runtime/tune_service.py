@@ -43,8 +43,8 @@ class TuneService:
     """Registers Tune trials' configs and runs them as one plora sweep (a Ray actor).
 
     Args:
-        sweep_yaml: The sweep (base model, dataset, hardware; its space names the parameters
-            trials may set) as YAML text.
+        sweep: The sweep (base model, dataset, hardware; its space names the parameters
+            trials may set).
         options: Runtime knobs for the sweep.
         cost: Override the cost model (tests).
         name: The service's actor name; the sweep's relay is ``<name>-r<run>-coordinator``.
@@ -54,7 +54,7 @@ class TuneService:
 
     def __init__(
         self,
-        sweep_yaml: str,
+        sweep: SweepConfig,
         *,
         options: RunOptions | None = None,
         cost: Any = None,
@@ -62,7 +62,7 @@ class TuneService:
         settle_s: float = 1.0,
         linger_s: float = 30.0,
     ) -> None:
-        self.sweep = SweepConfig.from_yaml(sweep_yaml)
+        self.sweep = sweep
         self.options = options or RunOptions()
         self.cost = cost
         self.name = name
@@ -170,7 +170,7 @@ def start_service(
         ray.remote(TuneService)
         .options(name=name, get_if_exists=True, num_cpus=0, max_concurrency=64)
         .remote(
-            sweep.to_yaml(),
+            sweep,
             options=options,
             cost=cost,
             name=name,

@@ -45,6 +45,9 @@ PROXY_CPUS = 0.01
 PENDING_TRIALS = 256
 """``TUNE_MAX_PENDING_TRIALS_PG`` set for the user unless set: trials started at once."""
 
+_SERVICES: dict[str, Any] = {}
+"""The services this driver created, by name: a Ray actor lives while a handle to it does."""
+
 
 def plora_trainable(
     sweep: SweepConfig | str | os.PathLike[str],
@@ -88,6 +91,7 @@ def plora_trainable(
     import ray
 
     ray.get(service.sweep_dir.remote())  # created and answering before any trial starts
+    _SERVICES[name] = service
 
     def plora_proxy(config: dict[str, Any]) -> None:
         _follow(config, service_name=name, poll_s=poll_s)

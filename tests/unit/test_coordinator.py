@@ -227,6 +227,26 @@ def test_refill_runs_a_job_on_rather_than_leave_a_slot_free() -> None:
     assert coord.running[spec.job_id].plan_job.end_s > end_before
 
 
+def test_resume_relaunches_a_refilled_config_inside_its_job(tmp_path) -> None:
+    """A config refilled into a running job is in that job's checkpoint: --resume relaunches it
+    with the job (not queued for a second, fresh training elsewhere)."""
+    store = SweepStore(tmp_path)
+    long_, short = lora(0, rank=10, steps=100), lora(1, rank=10, steps=5)
+    mid, late = lora(2, rank=10, steps=100), lora(3, rank=10, steps=20)
+    coord, _ = make([long_, short, mid, late], gpus=1, store=store)
+    (spec,) = coord.start()
+    coord.on_reports(spec.job_id, [report({"config_id": "c01", "step": 5, "loss": 1.0})])
+    assert [c.config_id for c in coord.poll(spec.job_id).add] == ["c03"]
+    coord._persist()
+    state = json.loads(store.state_json.read_text())
+
+    coord2, _ = make([long_, short, mid, late], gpus=1, store=store)
+    coord2.set_state(state)
+    (resumed,) = coord2.start()
+    assert resumed.job_id == spec.job_id and resumed.resume
+    assert set(resumed.config_ids) == {"c00", "c01", "c02", "c03"}
+
+
 def test_state_roundtrip_resumes_without_retraining(tmp_path) -> None:
     store = SweepStore(tmp_path)
     configs = [lora(i, rank=64) for i in range(4)]

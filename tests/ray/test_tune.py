@@ -1,0 +1,238 @@
+"""The Ray Tune integration: proxy trials, ``PLoRAScheduler`` over ASHA, ``ResultGrid``, restore.
+
+Trials train with ``packfn.PackFnEngine`` (tests/ray/packfn.py: a small real engine with
+PackSession's interface) so a 16-trial Tuner runs in seconds; the fp32 equivalence with
+``plora sweep`` uses plora's engine on the tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from packfn import PackFnEngine
+
+from plora.config import SweepConfig
+from plora.runtime.driver import RunOptions
+from plora.sweepdir.store import SweepStore
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+MAX_STEPS = 60
+LRS = [2e-4, 5e-4, 1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3]
+
+
+def tune_sweep(name: str = "tunetest", num_gpus: int = 2) -> SweepConfig:
+    """A sweep whose cost model packs three configs per job (1.14 GiB per logical GPU)."""
+    return SweepConfig.from_dict(
+        {
+            "name": name,
+            "model": "tiny-qwen2",
+            "dataset": {"builtin": "arithmetic", "num_examples": 200, "max_seq_len": 32},
+            "space": {"lr": LRS, "rank": [4, 8], "alpha": 16, "batch_size": 32,
+                      "max_steps": MAX_STEPS},
+            "hardware": {"gpu_type": "cpu", "num_gpus": num_gpus, "gpu_memory_gib": 1.14},
+        }
+    )  # fmt: skip
+
+
+def cost_of(sweep: SweepConfig):
+    from plora.cost.build import build_cost_model
+
+    return build_cost_model(sweep, use_profile=False)
+
+
+def asha_tuner(storage: Path, name: str, trainable, *, seed: int = 0):
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from plora.tune.scheduler import PLoRAScheduler
+
+    asha = ASHAScheduler(time_attr="adapter_step", max_t=MAX_STEPS, grace_period=10,
+                         reduction_factor=2)  # fmt: skip
+    return tune.Tuner(
+        trainable,
+        param_space={"lr": tune.grid_search(LRS), "rank": tune.grid_search([4, 8])},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=PLoRAScheduler(asha)),
+        run_config=tune.RunConfig(storage_path=str(storage), name=name, verbose=0),
+    )
+
+
+def test_tuner_asha_over_16_configs_stops_adapters_inside_packs(ray_cluster, tmp_path) -> None:
+    from ray.tune import ExperimentAnalysis
+
+    from plora.tune.trainable import plora_trainable
+
+    sweep = tune_sweep()
+    trainable = plora_trainable(
+        sweep, options=RunOptions(engine=PackFnEngine, calibration_steps=0), cost=cost_of(sweep),
+        settle_s=1.0, linger_s=0.5,
+    )  # fmt: skip
+    results = asha_tuner(tmp_path, "asha16", trainable).fit()
+    df = results.get_dataframe()
+    assert len(results) == 16 and not results.errors
+    assert df["config_id"].nunique() == 16
+    early = df[df["early_stopped"]]
+    assert len(early) >= 4, df[["config_id", "status", "steps"]]
+    assert (early["steps"] < MAX_STEPS).all()
+    # the best adapter is a checkpoint of its PEFT directory (packfn's adapter file)
+    best = results.get_best_result(metric="loss", mode="min", scope="last")
+    assert best.checkpoint is not None
+    with best.checkpoint.as_directory() as d:
+        assert (Path(d) / "adapter.json").is_file()
+    # the sweep below: fewer jobs than trials, stops through the coordinator, freed slots refilled
+    store = SweepStore(tmp_path / "asha16" / "plora")
+    res = store.read_results()
+    assert len(res) == 16 and res["steps"].sum() < 16 * MAX_STEPS
+    assert set(res[res["status"] == "stopped"]["config_id"]) == set(early["config_id"])
+    jobs = store.read_jobs()
+    assert len(jobs) < 16
+    decisions = store.read_decisions()
+    stops = [d for d in decisions if d["kind"] == "stop_config"]
+    assert {c for d in stops for c in d["config_ids"]} == set(early["config_id"])
+    assert all(d["inputs"]["reason"] == "early_stop" for d in stops)
+    assert any(d["kind"] == "refill" for d in decisions)
+    _every_freed_slot_refilled_while_queued(decisions)
+    # the metric Tune saw is the metrics.parquet's, step for step
+    m = store.read_metrics().set_index(["config_id", "step"])["loss"]
+    for r in results:
+        hist = r.metrics_dataframe
+        rows = hist[hist["status"].isna()] if "status" in hist else hist
+        for step, loss in zip(rows["adapter_step"], rows["loss"], strict=True):
+            assert loss == m[(r.metrics["config_id"], int(step))]
+    # ExperimentAnalysis on the storage path (what the steering check uses)
+    analysis = ExperimentAnalysis(str(tmp_path / "asha16"))
+    assert len(analysis.trials) == 16
+    assert all(t.last_result.get("status") in ("done", "stopped") for t in analysis.trials)
+
+
+def _every_freed_slot_refilled_while_queued(decisions: list[dict]) -> None:
+    """Every adapter stopped while configs were queued had its slot refilled (a ``refill`` of
+    its job) before that job ended, unless the queue emptied first (a job started elsewhere)."""
+    queued: set[str] = set()
+    job_of: dict[str, str] = {}
+    owed: dict[str, int] = {}  # job -> slots freed by a stop and not refilled yet
+    for d in decisions:
+        kind, ids, job = d["kind"], set(d["config_ids"]), d["job_id"]
+        if kind == "ask":
+            queued |= ids
+        elif kind == "start_job":
+            queued -= ids
+            job_of.update(dict.fromkeys(ids, job))
+            if not queued:
+                owed.clear()  # nothing left to refill with
+        elif kind == "refill":
+            queued -= ids
+            job_of.update(dict.fromkeys(ids, job))
+            owed[job] = max(0, owed.get(job, 0) - 1)
+            if not queued:
+                owed.clear()
+        elif kind == "stop_config" and d["inputs"]["was"] == "running" and queued:
+            (cid,) = ids
+            owed[job_of[cid]] = owed.get(job_of[cid], 0) + 1
+        elif kind == "stop_config":
+            queued -= ids
+        elif kind == "job_done":
+            assert not owed.get(job), f"{job} ended with {owed[job]} freed slot(s) not refilled"
+    assert not queued, f"configs never started: {sorted(queued)}"
+
+
+def test_refill_check_catches_a_slot_left_empty() -> None:
+    """The decisions-log check above fails on a log where a stop's slot was not refilled."""
+    import pytest
+
+    log = [
+        {"kind": "ask", "config_ids": ["a", "b", "c"], "job_id": None, "inputs": {}},
+        {"kind": "start_job", "config_ids": ["a", "b"], "job_id": "j1", "inputs": {}},
+        {"kind": "stop_config", "config_ids": ["a"], "job_id": None, "inputs": {"was": "running"}},
+        {"kind": "job_done", "config_ids": ["a", "b"], "job_id": "j1", "inputs": {}},
+        {"kind": "start_job", "config_ids": ["c"], "job_id": "j2", "inputs": {}},
+    ]
+    with pytest.raises(AssertionError, match="not refilled"):
+        _every_freed_slot_refilled_while_queued(log)
+    refilled = [*log[:3], {"kind": "refill", "config_ids": ["c"], "job_id": "j1", "inputs": {}},
+                log[3]]  # fmt: skip
+    _every_freed_slot_refilled_while_queued(refilled)
+
+
+DRIVER = """
+import sys
+import ray
+ray.init(address={address!r}, runtime_env={{"env_vars": {{"PYTHONPATH": {here!r}, "PACKFN_STEP_S": "0.08"}}}})
+sys.path.insert(0, {here!r})
+from pathlib import Path
+from packfn import PackFnEngine
+from test_tune import asha_tuner, trainable_for
+asha_tuner(Path({storage!r}), "restore", trainable_for("restoretest")).fit()
+"""
+
+
+def trainable_for(name: str):
+    """The packfn-backed trainable of the restore test (the killed driver and the restore)."""
+    from plora.tune.trainable import plora_trainable
+
+    sweep = tune_sweep(name)
+    options = RunOptions(engine=PackFnEngine, calibration_steps=0, checkpoint_every=5)
+    return plora_trainable(sweep, options=options, cost=cost_of(sweep), settle_s=1.0,
+                           linger_s=0.5)  # fmt: skip
+
+
+def _rungs(path: Path) -> dict[tuple[float, str], float]:
+    state = json.loads(path.read_text())["inner"]
+    return {(m, t): v for bracket in state["rungs"] for m, rec in bracket for t, v in rec.items()}
+
+
+def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
+    ray_cluster, tmp_path
+) -> None:
+    import ray
+    from ray import tune
+
+    from plora.tune.scheduler import STATE_FILE
+
+    exp = tmp_path / "restore"
+    address = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}"}
+    code = DRIVER.format(here=str(HERE), storage=str(tmp_path), address=address)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
+    state_json = exp / "plora" / "state.json"
+    try:
+        deadline = time.time() + 150
+        while time.time() < deadline:
+            if state_json.is_file() and (exp / STATE_FILE).is_file():
+                status = json.loads(state_json.read_text())["status"].values()
+                if "done" in status and "running" in status and _rungs(exp / STATE_FILE):
+                    break
+            assert proc.poll() is None, "driver exited before it could be killed"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(10)
+    state = json.loads(state_json.read_text())
+    ended = {c for c, s in state["status"].items() if s in ("done", "stopped")}
+    killed_at = state["elapsed_s"]
+    rungs_before = _rungs(exp / STATE_FILE)
+    assert ended and rungs_before
+    time.sleep(1.0)  # let Ray reap the dead driver's actors and placement groups
+
+    results = tune.Tuner.restore(
+        str(exp), trainable=trainable_for("restoretest"), resume_unfinished=True
+    ).fit()
+    assert len(results) == 16 and not results.errors
+    store = SweepStore(exp / "plora")
+    m = store.read_metrics()
+    again = m[(m["time"] >= killed_at) & m["config_id"].isin(ended)]
+    assert again.empty, f"finished configs were retrained: {sorted(set(again['config_id']))}"
+    res = store.read_results().set_index("config_id")
+    assert len(res) == 16 and set(res["status"]) <= {"done", "stopped"}
+    assert "resume" in [d["kind"] for d in store.read_decisions()]
+    # ASHA's rungs survived the restore: every value recorded before the kill is still there
+    rungs_after = _rungs(exp / STATE_FILE)
+    assert {k: rungs_after.get(k) for k in rungs_before} == rungs_before
+    df = results.get_dataframe()
+    assert df["early_stopped"].sum() == (res["status"] == "stopped").sum()
