@@ -122,9 +122,7 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
 
     trial_id = tune.get_context().get_trial_id()
     service = ray.get_actor(service_name)
-    registered: Any = ray.get(
-        service.register.remote(config, trial_id, _experiment_dir())
-    )
+    registered: Any = ray.get(service.register.remote(config, trial_id, _experiment_dir()))
     config_id, relay_name, max_steps = registered
     last_step, last = 0, dict[str, Any]()
     relay = None

@@ -47,7 +47,7 @@ def cost_of(sweep: SweepConfig):
     return build_cost_model(sweep, use_profile=False)
 
 
-def asha_tuner(storage: Path, name: str, trainable, *, seed: int = 0):
+def asha_tuner(storage: Path, name: str, trainable, *, lrs: list[float] = LRS):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -57,7 +57,7 @@ def asha_tuner(storage: Path, name: str, trainable, *, seed: int = 0):
                          reduction_factor=2)  # fmt: skip
     return tune.Tuner(
         trainable,
-        param_space={"lr": tune.grid_search(LRS), "rank": tune.grid_search([4, 8])},
+        param_space={"lr": tune.grid_search(lrs), "rank": tune.grid_search([4, 8])},
         tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=PLoRAScheduler(asha)),
         run_config=tune.RunConfig(storage_path=str(storage), name=name, verbose=0),
     )
@@ -167,8 +167,8 @@ ray.init(address={address!r}, runtime_env={{"env_vars": {{"PYTHONPATH": {here!r}
 sys.path.insert(0, {here!r})
 from pathlib import Path
 from packfn import PackFnEngine
-from test_tune import asha_tuner, trainable_for
-asha_tuner(Path({storage!r}), "restore", trainable_for("restoretest")).fit()
+from test_tune import LRS, asha_tuner, trainable_for
+asha_tuner(Path({storage!r}), "restore", trainable_for("restoretest"), lrs=LRS[::2]).fit()
 """
 
 
@@ -223,16 +223,69 @@ def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
     results = tune.Tuner.restore(
         str(exp), trainable=trainable_for("restoretest"), resume_unfinished=True
     ).fit()
-    assert len(results) == 16 and not results.errors
+    assert len(results) == 8 and not results.errors
     store = SweepStore(exp / "plora")
     m = store.read_metrics()
     again = m[(m["time"] >= killed_at) & m["config_id"].isin(ended)]
     assert again.empty, f"finished configs were retrained: {sorted(set(again['config_id']))}"
     res = store.read_results().set_index("config_id")
-    assert len(res) == 16 and set(res["status"]) <= {"done", "stopped"}
+    assert len(res) == 8 and set(res["status"]) <= {"done", "stopped"}
     assert "resume" in [d["kind"] for d in store.read_decisions()]
     # ASHA's rungs survived the restore: every value recorded before the kill is still there
     rungs_after = _rungs(exp / STATE_FILE)
     assert {k: rungs_after.get(k) for k in rungs_before} == rungs_before
     df = results.get_dataframe()
     assert df["early_stopped"].sum() == (res["status"] == "stopped").sum()
+
+
+def test_fp32_a_config_through_tune_equals_plora_sweep(ray_cluster, tmp_path) -> None:
+    """plora's engine, fp32 CPU: one config trained through ``tune.Tuner`` ends with the adapter
+    weights ``run_sweep`` gives the same config (same seed), and every loss Tune saw is the one
+    in its sweep's metrics.parquet."""
+    import torch
+    from ray import tune
+    from safetensors.torch import load_file
+
+    from plora.runtime.driver import run_sweep
+    from plora.tune.space import expand
+    from plora.tune.trainable import plora_trainable
+
+    sweep = SweepConfig.from_dict(
+        {
+            "name": "fp32tune",
+            "model": "tiny-qwen2",
+            "dataset": {"builtin": "arithmetic", "num_examples": 120, "max_seq_len": 32},
+            "space": {"lr": 2e-3, "rank": 4, "alpha": 16, "batch_size": 4, "max_steps": 8,
+                      "seed": 3},
+            "hardware": {"gpu_type": "cpu", "num_gpus": 1, "gpu_memory_gib": 8},
+        }
+    )  # fmt: skip
+    (config,) = expand(sweep)
+    options = RunOptions(calibration_steps=0, record_profile=False, prestart=False)
+    run_sweep(sweep, tmp_path / "sweep", options=options)
+    reference = load_file(tmp_path / "sweep" / "adapters" / config.config_id /
+                          "adapter_model.safetensors")  # fmt: skip
+
+    trainable = plora_trainable(sweep, options=options, settle_s=0.2, linger_s=0.2)
+    results = tune.Tuner(
+        trainable,
+        param_space={"lr": 2e-3},
+        tune_config=tune.TuneConfig(metric="loss", mode="min"),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="fp32", verbose=0),
+    ).fit()
+    (result,) = list(results)
+    assert result.error is None and result.metrics["status"] == "done"
+    with result.checkpoint.as_directory() as d:
+        tuned = load_file(Path(d) / "adapter_model.safetensors")
+    assert tuned.keys() == reference.keys()
+    for key, ref in reference.items():
+        torch.testing.assert_close(tuned[key], ref, rtol=1e-5, atol=1e-7)
+    assert not torch.equal(reference[next(k for k in reference if "lora_B" in k)],
+                           torch.zeros_like(reference[next(k for k in reference if "lora_B" in k)]))  # fmt: skip
+    store = SweepStore(tmp_path / "fp32" / "plora")
+    m = store.read_metrics().set_index("step")["loss"]
+    hist = result.metrics_dataframe
+    seen = hist[hist["status"].isna()] if "status" in hist else hist
+    assert list(seen["adapter_step"]) == list(range(1, 9))
+    assert list(seen["loss"]) == [m[s] for s in range(1, 9)]
+    assert result.metrics["eval_loss"] == store.read_results()["eval_loss"].iloc[0]
