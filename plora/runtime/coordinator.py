@@ -107,6 +107,8 @@ class Coordinator:
         metric_name: The dataset's metric name, added to what the searcher is told.
         calibration_steps: Measured steps (after each job's first) of the first job after which
             the cost model is refit and the remaining configs re-planned (0: only at job ends).
+        early_stop: Early stopping (``early_stop:``; :class:`plora.tune.early_stop.AdapterEarlyStopper`):
+            told every streamed step, it names configs to stop inside their packs.
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class Coordinator:
         metric_name: str | None = None,
         metrics_flush_s: float = 5.0,
         calibration_steps: int = 3,
+        early_stop: Any = None,
     ) -> None:
         if (source is None) == (configs is None):
             raise ValueError("pass exactly one of source and configs")
@@ -163,6 +166,7 @@ class Coordinator:
         self._need_plan = False
         self._stop_requests: set[str] = set()
         self._done_logged = False
+        self.early_stop = early_stop
 
     # -- clock and logging ----------------------------------------------------------------
     def now(self) -> float:
@@ -258,6 +262,12 @@ class Coordinator:
         out = [row for r in reports for row in metric_rows(job_id, r, now)]
         for r in out:
             self.progress[r["config_id"]] = max(self.progress.get(r["config_id"], 0), r["step"])
+        if self.early_stop is not None:
+            for r in out:
+                if r["loss"] is not None and self.early_stop.on_step(
+                    r["config_id"], r["step"], r["loss"]
+                ):
+                    self.stop_config(r["config_id"], reason="early_stop", step=r["step"])
         if self.store is not None:
             self.store.append_metrics(out)
             if now - self._last_flush >= self._flush_s:
@@ -330,12 +340,16 @@ class Coordinator:
         busy = {g for r in self.running.values() for g in r.spec.gpu_ids}
         return self.residency.idle_starting(busy=busy, now=self.now())
 
-    def stop_config(self, config_id: str, *, reason: str = "requested") -> None:
-        """Stop one config: dropped from the queue, or from its running job at the next poll."""
+    def stop_config(
+        self, config_id: str, *, reason: str = "requested", step: int | None = None
+    ) -> None:
+        """Stop one config: dropped from the queue, or from its running job at the next poll
+        (``step``: the step its stop was decided at, for the decision record)."""
         status = self.status.get(config_id)
         if status is None or status in _DONE:
             return
-        self._decide(Decision.STOP_CONFIG, config_ids=[config_id], reason=reason, was=str(status))
+        self._decide(Decision.STOP_CONFIG, config_ids=[config_id], reason=reason, was=str(status),
+                     step=step if step is not None else self.progress.get(config_id, 0))  # fmt: skip
         if status is ConfigStatus.QUEUED:
             self._drop_from_plan(config_id)
             self.status[config_id] = ConfigStatus.STOPPED
@@ -802,6 +816,7 @@ class Coordinator:
             "measurements": self.measure.get_state(),
             "job_rows": self.job_rows,
             "source": encode_state(self.source.get_state()),
+            "early_stop": None if self.early_stop is None else self.early_stop.get_state(),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -827,6 +842,8 @@ class Coordinator:
             for r in state["job_rows"]
         ]
         self.source.set_state(decode_state(state["source"]))
+        if self.early_stop is not None and state.get("early_stop") is not None:
+            self.early_stop.set_state(state["early_stop"])
         self.forced = []
         for s in state["interrupted"]:
             live = [c for c in s["config_ids"] if self.status.get(c) not in _DONE]

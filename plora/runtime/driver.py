@@ -61,6 +61,7 @@ from plora.sweepdir.store import (
     write_base_model,
     write_sweep_yaml,
 )
+from plora.tune.early_stop import make_early_stopper
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -219,6 +220,7 @@ def _run(
                 ask_batch=options.ask_batch,
                 metric_name=metric_name,
                 calibration_steps=options.calibration_steps,
+                early_stop=make_early_stopper(sweep.early_stop),
             )
 
         if resume:

@@ -29,10 +29,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.schedulers.async_hyperband import AsyncHyperBandScheduler
 
 from plora.config import ConfigError
+from plora.tune.asha_state import inner_state, set_inner_state
 from plora.utils import atomic_write_json
 
 STATE_FILE = "plora-scheduler.json"
@@ -147,7 +148,7 @@ class PLoRAScheduler(TrialScheduler):
         return {
             "version": STATE_VERSION,
             "stopped": dict(self.stopped),
-            "inner": _inner_state(self.inner),
+            "inner": inner_state(self.inner),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -158,7 +159,7 @@ class PLoRAScheduler(TrialScheduler):
                 "restore with the plora version that wrote it"
             )
         self.stopped = {str(k): int(v) for k, v in state["stopped"].items()}
-        _set_inner_state(self.inner, state["inner"])
+        set_inner_state(self.inner, state["inner"], where=STATE_FILE)
         self._saved_brackets = {
             str(t): int(i) for t, i in state["inner"].get("trial_bracket", {}).items()
         }
@@ -185,44 +186,6 @@ def _max_steps(trial: Any, result: Mapping[str, Any]) -> int:
         if source.get("max_steps"):
             return int(source["max_steps"])
     return 1 << 62
-
-
-def _inner_state(inner: TrialScheduler) -> dict[str, Any]:
-    """The wrapped scheduler's decision state, field by field (ASHA: rungs and trial brackets)."""
-    if isinstance(inner, AsyncHyperBandScheduler):
-        brackets = list(inner._brackets)
-        return {
-            "kind": "asha",
-            "num_stopped": inner._num_stopped,
-            "trial_bracket": {t: brackets.index(b) for t, b in inner._trial_info.items()},
-            "rungs": [
-                [[float(m), {t: float(v) for t, v in rec.items()}] for m, rec in b._rungs]
-                for b in brackets
-            ],
-        }
-    if type(inner) is FIFOScheduler:
-        return {"kind": "fifo"}
-    return {"kind": type(inner).__name__, "saved": False}
-
-
-def _set_inner_state(inner: TrialScheduler, state: Mapping[str, Any]) -> None:
-    if state.get("kind") == "asha":
-        if not isinstance(inner, AsyncHyperBandScheduler) or len(inner._brackets) != len(
-            state["rungs"]
-        ):
-            raise ConfigError(
-                f"{STATE_FILE}: saved for ASHA with {len(state['rungs'])} brackets, restored "
-                f"with {type(inner).__name__}; restore with the scheduler the Tuner started with"
-            )
-        for bracket, rungs in zip(inner._brackets, state["rungs"], strict=True):
-            bracket._rungs = [(m, dict(rec)) for m, rec in rungs]
-        inner._num_stopped = int(state["num_stopped"])
-        inner._trial_info = {t: inner._brackets[i] for t, i in state["trial_bracket"].items()}
-    elif state.get("saved") is False:
-        logging.getLogger(__name__).warning(
-            "%s's state is not saved by plora: it restarts empty after Tuner.restore",
-            state.get("kind"),
-        )
 
 
 __all__ = ["STATE_FILE", "TIME_ATTR", "PLoRAScheduler", "StopKind"]

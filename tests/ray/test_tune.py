@@ -19,6 +19,7 @@ from packfn import PackFnEngine
 
 from plora.config import SweepConfig
 from plora.runtime.driver import RunOptions
+from plora.runtime.records import StaticSource
 from plora.sweepdir.store import SweepStore
 
 HERE = Path(__file__).resolve().parent
@@ -289,3 +290,30 @@ def test_fp32_a_config_through_tune_equals_plora_sweep(ray_cluster, tmp_path) ->
     assert list(seen["adapter_step"]) == list(range(1, 9))
     assert list(seen["loss"]) == [m[s] for s in range(1, 9)]
     assert result.metrics["eval_loss"] == store.read_results()["eval_loss"].iloc[0]
+
+
+def test_plora_sweep_early_stop_section_stops_and_refills(ray_cluster, tmp_path) -> None:
+    """``early_stop:`` in the sweep YAML: ASHA on the streamed losses stops configs inside their
+    packs (status stopped, fewer steps), their slots are refilled, the rest train to the end."""
+    from plora.runtime.driver import run_sweep
+    from plora.tune.space import expand
+
+    raw = tune_sweep("earlystop", num_gpus=1).to_dict()
+    sweep = SweepConfig.from_dict({**raw, "early_stop": {"grace_steps": 10, "reduction_factor": 2}})
+    configs = expand(sweep)
+    summary = run_sweep(
+        sweep, tmp_path / "s", cost=cost_of(sweep),
+        source=StaticSource(configs),
+        options=RunOptions(engine=PackFnEngine, calibration_steps=0, record_profile=False),
+    )  # fmt: skip
+    assert summary.ok
+    store = SweepStore(tmp_path / "s")
+    res = store.read_results().set_index("config_id")
+    stopped = res[res["status"] == "stopped"]
+    assert len(stopped) >= 4 and (stopped["steps"] < MAX_STEPS).all()
+    assert (res[res["status"] == "done"]["steps"] == MAX_STEPS).all()
+    decisions = store.read_decisions()
+    stops = [d for d in decisions if d["kind"] == "stop_config"]
+    assert {c for d in stops for c in d["config_ids"]} == set(stopped.index)
+    assert all(d["inputs"]["reason"] == "early_stop" and d["inputs"]["step"] >= 10 for d in stops)
+    _every_freed_slot_refilled_while_queued(decisions)
