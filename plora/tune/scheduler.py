@@ -8,9 +8,11 @@ the adapter's last step, asks the sweep's coordinator (through its relay) to sto
 at the next step boundary; the coordinator then refills the freed slot from the queue. Tune is
 told CONTINUE, so the proxy stays to report the stopped adapter's last metrics and its PEFT
 checkpoint (``early_stopped`` in its last result); later results of a stopped trial are not
-forwarded. PAUSE (synchronous HyperBand, MedianStoppingRule with ``hard_stop=False``) would
-need an adapter to leave a pack with its optimizer state and join another later: not supported,
-refused with one line.
+forwarded. A PAUSE that means "stop for now, resume later" (synchronous ``HyperBandScheduler``,
+``MedianStoppingRule(hard_stop=False)``, PBT) would need an adapter to leave its pack with its
+optimizer state and join another later: not supported yet, such schedulers are refused when
+wrapped (one line naming what to use). Any other PAUSE -- MedianStoppingRule yielding time to
+pending trials while it has too few samples -- is a CONTINUE: a proxy holds no GPU to yield.
 
 State. Ray does not save a scheduler's state for ``Tuner.restore`` (ray#30838), so the wrapper
 saves its own after each decision, explicitly (:meth:`PLoRAScheduler.get_state`: the wrapped
@@ -62,6 +64,7 @@ class PLoRAScheduler(TrialScheduler):
         self.inner: TrialScheduler = scheduler or ASHAScheduler(time_attr=TIME_ATTR)
         if isinstance(self.inner, PLoRAScheduler):
             raise ConfigError("PLoRAScheduler(PLoRAScheduler(...)): wrap a Tune scheduler once")
+        _refuse_pausing(self.inner)
         self.stopped: dict[str, int] = {}
         """Trial id -> the adapter step at which the wrapped scheduler stopped it."""
         self._relays: dict[str, str] = {}
@@ -96,11 +99,8 @@ class PLoRAScheduler(TrialScheduler):
         if trial.trial_id in self.stopped:
             return TrialScheduler.CONTINUE  # its adapter is stopping: the proxy ends by itself
         decision = self.inner.on_trial_result(tune_controller, trial, result)
-        if decision == TrialScheduler.PAUSE:
-            raise ConfigError(
-                f"{type(self.inner).__name__} paused trial {trial.trial_id}: plora cannot pause "
-                "an adapter inside a pack yet; use ASHAScheduler or MedianStoppingRule(hard_stop=True)"
-            )
+        if decision == TrialScheduler.PAUSE:  # yield time: a proxy holds no GPU to yield
+            decision = TrialScheduler.CONTINUE
         if decision == TrialScheduler.STOP:
             step = int(result.get(TIME_ATTR, 0))
             if result.get("status") is None and step < _max_steps(trial, result):
@@ -178,6 +178,23 @@ class PLoRAScheduler(TrialScheduler):
     def _save(self) -> None:
         if self._state_path is not None:
             atomic_write_json(self._state_path, self.get_state())
+
+
+def _refuse_pausing(inner: TrialScheduler) -> None:
+    """One line for a scheduler whose decisions pause trials to resume them later."""
+    from ray.tune.schedulers import HyperBandScheduler, MedianStoppingRule, PopulationBasedTraining
+
+    name = type(inner).__name__
+    if isinstance(inner, HyperBandScheduler | PopulationBasedTraining):
+        raise ConfigError(
+            f"PLoRAScheduler({name}): it pauses trials to resume them later, which plora cannot "
+            "do with an adapter inside a pack yet; use ASHAScheduler (asynchronous HyperBand)"
+        )
+    if isinstance(inner, MedianStoppingRule) and not inner._hard_stop:
+        raise ConfigError(
+            "PLoRAScheduler(MedianStoppingRule(hard_stop=False)): its stop is a pause, which "
+            "plora cannot resume inside a pack yet; use MedianStoppingRule(hard_stop=True)"
+        )
 
 
 def _max_steps(trial: Any, result: Mapping[str, Any]) -> int:
