@@ -293,6 +293,8 @@ class Coordinator:
             return Control(abort=True)
         stop = set(run.config_ids) & self._stop_requests - run.stop_sent
         run.stop_sent.update(stop)
+        if stop:  # the job's predicted end (the ETA, the next re-plan) without the stopped
+            self._retime_running()
         if self.refill:
             self._refill(run)
         add = tuple(self.configs[c] for c in run.add_pending)

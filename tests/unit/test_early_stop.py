@@ -108,3 +108,18 @@ def test_coordinator_stops_a_lagging_config_in_its_pack_and_refills_the_slot() -
     assert ctl.stop == frozenset({"c01"}) and [c.config_id for c in ctl.add] == ["c03"]
     assert coord.status["c03"] is ConfigStatus.RUNNING
     assert coord.get_state()["early_stop"]["stopped"] == {"c01": 2}
+
+
+def test_a_stop_shortens_the_running_jobs_predicted_end() -> None:
+    """The ETA accounts for early stopping: once the stop is sent, the job is re-timed without
+    the stopped adapter (a smaller pack steps faster)."""
+    configs = [lora(i, rank=10, steps=40) for i in range(3)]
+    coord = Coordinator(cost=AffineCost(), num_gpus=1, configs=configs, planner=GreedyPlanner(),
+                        metrics_flush_s=0.0, refill=False)  # fmt: skip
+    (spec,) = coord.start()
+    coord.on_reports(spec.job_id, [report(*({"config_id": c, "step": 2} for c in spec.config_ids))])
+    coord._retime_running()
+    end = coord.running[spec.job_id].plan_job.end_s
+    coord.stop_config("c01", reason="early_stop")
+    coord.poll(spec.job_id)
+    assert coord.running[spec.job_id].plan_job.end_s < end
