@@ -9,7 +9,8 @@ metrics, results, decisions, adapters). Trials follow their config through the s
 coordinator through the relay's ``stop_config``.
 
 Lifetime. The service is created by the Tune driver (:func:`plora.tune.trainable.plora_trainable`)
-so it dies with it: a killed driver takes the service, the relay and the worker groups along.
+so it dies with it: a killed driver takes the service, the relay and the worker groups along;
+a driver that exits normally first ends the sweep (:meth:`TuneService.finish`, at exit).
 ``Tuner.restore`` then creates a new service whose first registration finds the sweep
 directory's ``state.json`` and resumes it (finished configs stay finished, interrupted jobs
 restart from their checkpoints). When every registered config ended and nothing came for
@@ -104,6 +105,15 @@ class TuneService:
                 assert self._source is not None
                 self._source.add(config)
             return config.config_id, self._relay, int(config.max_steps or 0)
+
+    def finish(self, timeout_s: float = 60.0) -> bool:
+        """The Tune experiment ended: end the sweep once its configs ended (no lingering) and
+        wait for it up to ``timeout_s``; True when it ended (``sweep_done``, lock released)."""
+        if self._source is not None:
+            self._source.close()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return not self.running()
 
     def sweep_dir(self) -> str | None:
         """The sweep directory (None before the first registration)."""

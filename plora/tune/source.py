@@ -110,6 +110,12 @@ class RegistrationSource:
                 self._last = self._clock()
             return True
 
+    def close(self) -> None:
+        """No more registrations will come (the Tune experiment ended): finished as soon as
+        every config handed out ended, without lingering."""
+        with self._lock:
+            self.linger_s = 0.0
+
     def has_waiting(self) -> bool:
         """True when registered configs are ready to be handed out (settled)."""
         with self._lock:

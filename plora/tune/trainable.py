@@ -32,6 +32,8 @@ Result keys (every report): ``loss`` (the adapter's train loss of that step), ``
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import time
 import uuid
@@ -68,7 +70,9 @@ def plora_trainable(
         options: :class:`plora.runtime.driver.RunOptions` for the packed sweep.
         cost: Override the cost model (tests).
         settle_s: Seconds without a new trial before the registered configs are planned.
-        linger_s: Seconds, every config ended, before the worker groups are released.
+        linger_s: Seconds, every config ended, before the worker groups are released (an
+            adaptive searcher's next trials may come); at the driver's exit the sweep ends
+            without lingering.
         poll_s: How often a proxy trial reads its adapter's new metrics.
         name: The service actor's name (default ``plora-tune-<sweep name>-<random>``).
 
@@ -91,6 +95,8 @@ def plora_trainable(
     import ray
 
     ray.get(service.sweep_dir.remote())  # created and answering before any trial starts
+    if not _SERVICES:
+        atexit.register(_finish_services)  # after ray.init: runs before Ray's own shutdown
     _SERVICES[name] = service
 
     def plora_proxy(config: dict[str, Any]) -> None:
@@ -99,6 +105,18 @@ def plora_trainable(
     plora_proxy.__name__ = "plora_proxy"
     plora_proxy.__qualname__ = "plora_proxy"
     return tune.with_resources(plora_proxy, {"cpu": PROXY_CPUS})
+
+
+def _finish_services(timeout_s: float = 60.0) -> None:
+    """At the driver's exit: end every sweep this driver started (``sweep_done`` logged, worker
+    groups stopped, the sweep directory's lock released) instead of lingering."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    for service in _SERVICES.values():
+        with contextlib.suppress(Exception):  # a service already gone has nothing to end
+            ray.get(service.finish.remote(timeout_s), timeout=timeout_s + 5)
 
 
 def _experiment_dir() -> str:

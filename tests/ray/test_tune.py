@@ -317,3 +317,35 @@ def test_plora_sweep_early_stop_section_stops_and_refills(ray_cluster, tmp_path)
     assert {c for d in stops for c in d["config_ids"]} == set(stopped.index)
     assert all(d["inputs"]["reason"] == "early_stop" and d["inputs"]["step"] >= 10 for d in stops)
     _every_freed_slot_refilled_while_queued(decisions)
+
+
+def test_optuna_search_in_waves_gives_one_row_per_config(ray_cluster, tmp_path) -> None:
+    """OptunaSearch with 4 trials at a time: later trials register while (or after) earlier
+    packs run; every trial gets its row, its adapter and its final metrics."""
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    from plora.tune.trainable import plora_trainable
+
+    sweep = tune_sweep("optunatest")
+    trainable = plora_trainable(  # lingers between waves: one set of worker groups throughout
+        sweep, options=RunOptions(engine=PackFnEngine, calibration_steps=0), cost=cost_of(sweep),
+        settle_s=0.5, linger_s=5.0,
+    )  # fmt: skip
+    results = tune.Tuner(
+        trainable,
+        param_space={"lr": tune.loguniform(2e-4, 6e-3), "rank": tune.choice([4, 8])},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=8,
+                                    max_concurrent_trials=4, search_alg=OptunaSearch(seed=1)),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="optuna", verbose=0),
+    ).fit()  # fmt: skip
+    assert len(results) == 8 and not results.errors
+    df = results.get_dataframe()
+    assert set(df["status"]) == {"done"} and (df["adapter_step"] == MAX_STEPS).all()
+    res = SweepStore(tmp_path / "optuna" / "plora").read_results().set_index("config_id")
+    assert sorted(res.index) == sorted(df["config_id"])
+    for _, row in df.iterrows():  # Tune's lr is the config's lr
+        assert res.loc[row["config_id"], "lr"] == row["config/lr"]
+    assert results.get_best_result().checkpoint is not None
+    decisions = SweepStore(tmp_path / "optuna" / "plora").read_decisions()
+    assert sum(d["kind"] == "ask" for d in decisions) >= 2  # configs came in waves
