@@ -377,7 +377,9 @@ class Coordinator:
             if r is None:  # never trained (e.g. added after the job stopped): back to the queue
                 self.status[cid] = ConfigStatus.QUEUED
                 continue
-            status = config_status(r.get("status"), stopped=cid in self._stop_requests)
+            # a stop that came after the adapter's last step stopped nothing: it is done
+            late = int(r.get("steps") or 0) >= self.cost.steps(self.configs[cid])
+            status = config_status(r.get("status"), stopped=cid in self._stop_requests and not late)
             share = tokens[cid] / total_tokens if total_tokens > 0 else 1 / len(run.config_ids)
             self.status[cid] = status
             fields = {k: v for k, v in r.items() if k not in ("status", "config_id", "job_id")}

@@ -106,10 +106,27 @@ def test_tuner_asha_over_16_configs_stops_adapters_inside_packs(ray_cluster, tmp
         rows = hist[hist["status"].isna()] if "status" in hist else hist
         for step, loss in zip(rows["adapter_step"], rows["loss"], strict=True):
             assert loss == m[(r.metrics["config_id"], int(step))]
+    # the notebook's Tune section joins the ResultGrid to results.parquet, one row per config
+    table = _notebook_tune_table(tmp_path / "asha16" / "plora")
+    assert len(table) == 16 and table["early_stopped"].sum() == len(early)
+    assert (table["adapter_step"] == table["steps"]).all()
     # ExperimentAnalysis on the storage path (what the steering check uses)
     analysis = ExperimentAnalysis(str(tmp_path / "asha16"))
     assert len(analysis.trials) == 16
     assert all(t.last_result.get("status") in ("done", "stopped") for t in analysis.trials)
+
+
+def _notebook_tune_table(sweep_dir: Path):
+    """Run the Tune cell of notebooks/sweep_report.ipynb on ``sweep_dir``; its ``tune_table``."""
+    import nbformat
+
+    from plora import analysis
+
+    nb = nbformat.read(ROOT / "notebooks" / "sweep_report.ipynb", as_version=4)
+    (cell,) = [c for c in nb.cells if "tune" in c.metadata.get("tags", [])]
+    scope = {"os": os, "res": analysis.load(sweep_dir), "display": lambda *a: None}
+    exec(cell.source, scope)
+    return scope["tune_table"]
 
 
 def _every_freed_slot_refilled_while_queued(decisions: list[dict]) -> None:

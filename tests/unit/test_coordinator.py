@@ -39,13 +39,21 @@ def make(configs, *, gpus=2, cost=None, store=None, **kw):
 
 
 def finish(
-    coord: Coordinator, spec: JobSpec, *, step_time: float = 0.05, status="done"
+    coord: Coordinator,
+    spec: JobSpec,
+    *,
+    step_time: float = 0.05,
+    status="done",
+    steps: dict[str, int] | None = None,
 ) -> list[JobSpec]:
     results = {
         c.config_id: {
             "config_id": c.config_id,
             "status": status,
-            "steps": c.max_steps,
+            # a config asked to stop stopped early (after its first step) unless told otherwise
+            "steps": (steps or {}).get(
+                c.config_id, 1 if c.config_id in coord._stop_requests else c.max_steps
+            ),
             "tokens": 100 * c.batch_size,
             "final_train_loss": 1.0,
             "eval_loss": 1.5 - c.rank / 100,

@@ -123,3 +123,22 @@ def test_a_stop_shortens_the_running_jobs_predicted_end() -> None:
     coord.stop_config("c01", reason="early_stop")
     coord.poll(spec.job_id)
     assert coord.running[spec.job_id].plan_job.end_s < end
+
+
+def test_a_stop_after_the_last_step_leaves_the_config_done() -> None:
+    """A scheduler's stop can arrive after the adapter trained all its steps: it is done (and
+    evaluated), not stopped; one that came in time is stopped."""
+    from runtime_fakes import outcome
+
+    configs = [lora(i, rank=10, steps=40) for i in range(2)]
+    coord = Coordinator(cost=AffineCost(), num_gpus=1, configs=configs, planner=GreedyPlanner(),
+                        metrics_flush_s=0.0, refill=False)  # fmt: skip
+    (spec,) = coord.start()
+    coord.stop_config("c00", reason="early_stop")
+    coord.stop_config("c01", reason="early_stop")
+    results = {
+        "c00": {"config_id": "c00", "status": "completed", "steps": 40, "eval_loss": 1.0},
+        "c01": {"config_id": "c01", "status": "stopped", "steps": 12},
+    }
+    coord.on_job_finished(spec.job_id, outcome(spec.job_id, results))
+    assert coord.status["c00"] is ConfigStatus.DONE and coord.status["c01"] is ConfigStatus.STOPPED
