@@ -98,6 +98,8 @@ class RunOptions:
     actor_prefix: str | None = None
     """Name prefix of this sweep's Ray actors (the relay is ``<prefix>-coordinator``); default
     ``plora-<sweep name>-<random>``. The Tune integration names it to find the relay."""
+    follow_configs: bool = False
+    """Keep each config's step metrics in the relay until read (Tune proxy trials read them)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -280,7 +282,7 @@ class _Driver:
         self.on_update = on_update
         tag = uuid.uuid4().hex[:6]
         self.prefix = options.actor_prefix or f"plora-{sweep.name}-{tag}"
-        self.relay = start_relay(f"{self.prefix}-coordinator")
+        self.relay = start_relay(f"{self.prefix}-coordinator", keep_history=options.follow_configs)
         self.cpus = cpus_per_worker()
         self.groups: dict[tuple[int, ...], WorkerGroup] = {}
         self.jobs: dict[str, _Job] = {}

@@ -26,7 +26,8 @@ class CoordinatorActor:
     :meth:`config_view`, :meth:`history` and :meth:`snapshot`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_history: bool = False) -> None:
+        self._keep_history = keep_history
         self._reports: dict[str, list[StepReport]] = defaultdict(list)
         self._control: dict[str, Control] = {}
         self._aborted: set[str] = set()
@@ -41,7 +42,8 @@ class CoordinatorActor:
         for report in reports:
             for m in report.metrics:
                 self._last[m.config_id] = m
-                self._history[m.config_id].append(m)
+                if self._keep_history:
+                    self._history[m.config_id].append(m)
 
     def post_results(self, results: dict[str, dict[str, Any]]) -> None:
         """Result rows (``results.parquet`` shape) of configs that ended."""
@@ -59,11 +61,14 @@ class CoordinatorActor:
         self, config_id: str, after_step: int = 0
     ) -> tuple[list[StepMetrics], dict[str, Any] | None]:
         """One config's step metrics with ``step > after_step`` (in step order, as streamed
-        in this driver's run) and, once it ended, its result row (``results.parquet`` shape).
-        The result is only returned with every step before it, so a follower that reads both
-        has seen the config's whole stream."""
+        in this driver's run; kept only with ``keep_history``) and, once it ended, its result row
+        (``results.parquet`` shape). Results are posted after the job's last reports, so a
+        follower that gets the result has had every step. Rows up to ``after_step`` are dropped
+        (the one follower of a config has read them): memory holds only unread steps."""
         rows = [m for m in self._history.get(config_id, ()) if m.step > after_step]
-        return rows, self._results.get(config_id)
+        if config_id in self._history:
+            self._history[config_id] = rows
+        return list(rows), self._results.get(config_id)
 
     def poll(self, job_id: str) -> Control:
         ctl = self._control.pop(job_id, None) or Control()
@@ -104,8 +109,9 @@ class CoordinatorActor:
         return self._snapshot
 
 
-def start_relay(name: str) -> Any:
-    """Create the named relay actor on the driver's node (0 CPUs, so it never blocks jobs)."""
+def start_relay(name: str, *, keep_history: bool = False) -> Any:
+    """Create the named relay actor on the driver's node (0 CPUs, so it never blocks jobs);
+    ``keep_history``: keep every config's step metrics until read (:meth:`~CoordinatorActor.history`)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     node = ray.get_runtime_context().get_node_id()
@@ -117,7 +123,7 @@ def start_relay(name: str) -> Any:
             max_concurrency=1,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True),
         )
-        .remote()
+        .remote(keep_history=keep_history)
     )
 
 

@@ -135,7 +135,9 @@ class TuneService:
         source = RegistrationSource(settle_s=self.settle_s, linger_s=self.linger_s)
         self._source = source
         resume = (self._out / STATE_JSON).is_file()
-        options = RunOptions(**{**_fields(self.options), "actor_prefix": prefix})
+        options = RunOptions(
+            **{**_fields(self.options), "actor_prefix": prefix, "follow_configs": True}
+        )
         out = self._out
         started = threading.Event()
 

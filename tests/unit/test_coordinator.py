@@ -443,7 +443,7 @@ def test_relay_actor_logic_without_ray() -> None:
     from plora.engine.api import Control
     from plora.runtime.relay import CoordinatorActor
 
-    relay = CoordinatorActor()
+    relay = CoordinatorActor(keep_history=True)
     relay.push_reports(
         "j1", [report({"config_id": "a", "step": 1}), report({"config_id": "a", "step": 2})]
     )
@@ -454,11 +454,14 @@ def test_relay_actor_logic_without_ray() -> None:
     assert relay.drain() == ({}, [])
     assert relay.config_view("a")["last"]["step"] == 2 and relay.config_view("a")["result"] is None
     # a follower (a Tune proxy trial) reads one config's stream after a step, then its result
-    assert [m.step for m in relay.history("a", 1)[0]] == [2] and relay.history("a")[1] is None
+    assert [m.step for m in relay.history("a", 0)[0]] == [1, 2] and relay.history("a")[1] is None
+    assert [m.step for m in relay.history("a", 1)[0]] == [2]  # step 1 read: dropped
     relay.post_results({"a": {"status": "stopped", "steps": 2}})
-    assert [m.step for m in relay.history("a")[0]] == [1, 2]
     assert relay.history("a", 2) == ([], {"status": "stopped", "steps": 2})
     assert relay.history("b", 0)[0][0].config_id == "b" and relay.history("zz") == ([], None)
+    plain = CoordinatorActor()  # plora sweep: nobody follows, nothing is kept
+    plain.push_reports("j1", [report({"config_id": "a", "step": 1})])
+    assert plain.history("a") == ([], None) and plain.config_view("a")["last"]["step"] == 1
     relay.post_control("j1", Control(stop=frozenset({"a"}), add=(lora(7),)))
     relay.post_control("j1", Control(stop=frozenset({"x"})))
     assert relay.poll("j1") == Control(stop=frozenset({"a", "x"}), add=(lora(7),))
