@@ -71,6 +71,8 @@ class PLoRAScheduler(TrialScheduler):
         self._state_path: Path | None = None
         self._restored = False
         self._saved_brackets: dict[str, int] = {}
+        self.restores = 0
+        """How many times this experiment's scheduler state was restored (``Tuner.restore``)."""
 
     # -- Tune's hooks -------------------------------------------------------------------
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
@@ -148,6 +150,7 @@ class PLoRAScheduler(TrialScheduler):
         return {
             "version": STATE_VERSION,
             "stopped": dict(self.stopped),
+            "restores": self.restores,
             "inner": inner_state(self.inner),
         }
 
@@ -159,6 +162,7 @@ class PLoRAScheduler(TrialScheduler):
                 "restore with the plora version that wrote it"
             )
         self.stopped = {str(k): int(v) for k, v in state["stopped"].items()}
+        self.restores = int(state.get("restores", 0))
         set_inner_state(self.inner, state["inner"], where=STATE_FILE)
         self._saved_brackets = {
             str(t): int(i) for t, i in state["inner"].get("trial_bracket", {}).items()
@@ -174,6 +178,7 @@ class PLoRAScheduler(TrialScheduler):
         self._state_path = Path(storage.experiment_fs_path) / STATE_FILE
         if self._state_path.is_file():
             self.set_state(json.loads(self._state_path.read_text()))
+            self.restores += 1
 
     def _save(self) -> None:
         if self._state_path is not None:

@@ -226,9 +226,11 @@ def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
         deadline = time.time() + 150
         while time.time() < deadline:
             if state_json.is_file() and (exp / STATE_FILE).is_file():
-                status = json.loads(state_json.read_text())["status"].values()
-                if "done" in status and "running" in status and _rungs(exp / STATE_FILE):
-                    break
+                status = set(json.loads(state_json.read_text())["status"].values())
+                ended, unended = status & {"done", "stopped"}, status & {"running", "queued"}
+                sched = json.loads((exp / STATE_FILE).read_text())
+                if ended and unended and sched["stopped"] and _rungs(exp / STATE_FILE):
+                    break  # a job ended, another runs, ASHA stopped some: kill the driver now
             assert proc.poll() is None, "driver exited before it could be killed"
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -238,7 +240,8 @@ def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
     ended = {c for c, s in state["status"].items() if s in ("done", "stopped")}
     killed_at = state["elapsed_s"]
     rungs_before = _rungs(exp / STATE_FILE)
-    assert ended and rungs_before
+    stopped_before = json.loads((exp / STATE_FILE).read_text())["stopped"]
+    assert ended and rungs_before and stopped_before
     time.sleep(1.0)  # let Ray reap the dead driver's actors and placement groups
 
     results = tune.Tuner.restore(
@@ -255,6 +258,15 @@ def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
     # ASHA's rungs survived the restore: every value recorded before the kill is still there
     rungs_after = _rungs(exp / STATE_FILE)
     assert {k: rungs_after.get(k) for k in rungs_before} == rungs_before
+    # and who it stopped; the scheduler that wrote it started from the saved state (a fresh one,
+    # re-fed the replayed trials, could write the same rungs for those: restores says which)
+    after = json.loads((exp / STATE_FILE).read_text())
+    assert {t: after["stopped"].get(t) for t in stopped_before} == stopped_before
+    assert after["restores"] == 1
+    stops = [
+        c for d in store.read_decisions() if d["kind"] == "stop_config" for c in d["config_ids"]
+    ]
+    assert len(stops) == len(set(stops))  # no adapter stopped twice
     df = results.get_dataframe()
     assert df["early_stopped"].sum() == (res["status"] == "stopped").sum()
 

@@ -115,6 +115,7 @@ def test_restored_state_decides_exactly_as_the_uninterrupted_scheduler(relay, tm
         restored.on_trial_add(None, t)  # reads plora-scheduler.json before the first trial
     after = drive(restored, trials, range(4, 9))
     assert reference and before + after == reference
+    assert restored.restores == 1 and first.restores == 0
     forgetful = PLoRAScheduler(asha())  # the check has teeth: without the state it differs
     for t in trials:
         forgetful.inner.on_trial_add(None, t)
