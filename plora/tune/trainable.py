@@ -3,12 +3,15 @@
 A Tune user keeps ``tune.Tuner``, searchers, schedulers and the ``ResultGrid``::
 
     from ray import tune
-    from plora.tune import PLoRAScheduler, plora_trainable
+    from ray.tune.schedulers import ASHAScheduler
+    from plora.tune.scheduler import PLoRAScheduler
+    from plora.tune.trainable import plora_trainable
 
+    asha = ASHAScheduler(time_attr="adapter_step", max_t=100)   # max_t: the configs' max_steps
     tuner = tune.Tuner(plora_trainable("sweeps/quickstart.yaml"),
                        param_space={"lr": tune.loguniform(1e-4, 1e-2), "rank": tune.choice([4, 8])},
                        tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=16,
-                                                   scheduler=PLoRAScheduler()))
+                                                   scheduler=PLoRAScheduler(asha)))
     best = tuner.fit().get_best_result().checkpoint     # the best adapter, PEFT format
 
 Each trial is a *proxy*: it asks for a tiny CPU share and no GPU (a Tune request cannot be all
