@@ -16,9 +16,10 @@ pending trials while it has too few samples -- is a CONTINUE: a proxy holds no G
 
 State. Ray does not save a scheduler's state for ``Tuner.restore`` (ray#30838), so the wrapper
 saves its own after each decision, explicitly (:meth:`PLoRAScheduler.get_state`: the wrapped
-ASHA's rungs, the trials it stopped) -- never by pickling ``__dict__`` -- as JSON beside the
-experiment (``<experiment dir>/plora-scheduler.json``), and the restored wrapper reads it back
-before its first trial is added. ASHA decides the same after a restore as without one.
+ASHA's rungs, the trials it stopped) -- never by pickling ``__dict__`` -- as JSON in Tune's
+driver staging directory, which Tune syncs to ``<experiment dir>/plora-scheduler.json`` with its
+own experiment state; the restored wrapper reads it back before its first trial is added. ASHA
+decides the same after a restore as without one.
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ class PLoRAScheduler(TrialScheduler):
         self._saved_brackets: dict[str, int] = {}
         self.restores = 0
         """How many times this experiment's scheduler state was restored (``Tuner.restore``)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled (Tune writes ``tuner.pkl``, also mid-run) as a fresh wrapper of the wrapped
+        scheduler: what it decided is restored from the state file, never from a pickle."""
+        return (type(self), (self.inner,))
 
     # -- Tune's hooks -------------------------------------------------------------------
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
@@ -175,10 +181,14 @@ class PLoRAScheduler(TrialScheduler):
         storage = getattr(trial, "storage", None)
         if storage is None:
             return
-        self._state_path = Path(storage.experiment_fs_path) / STATE_FILE
+        # Tune's driver staging directory: synced to the experiment directory with Tune's own
+        # experiment state (so the two match after a kill) and back down on Tuner.restore; a file
+        # written straight into the experiment directory is overwritten by that sync
+        self._state_path = Path(storage.experiment_driver_staging_path) / STATE_FILE
         if self._state_path.is_file():
             self.set_state(json.loads(self._state_path.read_text()))
             self.restores += 1
+            self._save()  # the restored state is durable before any new decision
 
     def _save(self) -> None:
         if self._state_path is not None:

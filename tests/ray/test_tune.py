@@ -182,7 +182,9 @@ def test_refill_check_catches_a_slot_left_empty() -> None:
 
 
 DRIVER = """
+import os
 import sys
+os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = "0.5"  # Tune syncs its state (and the scheduler's) often
 import ray
 ray.init(address={address!r}, runtime_env={{"env_vars": {{"PYTHONPATH": {here!r}, "PACKFN_STEP_S": "0.08"}}}})
 sys.path.insert(0, {here!r})

@@ -76,7 +76,7 @@ def drive(sched: PLoRAScheduler, trials: list[Trial], steps: range) -> list[tupl
 
 
 def test_stop_becomes_a_stop_of_that_adapter_and_tune_continues(relay, tmp_path) -> None:
-    storage = SimpleNamespace(experiment_fs_path=str(tmp_path))
+    storage = SimpleNamespace(experiment_driver_staging_path=str(tmp_path))
     trials = [Trial(t, storage) for t in "abcd"]
     sched = PLoRAScheduler(asha())
     for t in trials:
@@ -97,20 +97,25 @@ def test_stop_becomes_a_stop_of_that_adapter_and_tune_continues(relay, tmp_path)
 
 
 def test_restored_state_decides_exactly_as_the_uninterrupted_scheduler(relay, tmp_path) -> None:
-    trials = [Trial(t, SimpleNamespace(experiment_fs_path=str(tmp_path / "x"))) for t in LOSS]
+    trials = [
+        Trial(t, SimpleNamespace(experiment_driver_staging_path=str(tmp_path / "x"))) for t in LOSS
+    ]
     whole = PLoRAScheduler(asha())
     for t in trials:
         whole.on_trial_add(None, t)
     reference = drive(whole, trials, range(1, 9))
 
     (tmp_path / "y").mkdir()
-    storage = SimpleNamespace(experiment_fs_path=str(tmp_path / "y"))
+    storage = SimpleNamespace(experiment_driver_staging_path=str(tmp_path / "y"))
     trials = [Trial(t.trial_id, storage) for t in trials]
     first = PLoRAScheduler(asha())
     for t in trials:
         first.on_trial_add(None, t)
     before = drive(first, trials, range(1, 4))
-    restored = PLoRAScheduler(asha())  # what Tuner.restore unpickles: a fresh scheduler
+    import pickle
+
+    restored = pickle.loads(pickle.dumps(first))  # what Tuner.restore unpickles (tuner.pkl)
+    assert not restored.stopped and restored.restores == 0
     for t in trials:
         restored.on_trial_add(None, t)  # reads plora-scheduler.json before the first trial
     after = drive(restored, trials, range(4, 9))
