@@ -186,7 +186,15 @@ class PLoRAScheduler(TrialScheduler):
         # written straight into the experiment directory is overwritten by that sync
         self._state_path = Path(storage.experiment_driver_staging_path) / STATE_FILE
         if self._state_path.is_file():
-            self.set_state(json.loads(self._state_path.read_text()))
+            try:
+                state = json.loads(self._state_path.read_text())
+            except json.JSONDecodeError:  # a driver killed while Tune synced it: cut short
+                logging.getLogger(__name__).warning(
+                    "%s is not valid JSON (cut short by a kill?): %s restarts empty",
+                    self._state_path, type(self.inner).__name__,
+                )  # fmt: skip
+                return
+            self.set_state(state)
             self.restores += 1
             self._save()  # the restored state is durable before any new decision
 

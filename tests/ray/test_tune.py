@@ -230,7 +230,11 @@ def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
             if state_json.is_file() and (exp / STATE_FILE).is_file():
                 status = set(json.loads(state_json.read_text())["status"].values())
                 ended, unended = status & {"done", "stopped"}, status & {"running", "queued"}
-                sched = json.loads((exp / STATE_FILE).read_text())
+                try:  # Tune's sync copies the file in place: it may be half-written right now
+                    sched = json.loads((exp / STATE_FILE).read_text())
+                except json.JSONDecodeError:
+                    time.sleep(0.05)
+                    continue
                 if ended and unended and sched["stopped"] and _rungs(exp / STATE_FILE):
                     break  # a job ended, another runs, ASHA stopped some: kill the driver now
             assert proc.poll() is None, "driver exited before it could be killed"
