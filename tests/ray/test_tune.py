@@ -205,8 +205,9 @@ def trainable_for(name: str):
                            linger_s=5.0)  # fmt: skip
 
 
-def _rungs(path: Path) -> dict[tuple[float, str], float]:
-    state = json.loads(path.read_text())["inner"]
+def _rungs(path: Path | dict) -> dict[tuple[float, str], float]:
+    """ASHA's recorded values by (milestone, trial) in a scheduler state (file or parsed)."""
+    state = (path if isinstance(path, dict) else json.loads(path.read_text()))["inner"]
     return {(m, t): v for bracket in state["rungs"] for m, rec in bracket for t, v in rec.items()}
 
 
@@ -235,7 +236,7 @@ def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
                 except json.JSONDecodeError:
                     time.sleep(0.05)
                     continue
-                if ended and unended and sched["stopped"] and _rungs(exp / STATE_FILE):
+                if ended and unended and sched["stopped"] and _rungs(sched):
                     break  # a job ended, another runs, ASHA stopped some: kill the driver now
             assert proc.poll() is None, "driver exited before it could be killed"
             time.sleep(0.1)
