@@ -34,6 +34,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("plora.parallel",),
     ("plora.tune",),
     ("plora.runtime",),
+    # the Tune proxy trainable starts the runtime's TuneService: the one module of plora.tune
+    # above the runtime (plora.tune's other modules stay below it; the runtime never imports it)
+    ("plora.tune.trainable",),
     ("plora.analysis",),
     ("plora.api",),
     ("plora.cli",),
@@ -125,7 +128,12 @@ def build_graph() -> tuple[dict[str, Path], list[Edge]]:
 
 
 def package_of(module: str) -> str:
-    """The top-level package a module belongs to: ``plora.engine.lora`` -> ``plora.engine``."""
+    """The top-level package a module belongs to: ``plora.engine.lora`` -> ``plora.engine``; a
+    module with a layer of its own (``plora.tune.trainable``) is its own package."""
+    for packages in LAYERS:
+        for p in packages:
+            if p.count(".") > 1 and (module == p or module.startswith(p + ".")):
+                return p
     parts = module.split(".")
     return ".".join(parts[:2])
 
@@ -185,10 +193,13 @@ def find_cycles(
 
 
 def _layer(module: str) -> int:
+    """The layer of the most specific LAYERS entry ``module`` lies in."""
+    best, rank_of = -1, len(LAYERS)
     for rank, packages in enumerate(LAYERS):
-        if any(module == p or module.startswith(p + ".") for p in packages):
-            return rank
-    return len(LAYERS)
+        for p in packages:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, rank_of = len(p), rank
+    return rank_of
 
 
 def _within(module: str, prefix: str) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from plora.config.dataset import BUILTIN_DATASETS, DatasetSpec
+from plora.config.early_stop import EarlyStopConfig
 from plora.config.errors import ConfigError, join_key
 from plora.config.hardware import HardwareConfig, Strategy
 from plora.config.model import ModelRef, looks_like_path
@@ -141,6 +142,8 @@ class SweepConfig:
     """Job planner options."""
     training: TrainingOptions = field(default_factory=TrainingOptions)
     """Training options shared by all jobs."""
+    early_stop: EarlyStopConfig | None = None
+    """Stop lagging configs early inside their packs (``early_stop:``; None: train all steps)."""
     source: str | None = field(default=None, compare=False)
     """The YAML file this sweep was read from (for error messages); not part of the sweep."""
 
@@ -153,6 +156,8 @@ class SweepConfig:
                          ("hardware", HardwareConfig), ("planner", PlannerOptions), ("training", TrainingOptions)):  # fmt: skip
             if not isinstance(getattr(self, key), cls):
                 raise ConfigError(f"must be a {cls.__name__}", key=key, value=getattr(self, key))
+        if self.early_stop is not None and not isinstance(self.early_stop, EarlyStopConfig):
+            raise ConfigError("must be an EarlyStopConfig", key="early_stop", value=self.early_stop)
         object.__setattr__(self, "search", SearchAlgo(as_choice(str(self.search) if isinstance(self.search, SearchAlgo) else self.search, "search", [a.value for a in SearchAlgo])))  # fmt: skip
         as_int(self.num_samples, "num_samples", ge=1)
         as_choice(self.metric, "metric", SWEEP_METRICS)
@@ -236,6 +241,7 @@ class SweepConfig:
                 "strategies": [str(s) for s in self.planner.strategies],
             },
             "training": {k: getattr(self.training, k) for k in _fields(TrainingOptions)},
+            **({"early_stop": self.early_stop.to_dict()} if self.early_stop is not None else {}),
         }
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -282,7 +288,7 @@ class SweepConfig:
 
 
 _TOP_KEYS = ("name", "model", "dataset", "space", "search", "num_samples", "metric", "mode",
-             "seed", "hardware", "planner", "training", "seq_len")  # fmt: skip
+             "seed", "hardware", "planner", "training", "seq_len", "early_stop")  # fmt: skip
 
 
 def _or_empty(section: Any) -> Any:
@@ -355,6 +361,8 @@ def _parse_sweep(cls: type[SweepConfig], data: Any, space_cls: Any, *, source: s
         "planner": _section(PlannerOptions, _or_empty(data.get("planner")), "planner"),
         "training": _section(TrainingOptions, _or_empty(data.get("training")), "training"),
     }
+    if data.get("early_stop") is not None:
+        kwargs["early_stop"] = _section(EarlyStopConfig, data["early_stop"], "early_stop")
     try:
         kwargs["space"] = space_cls.from_dict(data["space"])
     except ConfigError as err:

@@ -108,6 +108,8 @@ class Coordinator:
         metric_name: The dataset's metric name, added to what the searcher is told.
         calibration_steps: Measured steps (after each job's first) of the first job after which
             the cost model is refit and the remaining configs re-planned (0: only at job ends).
+        early_stop: Early stopping (``early_stop:``; :class:`plora.tune.early_stop.AdapterEarlyStopper`):
+            told every streamed step, it names configs to stop inside their packs.
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class Coordinator:
         metric_name: str | None = None,
         metrics_flush_s: float = 5.0,
         calibration_steps: int = 3,
+        early_stop: Any = None,
     ) -> None:
         if (source is None) == (configs is None):
             raise ValueError("pass exactly one of source and configs")
@@ -168,6 +171,7 @@ class Coordinator:
         self._attempts: dict[str, int] = {}  # job id -> its latest attempt (metric rows)
         self._by_hparams: dict[str, str] = {}  # hyperparameter fingerprint -> config id
         self._aliases: dict[str, list[str]] = {}  # config id -> later suggestions of it, untold
+        self.early_stop = early_stop
 
     # -- clock and logging ----------------------------------------------------------------
     def now(self) -> float:
@@ -270,6 +274,12 @@ class Coordinator:
         out = [row for r in reports for row in metric_rows(job_id, r, now, attempt=attempt)]
         for r in out:
             self.progress[r["config_id"]] = max(self.progress.get(r["config_id"], 0), r["step"])
+        if self.early_stop is not None:
+            for r in out:
+                if r["loss"] is not None and self.early_stop.on_step(
+                    r["config_id"], r["step"], r["loss"]
+                ):
+                    self.stop_config(r["config_id"], reason="early_stop", step=r["step"])
         if self.store is not None:
             self.store.append_metrics(out)
             if now - self._last_flush >= self._flush_s:
@@ -302,6 +312,8 @@ class Coordinator:
             return Control(abort=True)
         stop = set(run.config_ids) & self._stop_requests - run.stop_sent
         run.stop_sent.update(stop)
+        if stop:  # the job's predicted end (the ETA, the next re-plan) without the stopped
+            self._retime_running()
         if self.refill:
             self._refill(run)
         add = tuple(self.configs[c] for c in run.add_pending)
@@ -349,12 +361,16 @@ class Coordinator:
         busy = {g for r in self.running.values() for g in r.spec.gpu_ids}
         return self.residency.idle_starting(busy=busy, now=self.now())
 
-    def stop_config(self, config_id: str, *, reason: str = "requested") -> None:
-        """Stop one config: dropped from the queue, or from its running job at the next poll."""
+    def stop_config(
+        self, config_id: str, *, reason: str = "requested", step: int | None = None
+    ) -> None:
+        """Stop one config: dropped from the queue, or from its running job at the next poll
+        (``step``: the step its stop was decided at, for the decision record)."""
         status = self.status.get(config_id)
         if status is None or status in _DONE:
             return
-        self._decide(Decision.STOP_CONFIG, config_ids=[config_id], reason=reason, was=str(status))
+        self._decide(Decision.STOP_CONFIG, config_ids=[config_id], reason=reason, was=str(status),
+                     step=step if step is not None else self.progress.get(config_id, 0))  # fmt: skip
         if status is ConfigStatus.QUEUED:
             self._drop_from_plan(config_id)
             self.status[config_id] = ConfigStatus.STOPPED
@@ -378,7 +394,9 @@ class Coordinator:
             if r is None:  # never trained (e.g. added after the job stopped): back to the queue
                 self.status[cid] = ConfigStatus.QUEUED
                 continue
-            status = config_status(r.get("status"), stopped=cid in self._stop_requests)
+            # a stop that came after the adapter's last step stopped nothing: it is done
+            late = int(r.get("steps") or 0) >= self.cost.steps(self.configs[cid])
+            status = config_status(r.get("status"), stopped=cid in self._stop_requests and not late)
             share = tokens[cid] / total_tokens if total_tokens > 0 else 1 / len(run.config_ids)
             self.status[cid] = status
             fields = {k: v for k, v in r.items() if k not in ("status", "config_id", "job_id")}
@@ -835,7 +853,11 @@ class Coordinator:
     # -- resume -----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         """JSON-able state for ``--resume`` (``set_state`` restores it)."""
-        running = [r.spec for r in self.running.values()]
+        # a running job's configs as they are now: refilled ones are in its checkpoint too
+        running = [
+            dataclasses.replace(r.spec, configs=tuple(self.configs[c] for c in r.config_ids))
+            for r in self.running.values()
+        ]
         return {
             "version": 1,
             "elapsed_s": self.now(),
@@ -851,6 +873,7 @@ class Coordinator:
             "job_rows": self.job_rows,
             "source": encode_state(self.source.get_state()),
             "aliases": self._aliases,
+            "early_stop": None if self.early_stop is None else self.early_stop.get_state(),
         }
 
     def set_state(
@@ -899,6 +922,8 @@ class Coordinator:
         new_space = changes_space(list(changed))
         if not new_space:
             self.source.set_state(decode_state(state["source"]))
+        if self.early_stop is not None and state.get("early_stop") is not None:
+            self.early_stop.set_state(state["early_stop"])
         self.forced = []
         for s in state["interrupted"]:
             live = [c for c in s["config_ids"] if self.status.get(c) not in _DONE]

@@ -70,6 +70,7 @@ from plora.sweepdir.store import (
     write_base_model,
     write_sweep_yaml,
 )
+from plora.tune.early_stop import make_early_stopper
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,6 +114,11 @@ class RunOptions:
     initialise CUDA and load the base model while the driver reads the dataset and plans (not
     when the base model alone fills a GPU, nor when ``planner.strategies`` allows multi-GPU
     jobs: the plan may want several GPUs per job)."""
+    actor_prefix: str | None = None
+    """Name prefix of this sweep's Ray actors (the relay is ``<prefix>-coordinator``); default
+    ``plora-<sweep name>-<random>``. The Tune integration names it to find the relay."""
+    follow_configs: bool = False
+    """Keep each config's step metrics in the relay until read (Tune proxy trials read them)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -247,6 +253,7 @@ def _run(
                 ask_batch=options.ask_batch,
                 metric_name=metric_name,
                 calibration_steps=options.calibration_steps,
+                early_stop=make_early_stopper(sweep.early_stop),
             )
 
         if resume:
@@ -314,8 +321,8 @@ class _Driver:
         self.options = options
         self.on_update = on_update
         tag = uuid.uuid4().hex[:6]
-        self.prefix = f"plora-{sweep.name}-{tag}"
-        self.relay = start_relay(f"{self.prefix}-coordinator")
+        self.prefix = options.actor_prefix or f"plora-{sweep.name}-{tag}"
+        self.relay = start_relay(f"{self.prefix}-coordinator", keep_history=options.follow_configs)
         # CPU sweeps (gpu_type: cpu) ask Ray for CPUs only: they run on CPU nodes without GPUs
         self.cpus, self.gpus = worker_resources(
             cpu=sweep.hardware.is_cpu, num_slots=sweep.hardware.num_gpus
@@ -376,9 +383,12 @@ class _Driver:
                 self._peer_returned(peers[ref], ref)
                 continue
             launches += self._finish(refs[ref])
-        if not refs and not ready:
+        # configs registered from outside (Tune proxy trials) are asked while jobs run, too
+        outside = getattr(self.coord.source, "has_waiting", None)
+        if (not refs and not ready) or (callable(outside) and outside()):
             launches += self.coord.tick()  # a waiting searcher may have configs now
-            if not launches and not self.coord.running and not self.coord.is_done():
+            if (not launches and not self.coord.running and not self.coord.is_done()
+                    and not callable(outside)):  # fmt: skip
                 raise RuntimeError(
                     "the searcher gives no more configs but the sweep is not finished; "
                     f"counts: {self.coord.counts()}"
@@ -419,8 +429,8 @@ class _Driver:
         if syncs:  # workers wait to checkpoint until the metrics of their steps are on disk
             self.coord.flush_records()
             self.relay.ack_sync.remote(syncs)
-        for cid in stops:
-            self.coord.stop_config(cid, reason="relay request")
+        for cid, reason in stops:
+            self.coord.stop_config(cid, reason=reason)
         return launches
 
     def _peer_returned(self, job_id: str, ref: Any) -> None:

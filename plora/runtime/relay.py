@@ -23,27 +23,31 @@ class CoordinatorActor:
     Worker side: :meth:`push_reports`, :meth:`poll`, :meth:`request_sync` / :meth:`synced`
     (before a checkpoint). Driver side: :meth:`drain`, :meth:`ack_sync`,
     :meth:`post_control`, :meth:`post_results`, :meth:`forget`, :meth:`set_snapshot`. Others
-    (a Tune proxy trial following one config, a user) may call :meth:`stop_config`,
-    :meth:`config_view` and :meth:`snapshot`.
+    (a Tune proxy trial following one config, a scheduler, a user) may call :meth:`stop_config`,
+    :meth:`config_view`, :meth:`history` and :meth:`snapshot`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_history: bool = False) -> None:
+        self._keep_history = keep_history
         self._reports: dict[str, list[StepReport]] = defaultdict(list)
         self._control: dict[str, Control] = {}
         self._aborted: set[str] = set()
-        self._stops: list[str] = []
+        self._stops: list[tuple[str, str]] = []
         self._snapshot: dict[str, Any] = {}
         self._last: dict[str, StepMetrics] = {}
         self._results: dict[str, dict[str, Any]] = {}
         self._sync_asked: dict[str, int] = {}
         self._sync_done: dict[str, int] = {}
         self._sync_seq = 0
+        self._history: dict[str, list[StepMetrics]] = defaultdict(list)
 
     def push_reports(self, job_id: str, reports: list[StepReport]) -> None:
         self._reports[job_id].extend(reports)
         for report in reports:
             for m in report.metrics:
                 self._last[m.config_id] = m
+                if self._keep_history:
+                    self._history[m.config_id].append(m)
 
     def request_sync(self, job_id: str) -> int:
         """A worker is about to checkpoint: the reports it pushed before this call must become
@@ -68,16 +72,29 @@ class CoordinatorActor:
             "result": self._results.get(config_id),
         }
 
+    def history(
+        self, config_id: str, after_step: int = 0
+    ) -> tuple[list[StepMetrics], dict[str, Any] | None]:
+        """One config's step metrics with ``step > after_step`` (in step order, as streamed
+        in this driver's run; kept only with ``keep_history``) and, once it ended, its result row
+        (``results.parquet`` shape). Results are posted after the job's last reports, so a
+        follower that gets the result has had every step. Rows up to ``after_step`` are dropped
+        (the one follower of a config has read them): memory holds only unread steps."""
+        rows = [m for m in self._history.get(config_id, ()) if m.step > after_step]
+        if config_id in self._history:
+            self._history[config_id] = rows
+        return list(rows), self._results.get(config_id)
+
     def poll(self, job_id: str) -> Control:
         ctl = self._control.pop(job_id, None) or Control()
         if job_id in self._aborted:
             ctl = dataclasses.replace(ctl, abort=True)
         return ctl
 
-    def drain(self) -> tuple[dict[str, list[StepReport]], list[str], dict[str, int]]:
-        """``({job_id: step reports}, config ids asked to stop, {job_id: sync ticket})`` since
-        the last drain; the driver acknowledges the tickets (:meth:`ack_sync`) once the reports
-        drained with them are on disk."""
+    def drain(self) -> tuple[dict[str, list[StepReport]], list[tuple[str, str]], dict[str, int]]:
+        """``({job_id: step reports}, [(config id asked to stop, why)], {job_id: sync ticket})``
+        since the last drain; the driver acknowledges the tickets (:meth:`ack_sync`) once the
+        reports drained with them are on disk."""
         out, self._reports = dict(self._reports), defaultdict(list)
         stops, self._stops = self._stops, []
         syncs, self._sync_asked = self._sync_asked, {}
@@ -104,8 +121,10 @@ class CoordinatorActor:
         self._aborted.discard(job_id)
         self._sync_done.pop(job_id, None)
 
-    def stop_config(self, config_id: str) -> None:
-        self._stops.append(config_id)
+    def stop_config(self, config_id: str, reason: str = "relay request") -> None:
+        """Ask the coordinator to stop one config (e.g. a Tune scheduler's STOP); ``reason``
+        lands in its ``stop_config`` decision."""
+        self._stops.append((config_id, reason))
 
     def set_snapshot(self, snapshot: dict[str, Any]) -> None:
         self._snapshot = snapshot
@@ -114,8 +133,9 @@ class CoordinatorActor:
         return self._snapshot
 
 
-def start_relay(name: str) -> Any:
-    """Create the named relay actor on the driver's node (0 CPUs, so it never blocks jobs)."""
+def start_relay(name: str, *, keep_history: bool = False) -> Any:
+    """Create the named relay actor on the driver's node (0 CPUs, so it never blocks jobs);
+    ``keep_history``: keep every config's step metrics until read (:meth:`~CoordinatorActor.history`)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     node = ray.get_runtime_context().get_node_id()
@@ -127,7 +147,7 @@ def start_relay(name: str) -> Any:
             max_concurrency=1,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True),
         )
-        .remote()
+        .remote(keep_history=keep_history)
     )
 
 

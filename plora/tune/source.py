@@ -1,12 +1,15 @@
 """Where a sweep's configs come from: the :class:`ConfigSource` protocol the coordinator asks
-and tells, and :class:`StaticSource` over a fixed list (grid/random expansion).
+and tells, :class:`StaticSource` over a fixed list (grid/random expansion), and
+:class:`RegistrationSource`, fed by Ray Tune proxy trials (:mod:`plora.tune.trainable`).
 
 A Ray Tune searcher in ask/tell mode is the other source (:mod:`plora.tune.search`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from plora.config import LoRAConfig
@@ -67,4 +70,105 @@ class StaticSource:
         self._next = int(state["next"])
 
 
-__all__ = ["ConfigSource", "StaticSource"]
+class RegistrationSource:
+    """A :class:`ConfigSource` whose configs are registered from outside, one at a time (each
+    Ray Tune proxy trial registers its config); thread-safe.
+
+    The planner should see many configs before it packs them, but Tune starts trials one by one:
+    registered configs are handed out (:meth:`ask`) once no new one came for ``settle_s``
+    seconds. The source is finished once every config it handed out was told (ended) and
+    nothing was registered or told for ``linger_s`` seconds; it then refuses registrations
+    (:meth:`add` returns False) so whoever registers knows to start a new run.
+
+    Args:
+        settle_s: Quiet seconds after the last registration before configs are handed out.
+        linger_s: Idle seconds, everything ended, after which the source is finished.
+        clock: Seconds since an arbitrary origin (default ``time.monotonic``).
+    """
+
+    def __init__(
+        self,
+        *,
+        settle_s: float = 1.0,
+        linger_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if settle_s < 0 or linger_s < 0:
+            raise ValueError(f"settle_s={settle_s}, linger_s={linger_s} must be >= 0")
+        self.settle_s = settle_s
+        self.linger_s = linger_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._configs: dict[str, LoRAConfig] = {}
+        self._asked: list[str] = []
+        self._ended: set[str] = set()
+        self._last = clock()
+        self._closed = False
+
+    def add(self, config: LoRAConfig) -> bool:
+        """Register ``config`` (a known id is a no-op); False once the source is finished."""
+        with self._lock:
+            if self._closed:
+                return False
+            if config.config_id not in self._configs:
+                self._configs[config.config_id] = config
+                self._last = self._clock()
+            return True
+
+    def close(self) -> None:
+        """No more registrations will come (the Tune experiment ended): finished as soon as
+        every config handed out ended, without lingering."""
+        with self._lock:
+            self.linger_s = 0.0
+
+    def has_waiting(self) -> bool:
+        """True when registered configs are ready to be handed out (settled)."""
+        with self._lock:
+            return self._ready()
+
+    def _ready(self) -> bool:
+        waiting = len(self._configs) > len(self._asked)
+        return waiting and self._clock() - self._last >= self.settle_s
+
+    def ask(self, n: int) -> list[LoRAConfig]:
+        with self._lock:
+            if not self._ready():
+                return []
+            asked = set(self._asked)
+            out = [c for cid, c in self._configs.items() if cid not in asked][: max(n, 0)]
+            self._asked += [c.config_id for c in out]
+            return out
+
+    def tell(self, config_id: str, metrics: dict[str, Any]) -> None:
+        with self._lock:
+            self._ended.add(config_id)
+            self._last = self._clock()
+
+    def is_finished(self) -> bool:
+        with self._lock:
+            if not self._closed:
+                idle = self._clock() - self._last >= self.linger_s
+                every = len(self._asked) == len(self._configs)
+                self._closed = idle and every and self._ended >= set(self._asked)
+            return self._closed
+
+    def get_state(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "configs": [c.to_dict() for c in self._configs.values()],
+                "asked": list(self._asked),
+                "ended": sorted(self._ended),
+            }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        with self._lock:
+            mine = self._configs  # registered before the restore: kept, after the saved ones
+            self._configs = {d["config_id"]: LoRAConfig.from_dict(d) for d in state["configs"]}
+            self._configs.update({c: v for c, v in mine.items() if c not in self._configs})
+            self._asked = list(state["asked"])
+            self._ended = set(state["ended"])
+            self._last = self._clock()
+            self._closed = False
+
+
+__all__ = ["ConfigSource", "RegistrationSource", "StaticSource"]

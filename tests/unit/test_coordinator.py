@@ -39,13 +39,21 @@ def make(configs, *, gpus=2, cost=None, store=None, **kw):
 
 
 def finish(
-    coord: Coordinator, spec: JobSpec, *, step_time: float = 0.05, status="done"
+    coord: Coordinator,
+    spec: JobSpec,
+    *,
+    step_time: float = 0.05,
+    status="done",
+    steps: dict[str, int] | None = None,
 ) -> list[JobSpec]:
     results = {
         c.config_id: {
             "config_id": c.config_id,
             "status": status,
-            "steps": c.max_steps,
+            # a config asked to stop stopped early (after its first step) unless told otherwise
+            "steps": (steps or {}).get(
+                c.config_id, 1 if c.config_id in coord._stop_requests else c.max_steps
+            ),
             "tokens": 100 * c.batch_size,
             "final_train_loss": 1.0,
             "eval_loss": 1.5 - c.rank / 100,
@@ -225,6 +233,26 @@ def test_refill_runs_a_job_on_rather_than_leave_a_slot_free() -> None:
         rec.inputs["extends_job"] is True and rec.inputs["steps"] > rec.inputs["steps_left_in_job"]
     )
     assert coord.running[spec.job_id].plan_job.end_s > end_before
+
+
+def test_resume_relaunches_a_refilled_config_inside_its_job(tmp_path) -> None:
+    """A config refilled into a running job is in that job's checkpoint: --resume relaunches it
+    with the job (not queued for a second, fresh training elsewhere)."""
+    store = SweepStore(tmp_path)
+    long_, short = lora(0, rank=10, steps=100), lora(1, rank=10, steps=5)
+    mid, late = lora(2, rank=10, steps=100), lora(3, rank=10, steps=20)
+    coord, _ = make([long_, short, mid, late], gpus=1, store=store)
+    (spec,) = coord.start()
+    coord.on_reports(spec.job_id, [report({"config_id": "c01", "step": 5, "loss": 1.0})])
+    assert [c.config_id for c in coord.poll(spec.job_id).add] == ["c03"]
+    coord._persist()
+    state = json.loads(store.state_json.read_text())
+
+    coord2, _ = make([long_, short, mid, late], gpus=1, store=store)
+    coord2.set_state(state)
+    (resumed,) = coord2.start()
+    assert resumed.job_id == spec.job_id and resumed.resume
+    assert set(resumed.config_ids) == {"c00", "c01", "c02", "c03"}
 
 
 def test_state_roundtrip_resumes_without_retraining(tmp_path) -> None:
@@ -415,20 +443,29 @@ def test_relay_actor_logic_without_ray() -> None:
     from plora.engine.api import Control
     from plora.runtime.relay import CoordinatorActor
 
-    relay = CoordinatorActor()
+    relay = CoordinatorActor(keep_history=True)
     relay.push_reports(
         "j1", [report({"config_id": "a", "step": 1}), report({"config_id": "a", "step": 2})]
     )
     relay.push_reports("j2", [report({"config_id": "b", "step": 1})])
-    relay.stop_config("a")
+    relay.stop_config("a", "asha")
     ticket = relay.request_sync("j1")  # j1 is about to checkpoint after step 2
     reports, stops, syncs = relay.drain()
-    assert [r.metrics[0].step for r in reports["j1"]] == [1, 2] and stops == ["a"]
+    assert [r.metrics[0].step for r in reports["j1"]] == [1, 2] and stops == [("a", "asha")]
     assert syncs == {"j1": ticket} and relay.synced("j1") < ticket
     relay.ack_sync(syncs)  # the driver wrote what it drained with the ticket
     assert relay.synced("j1") == ticket and relay.synced("j2") == 0
     assert relay.drain() == ({}, [], {})
     assert relay.config_view("a")["last"]["step"] == 2 and relay.config_view("a")["result"] is None
+    # a follower (a Tune proxy trial) reads one config's stream after a step, then its result
+    assert [m.step for m in relay.history("a", 0)[0]] == [1, 2] and relay.history("a")[1] is None
+    assert [m.step for m in relay.history("a", 1)[0]] == [2]  # step 1 read: dropped
+    relay.post_results({"a": {"status": "stopped", "steps": 2}})
+    assert relay.history("a", 2) == ([], {"status": "stopped", "steps": 2})
+    assert relay.history("b", 0)[0][0].config_id == "b" and relay.history("zz") == ([], None)
+    plain = CoordinatorActor()  # plora sweep: nobody follows, nothing is kept
+    plain.push_reports("j1", [report({"config_id": "a", "step": 1})])
+    assert plain.history("a") == ([], None) and plain.config_view("a")["last"]["step"] == 1
     relay.post_control("j1", Control(stop=frozenset({"a"}), add=(lora(7),)))
     relay.post_control("j1", Control(stop=frozenset({"x"})))
     assert relay.poll("j1") == Control(stop=frozenset({"a", "x"}), add=(lora(7),))

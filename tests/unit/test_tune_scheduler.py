@@ -1,0 +1,182 @@
+"""``PLoRAScheduler`` and the proxy trials' config source, without a Ray cluster.
+
+Trials are stand-ins with ``trial_id``/``config``/``storage`` (what Tune's hooks read); the
+relay is a recording fake put where ``ray.get_actor`` looks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+from ray.tune.schedulers import (
+    ASHAScheduler,
+    HyperBandScheduler,
+    MedianStoppingRule,
+    TrialScheduler,
+)
+from runtime_fakes import lora
+
+from plora.config import ConfigError
+from plora.tune.scheduler import STATE_FILE, PLoRAScheduler
+from plora.tune.source import RegistrationSource
+
+
+@dataclass(eq=False)  # hashable by identity, as Tune's Trial
+class Trial:
+    trial_id: str
+    storage: object = None
+    config: dict = field(default_factory=dict)
+
+
+class Relay:
+    def __init__(self) -> None:
+        self.stops: list[tuple[str, str]] = []
+        self.stop_config = SimpleNamespace(remote=lambda c, r: self.stops.append((c, r)))
+
+
+@pytest.fixture
+def relay(monkeypatch):
+    import ray
+
+    fake = Relay()
+    monkeypatch.setattr(ray, "get_actor", lambda name: fake)
+    return fake
+
+
+def asha() -> ASHAScheduler:
+    return ASHAScheduler(time_attr="adapter_step", metric="loss", mode="min", max_t=8,
+                         grace_period=2, reduction_factor=2)  # fmt: skip
+
+
+def result(trial: Trial, step: int, loss: float, **extra) -> dict:
+    return {"adapter_step": step, "loss": loss, "config_id": f"t-{trial.trial_id}",
+            "plora_relay": "relay", "max_steps": 8, **extra}  # fmt: skip
+
+
+LOSS = {"a": 1.0, "b": 3.0, "c": 2.0, "d": 0.5, "e": 2.5, "f": 0.8}
+
+
+def drive(sched: PLoRAScheduler, trials: list[Trial], steps: range) -> list[tuple[str, int]]:
+    """Results step by step; the (trial, step) pairs the wrapped scheduler stopped."""
+    stopped = []
+    for step in steps:
+        for t in trials:
+            if t.trial_id in sched.stopped:
+                continue
+            decision = sched.on_trial_result(
+                None, t, result(t, step, LOSS[t.trial_id] - 0.01 * step)
+            )
+            assert decision == TrialScheduler.CONTINUE  # Tune never kills a proxy itself
+            if t.trial_id in sched.stopped:
+                stopped.append((t.trial_id, step))
+    return stopped
+
+
+def test_stop_becomes_a_stop_of_that_adapter_and_tune_continues(relay, tmp_path) -> None:
+    storage = SimpleNamespace(experiment_driver_staging_path=str(tmp_path))
+    trials = [Trial(t, storage) for t in "abcd"]
+    sched = PLoRAScheduler(asha())
+    for t in trials:
+        sched.on_trial_add(None, t)
+    stopped = drive(sched, trials, range(1, 5))
+    # rung 2: b (2.98) is worse than a (0.98); c (1.98) ties the median of {a, b}: on.
+    # rung 4: c (1.96) is worse than a (0.96), the only one recorded there before it
+    assert stopped == [("b", 2), ("c", 4)]
+    assert relay.stops == [("t-b", "early_stop"), ("t-c", "early_stop")]
+    # the stopped trial's later results (until its adapter stops) change nothing
+    assert sched.on_trial_result(None, trials[1], result(trials[1], 3, 9.0)) == "CONTINUE"
+    assert relay.stops == [("t-b", "early_stop"), ("t-c", "early_stop")]
+    # ASHA's STOP at the last step (max_t) is no early stop: nothing sent
+    sched.on_trial_result(None, trials[0], result(trials[0], 8, 0.1))
+    assert len(relay.stops) == 2
+    saved = json.loads((tmp_path / STATE_FILE).read_text())
+    assert saved["stopped"] == {"b": 2, "c": 4}
+
+
+def test_restored_state_decides_exactly_as_the_uninterrupted_scheduler(relay, tmp_path) -> None:
+    trials = [
+        Trial(t, SimpleNamespace(experiment_driver_staging_path=str(tmp_path / "x"))) for t in LOSS
+    ]
+    whole = PLoRAScheduler(asha())
+    for t in trials:
+        whole.on_trial_add(None, t)
+    reference = drive(whole, trials, range(1, 9))
+
+    (tmp_path / "y").mkdir()
+    storage = SimpleNamespace(experiment_driver_staging_path=str(tmp_path / "y"))
+    trials = [Trial(t.trial_id, storage) for t in trials]
+    first = PLoRAScheduler(asha())
+    for t in trials:
+        first.on_trial_add(None, t)
+    before = drive(first, trials, range(1, 4))
+    import pickle
+
+    restored = pickle.loads(pickle.dumps(first))  # what Tuner.restore unpickles (tuner.pkl)
+    assert not restored.stopped and restored.restores == 0
+    for t in trials:
+        restored.on_trial_add(None, t)  # reads plora-scheduler.json before the first trial
+    after = drive(restored, trials, range(4, 9))
+    assert reference and before + after == reference
+    assert restored.restores == 1 and first.restores == 0
+    forgetful = PLoRAScheduler(asha())  # the check has teeth: without the state it differs
+    for t in trials:
+        forgetful.inner.on_trial_add(None, t)
+    assert before + drive(forgetful, trials, range(4, 9)) != reference
+
+
+def test_median_stopping_rule_stops_adapters_too(relay) -> None:
+    sched = PLoRAScheduler(MedianStoppingRule(time_attr="adapter_step", metric="loss",
+                                              mode="min", grace_period=1, min_samples_required=1))  # fmt: skip
+    # a pending trial makes the rule PAUSE (yield time) while it has too few samples: CONTINUE
+    pending = [SimpleNamespace(status="PENDING")]
+    controller = SimpleNamespace(get_trials=lambda: trials, get_live_trials=lambda: pending)
+    trials = [Trial(t) for t in "abc"]
+    for t in trials:
+        sched.on_trial_add(controller, t)
+    decisions = {
+        sched.on_trial_result(controller, t, result(t, step, LOSS[t.trial_id]))
+        for step in range(1, 5)
+        for t in trials
+    }
+    assert decisions == {TrialScheduler.CONTINUE}  # a's first result was a PAUSE: continued
+    # b (3.0) is worse than a's running mean (1.0) at its first step; c (2.0) at its second,
+    # when only a (1.0) reached step 2 (b stopped at 1)
+    assert sched.stopped == {"b": 1, "c": 2}
+    assert relay.stops == [("t-b", "early_stop"), ("t-c", "early_stop")]
+
+
+@pytest.mark.parametrize(
+    ("make", "fix"),
+    [
+        (lambda: HyperBandScheduler(time_attr="adapter_step", max_t=8), "use ASHAScheduler"),
+        (lambda: MedianStoppingRule(hard_stop=False), "use MedianStoppingRule(hard_stop=True)"),
+        (lambda: PLoRAScheduler(), "wrap a Tune scheduler once"),
+    ],
+)
+def test_schedulers_that_pause_to_resume_are_refused_at_the_door(make, fix) -> None:
+    with pytest.raises(ConfigError, match=fix.replace("(", r"\(").replace(")", r"\)")):
+        PLoRAScheduler(make())
+
+
+def test_registration_source_settles_lingers_and_merges_restored_configs() -> None:
+    now = [0.0]
+    src = RegistrationSource(settle_s=1.0, linger_s=5.0, clock=lambda: now[0])
+    assert src.add(lora(0)) and src.add(lora(1)) and src.add(lora(0))  # a known id: no-op
+    assert src.ask(10) == [] and not src.has_waiting()  # not settled yet
+    now[0] = 1.5
+    assert [c.config_id for c in src.ask(10)] == ["c00", "c01"] and src.ask(10) == []
+    assert not src.is_finished()  # asked, not ended
+    src.tell("c00", {})
+    src.tell("c01", {})
+    now[0] = 3.0
+    assert not src.is_finished()  # ended, but lingering for more trials
+    now[0] = 7.0
+    assert src.is_finished() and not src.add(lora(2))  # finished for good: refuses
+    state = json.loads(json.dumps(src.get_state()))
+    again = RegistrationSource(settle_s=0.0, linger_s=5.0, clock=lambda: now[0])
+    again.add(lora(3))  # a trial registered before the resumed coordinator restored its state
+    again.set_state(state)
+    assert [c.config_id for c in again.ask(10)] == ["c03"] and not again.is_finished()
