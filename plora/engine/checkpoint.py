@@ -227,6 +227,11 @@ def checkpoint_dirs(job_dir: str | os.PathLike[str]) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+def state_dir(job_dir: str | os.PathLike[str], global_step: int) -> Path:
+    """Where :func:`write_checkpoint` puts the train-state of ``global_step``."""
+    return Path(job_dir) / f"state-{int(global_step):09d}"
+
+
 def write_checkpoint(
     job_dir: str | os.PathLike[str],
     state: Mapping[str, Any],
@@ -238,7 +243,7 @@ def write_checkpoint(
     remove all but the newest ``keep`` train-states of the job."""
     job_dir = Path(job_dir)
     step = int(state.get("global_step") or 0)
-    path = save_train_state(job_dir / f"state-{step:09d}", state, results=results)
+    path = save_train_state(state_dir(job_dir, step), state, results=results)
     for old in checkpoint_dirs(job_dir)[max(1, keep) :]:
         shutil.rmtree(old, ignore_errors=True)
     return path

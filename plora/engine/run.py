@@ -298,7 +298,7 @@ class _PackRun:
             agreed = self.agree(step)
             if agreed != step:
                 state, results = (None, None) if agreed is None else ckpt.verify_train_state(
-                    self.ckpt_dir / f"state-{int(agreed):09d}")  # fmt: skip
+                    ckpt.state_dir(self.ckpt_dir, agreed))  # fmt: skip
             if state is not None:
                 self.trainer.load_state_dict(state)
                 for cid, r in (results or {}).items():

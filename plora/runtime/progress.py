@@ -11,7 +11,6 @@ from typing import Any, TextIO
 
 from plora.config import ConfigError
 from plora.sweepdir.reader import objective, read_sweep
-from plora.sweepdir.store import SweepStore
 
 
 def _fmt_s(s: float | None) -> str:
@@ -212,10 +211,7 @@ def status_text(root: str) -> str:
             + ", ".join(f"{k} {v}" for k, v in sorted(by.items()))
             + ")"
         )
-    try:
-        data = SweepStore(path).read_data_report()
-    except ConfigError as e:  # damaged data.json: say so, show the rest
-        data, missing["data.json"] = None, str(e).split(": ", 1)[-1]
+    data = reader.read_data_report(path, missing)
     if data is not None:
         for split in ("train", "eval"):
             s = data.get(split) or {}

@@ -122,6 +122,13 @@ def read_sweep(path: Path, missing: Missing = None) -> dict[str, Any]:
     return _read_sweep(path / schema.SWEEP_YAML, missing)
 
 
+def read_data_report(path: Path, missing: Missing = None) -> dict[str, Any] | None:
+    """``data.json``: rows cut or left out per split (None when the sweep wrote none)."""
+    if not (path / schema.DATA_JSON).exists():  # optional: absent is not missing
+        return None
+    return _read_json(path / schema.DATA_JSON, missing) or None
+
+
 def read_decisions(path: Path, missing: Missing = None) -> pd.DataFrame:
     """Coordinator decisions, one row each (empty when absent); a torn line is skipped."""
     return _read_decisions(path, missing)
@@ -322,6 +329,7 @@ __all__ = [
     "check_sweep_dir",
     "missing_note",
     "objective",
+    "read_data_report",
     "read_decisions",
     "read_jobs",
     "read_metrics",

@@ -151,17 +151,6 @@ class SweepStore:
         (``plora.engine.data_report.DataReport.to_dict``)."""
         atomic_write_json(self.data_json, dict(report))
 
-    def read_data_report(self) -> dict[str, Any] | None:
-        """``data.json`` (None when absent: a sweep run with a given cost model and source)."""
-        if not self.data_json.is_file():
-            return None
-        try:
-            return dict(json.loads(self.data_json.read_text()))
-        except (ValueError, TypeError) as e:
-            raise ConfigError(
-                f"{self.data_json}: unreadable ({e}); the sweep dir is damaged"
-            ) from None
-
     def write_state(self, state: Mapping[str, Any]) -> None:
         """Replace ``state.json`` (what ``--resume`` reads), stamped with the schema version."""
         atomic_write_json(self.state_json, {**state, "sweepdir_version": schema.SCHEMA_VERSION})
