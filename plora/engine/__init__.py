@@ -19,15 +19,7 @@ Submodules load lazily so that ``import plora.engine`` stays light (no transform
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
-
-if importlib.util.find_spec("torchao") is not None:
-    # transformers and peft import torchao (when installed) on their first use, and torchao logs
-    # a warning per CUDA extension it cannot load: import it first, quietly
-    from plora.utils import import_torchao_quietly
-
-    import_torchao_quietly()
 
 _EXPORTS = {
     "PackedLoRALinear": "plora.engine.lora",
