@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from _engine_testlib import TOKENIZER, tiny_model, toy_dataset
+from _engine_testlib import TOKENIZER, VOCAB, tiny_model, toy_dataset
 
 from plora.config import LoRAConfig
 from plora.engine.adapters import base_only
@@ -29,7 +29,7 @@ def _attention_kernels(fn) -> set[str]:
 
 def test_packed_steps_and_evaluation_run_no_cudnn_attention():
     model = tiny_model(hidden=256, intermediate=512).to("cuda", torch.bfloat16)
-    ids = torch.randint(3, 200, (8, 40), device="cuda")
+    ids = torch.randint(3, VOCAB, (8, 40), device="cuda")
     mask = torch.ones_like(ids)
     mask[::2, 30:] = 0  # padded rows: what a pack of rows of different lengths looks like
 
