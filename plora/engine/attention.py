@@ -4,7 +4,7 @@ Packed rows are right-padded to the longest row of the micro-batch, so nearly ev
 new ``(rows, length)`` shape. PyTorch picks cuDNN's fused attention for padded (masked) rows on
 Hopper, and cuDNN builds an execution plan on the host for each new shape: 2.0-3.6 s for the
 forward and backward of a new padded length on an H200 (Qwen2.5-1.5B shape, 64 rows of about
-640 tokens, ``.device/sdpa.py``, 2026-11-25), which made steps 1, 3, 5, 23 and 26 of the
+640 tokens, ``benchmarks/sdpa_shapes.py``, 2026-11-25), which made steps 1, 3, 5, 23 and 26 of the
 end-to-end sweep stall. The memory-efficient kernel ran the same shapes at the same steady-state
 speed (0.15-0.17 s vs 0.15-0.21 s) with no per-shape cost, so the engine leaves cuDNN out.
 Flash attention stays first for unpadded batches.
