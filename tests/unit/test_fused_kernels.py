@@ -330,3 +330,28 @@ def test_real_liger_patches_every_supported_type() -> None:
         finally:
             for k, v in before.items():
                 setattr(modeling, k, v)
+
+
+def test_validate_refuses_on_without_liger(tmp_path, monkeypatch) -> None:
+    """``plora validate`` (what ``plora sweep`` checks first) prints one line naming the file,
+    the key and the install command, before any model is loaded for training."""
+    from typer.testing import CliRunner
+
+    from plora.cli import app
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: s\nmodel: tiny-qwen2\n"
+        "dataset: {builtin: arithmetic, num_examples: 50, max_seq_len: 64}\n"
+        "hardware: {gpu_type: H100, num_gpus: 1}\ntraining: {fused_kernels: on}\n"
+        "space: {lr: 1.0e-3, batch_size: 2, rank: 8, alpha_ratio: 2, max_steps: 5}\n"
+    )
+    monkeypatch.setattr(fused_cfg, "liger_installed", lambda: False)
+    result = CliRunner().invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"{path}: training.fused_kernels='on': Liger-Kernel is not installed" in lines[0]
+    assert 'pip install "plora[liger]"' in lines[0]
+    monkeypatch.setattr(fused_cfg, "liger_installed", lambda: True)
+    assert CliRunner().invoke(app, ["validate", str(path)]).exit_code == 0
