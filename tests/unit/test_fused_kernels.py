@@ -29,6 +29,8 @@ from plora.cost.throughput import DEFAULT_COEFFICIENTS, LIGER_COEFFICIENTS
 from plora.engine import liger
 
 SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
+#: The real probe (``conftest._plan_without_liger`` replaces it in every unit test).
+REAL_PROBE = fused_cfg.liger_installed
 
 
 # ------------------------------------------------------------------------- resolution
@@ -75,6 +77,7 @@ def test_unknown_setting_names_key_and_value() -> None:
 
 
 def test_probe_follows_the_environment(monkeypatch) -> None:
+    monkeypatch.setattr(fused_cfg, "liger_installed", REAL_PROBE)
     monkeypatch.setattr(fused_cfg.importlib.util, "find_spec", lambda name: None)
     assert not fused_cfg.liger_installed()
     assert not use_fused_kernels("auto", cuda=True, model_type="qwen2")
@@ -305,7 +308,7 @@ def test_session_on_cpu_runs_stock_and_refuses_on(tmp_path, fake_liger) -> None:
         PackSession(on)
 
 
-@pytest.mark.skipif(not fused_cfg.liger_installed(), reason="liger_kernel not installed")
+@pytest.mark.skipif(not REAL_PROBE(), reason="liger_kernel not installed")
 def test_real_liger_patches_every_supported_type() -> None:
     """Every type in LIGER_MODEL_TYPES has Liger's patch with the arguments plora passes, and on
     a (CPU-built, never run) model the patch binds Liger's norm and MLP and nothing else."""
