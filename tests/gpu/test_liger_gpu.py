@@ -85,7 +85,7 @@ def _train(model, data, *, dtype=None, ckpt=False, steps=3):
 
     def spy(lrs):
         if not grads:
-            for layer in trainer.layers:
+            for layer in trainer.layers.values():
                 grads.extend(p.grad.detach().float().clone() for p in (layer.A, layer.Bt)
                              if p.grad is not None and p.numel())  # fmt: skip
         return step(lrs)
