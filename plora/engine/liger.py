@@ -27,9 +27,10 @@ never the model's ``forward(labels=...)``, so the loss is unchanged by this modu
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import importlib
 import inspect
-import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -89,12 +90,30 @@ def patch_instance(model: nn.Module, patch: Callable[..., None]) -> None:
         model: the HF causal LM to patch.
         patch: Liger's ``apply_liger_kernel_to_<model_type>``.
     """
-    modeling = sys.modules[type(model).__module__]
-    before = dict(vars(modeling))
+    model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
+    names = (type(model).__module__, f"transformers.models.{model_type}.modeling_{model_type}")
+    modules = []
+    for name in dict.fromkeys(names):  # imported first: the patch rebinds names in it
+        with contextlib.suppress(ImportError):
+            modules.append(importlib.import_module(name))
+    before = [dict(vars(m)) for m in modules]
     kwargs = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                   fused_linear_cross_entropy=False)  # fmt: skip
     accepted = inspect.signature(patch).parameters
     patch(model=model, **{k: v for k, v in kwargs.items() if k in accepted})
+    for modeling, old_vars in zip(modules, before, strict=True):
+        _confine(modeling, old_vars)
+    decoder: Any = getattr(model, getattr(model, "base_model_prefix", "model"), model)
+    for layer in decoder.layers:
+        # the attention, not the layer: checkpointing recomputes the layer's class forward
+        # (transformers' GradientCheckpointingLayer), which still calls the attention module
+        attn = getattr(layer, "self_attn", layer)
+        attn.forward = _scoped(attn.forward)
+    setattr(model, _MARK, True)
+
+
+def _confine(modeling: types.ModuleType, before: dict[str, Any]) -> None:
+    """Undo what a patch rebound in ``modeling``: classes back, functions behind a switch."""
     for name, value in list(vars(modeling).items()):
         old = before.get(name, _MISSING)
         if old is value:
@@ -102,18 +121,11 @@ def patch_instance(model: nn.Module, patch: Callable[..., None]) -> None:
         if old is _MISSING:
             delattr(modeling, name)
         elif isinstance(value, types.FunctionType) and not isinstance(old, type):
-            # a function the layers look up at call time (RoPE): switched per model
+            # a function the attention looks up at call time (RoPE): switched per model
             stock = old.stock if isinstance(old, _LayerSwitch) else old
             setattr(modeling, name, _LayerSwitch(stock=stock, fused=value))
         else:  # a class: the instance's modules are patched already; later models stay stock
             setattr(modeling, name, old)
-    decoder = getattr(model, getattr(model, "base_model_prefix", "model"), model)
-    for layer in decoder.layers:
-        # the attention, not the layer: checkpointing recomputes the layer's class forward
-        # (transformers' GradientCheckpointingLayer), which still calls the attention module
-        attn = getattr(layer, "self_attn", layer)
-        attn.forward = _scoped(attn.forward)
-    setattr(model, _MARK, True)
 
 
 class _LayerSwitch:
