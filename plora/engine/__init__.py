@@ -13,6 +13,8 @@
   :mod:`plora.engine.reports` -- what the trainer reports (step metrics, profiles, statuses).
 * :mod:`plora.engine.run` -- :class:`PackSession`, a resident base model serving successive
   packs (a worker's engine), and :func:`run_pack`, load and train one pack to completion.
+* :mod:`plora.engine.liger` -- :func:`apply_fused_kernels`, Liger-Kernel's fused RMSNorm,
+  SwiGLU and RoPE on the loaded base (``training.fused_kernels``; CUDA only).
 
 Submodules load lazily so that ``import plora.engine`` stays light (no transformers import).
 """
@@ -29,6 +31,7 @@ _EXPORTS = {
     "use_slot": "plora.engine.adapters",
     "base_only": "plora.engine.adapters",
     "PackedTrainer": "plora.engine.trainer",
+    "apply_fused_kernels": "plora.engine.liger",
     "PackedAdamW": "plora.engine.packed_optim",
     "StepMetrics": "plora.engine.reports",
     "StepProfile": "plora.engine.reports",

@@ -336,6 +336,7 @@ class _Driver:
             gradient_checkpointing=bool(
                 getattr(getattr(sweep, "training", None), "gradient_checkpointing", False)
             ),
+            fused_kernels=sweep.training.fused_kernels,
         )
         self._groups_started = 0
 
