@@ -52,7 +52,11 @@ def leave(trainer: Any, config_id: str, out_dir: str | os.PathLike[str]) -> Path
     state = ckpt.detached_copy(trainer.adapter_train_state(config_id))
     path = ckpt.save_train_state(
         paused_dir(out_dir, config_id),
-        {"version": TRAIN_STATE_VERSION, "global_step": state["step"], "adapters": {config_id: state}},
+        {
+            "version": TRAIN_STATE_VERSION,
+            "global_step": state["step"],
+            "adapters": {config_id: state},
+        },
     )
     trainer.retire(config_id, AdapterStatus.PAUSED)
     return path
@@ -77,7 +81,9 @@ def join(trainer: Any, config: LoRAConfig, out_dir: str | os.PathLike[str]) -> b
             f"{path}: paused with other hyperparameters than config {config.config_id} has now; "
             "remove that directory to train the config from its start"
         )
-    trainer.add_from_state({**st, "status": str(AdapterStatus.ACTIVE)}, version=int(state["version"]))
+    trainer.add_from_state(
+        {**st, "status": str(AdapterStatus.ACTIVE)}, version=int(state["version"])
+    )
     return True
 
 

@@ -304,6 +304,10 @@ class _PackRun:
                 self.trainer.load_state_dict(state)
                 for cid, r in (results or {}).items():
                     self.results[cid] = ConfigResult.from_dict(r)
+                asked = {c.config_id for c in self.request.configs}
+                for cid in self.trainer.active:  # paused after this checkpoint: it left the job
+                    if cid not in asked and pause.is_paused(self.out_dir, cid):
+                        self.trainer.release(cid)
         for cfg in self.request.configs:
             if cfg.config_id not in self.results and cfg.config_id not in self.trainer.adapters:
                 pause.join(self.trainer, cfg, self.out_dir)  # a paused config continues
