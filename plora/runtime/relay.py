@@ -42,6 +42,7 @@ class CoordinatorActor:
         self._sync_done: dict[str, int] = {}
         self._sync_seq = 0
         self._history: dict[str, list[StepMetrics]] = defaultdict(list)
+        self._delivered: dict[str, int] = {}
 
     def push_reports(self, job_id: str, reports: list[StepReport]) -> None:
         self._reports[job_id].extend(reports)
@@ -85,6 +86,8 @@ class CoordinatorActor:
         rows = [m for m in self._history.get(config_id, ()) if m.step > after_step]
         if config_id in self._history:
             self._history[config_id] = rows
+        if rows:
+            self._delivered[config_id] = max(self._delivered.get(config_id, 0), rows[-1].step)
         return list(rows), self._results.get(config_id)
 
     def poll(self, job_id: str) -> Control:
@@ -134,13 +137,16 @@ class CoordinatorActor:
         pack with its train-state at the next step (:mod:`plora.runtime.pause`)."""
         self._stops.append(ConfigRequest(config_id, reason, RequestKind.PAUSE))
 
-    def resume_config(self, config_id: str, reason: str = "relay request") -> None:
+    def resume_config(self, config_id: str, reason: str = "relay request") -> int:
         """Ask the coordinator to queue a paused config again (its trial runs again); its
-        paused result row is no longer its result."""
+        paused result row is no longer its result. Returns the last step :meth:`history`
+        handed out for it (a restarted follower goes on after it: its predecessor reported
+        them)."""
         row = self._results.get(config_id)
         if row is not None and row.get("status") == "paused":
             del self._results[config_id]
         self._stops.append(ConfigRequest(config_id, reason, RequestKind.RESUME))
+        return self._delivered.get(config_id, 0)
 
     def set_snapshot(self, snapshot: dict[str, Any]) -> None:
         self._snapshot = snapshot
