@@ -98,6 +98,48 @@ def test_hyperband_pauses_adapters_out_of_their_packs_and_resumed_ones_continue_
     )  # no train-state is left behind once every config ended
 
 
+def test_a_soft_median_rule_pauses_lagging_adapters_and_tune_resumes_them(
+    ray_cluster, tmp_path
+) -> None:
+    """``MedianStoppingRule(hard_stop=False)``: a lagging trial is paused (its adapter leaves its
+    pack), Tune runs it again as soon as it can (a proxy needs no GPU), and the adapter rejoins a
+    pack and trains to the end, ending as it would have without the pause."""
+    from ray import tune
+    from ray.tune.schedulers import MedianStoppingRule
+
+    from plora.tune.scheduler import PLoRAScheduler
+    from plora.tune.space import config_from_tune
+    from plora.tune.trainable import plora_trainable
+
+    sweep = _sweep("softmedian")
+    trainable = plora_trainable(
+        sweep, options=RunOptions(engine=PackFnEngine, calibration_steps=0), cost=cost_of(sweep),
+        settle_s=1.0, linger_s=0.5,
+    )  # fmt: skip
+    rule = MedianStoppingRule(time_attr="adapter_step", grace_period=8, min_samples_required=2,
+                              hard_stop=False)  # fmt: skip
+    lrs = LRS[:4]
+    results = tune.Tuner(
+        trainable,
+        param_space={"lr": tune.grid_search(lrs), "rank": 4},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=PLoRAScheduler(rule)),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="msr", verbose=0),
+    ).fit()  # fmt: skip
+    assert len(results) == len(lrs) and not results.errors
+    store = SweepStore(tmp_path / "msr" / "plora")
+    res = store.read_results().set_index("config_id")
+    assert set(res["status"]) == {"done"} and (res["steps"] == STEPS).all()  # nothing stopped
+    decisions = store.read_decisions()
+    paused = {c for d in decisions if d["kind"] == "config_paused" for c in d["config_ids"]}
+    resumed = {c for d in decisions if d["kind"] == "resume_config" for c in d["config_ids"]}
+    assert paused and paused == resumed
+    by_id = {r.metrics["config_id"]: r for r in results}
+    for cid in paused:
+        config = config_from_tune(by_id[cid].config, sweep, config_id=cid)
+        w = json.loads((Path(res.loc[cid, "adapter_path"]) / "adapter.json").read_text())["w"]
+        assert w == _uninterrupted_w(sweep, config, tmp_path / "ref" / cid)
+
+
 def test_hyperopt_search_through_tuner_gives_one_row_per_config(ray_cluster, tmp_path) -> None:
     """``HyperOptSearch`` proposes configs (two at a time) that register as proxy trials; each
     gets its row in the ResultGrid and in results.parquet with the lr Tune gave it."""

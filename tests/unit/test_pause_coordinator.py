@@ -14,6 +14,7 @@ from runtime_fakes import AffineCost, GreedyPlanner, lora, outcome, report
 from plora.engine.pause import paused_dir
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.pause import ConfigRequest, RequestKind, apply_request
+from plora.runtime.progress import summary_line
 from plora.runtime.records import ConfigStatus, Decision, StaticSource
 from plora.sweepdir.store import SweepStore
 
@@ -67,6 +68,7 @@ def test_a_paused_config_leaves_its_pack_is_refilled_and_rejoins_on_resume() -> 
     assert ctl.pause == frozenset({"c01"}) and not ctl.stop
     assert [c.config_id for c in ctl.add] == ["c03"]  # its slot is refilled from the queue
     assert coord.status["c01"] is ConfigStatus.PAUSED
+    assert " paused 1 " in summary_line(coord.snapshot())  # the progress line counts it
     assert coord.poll(spec.job_id).pause == frozenset()  # delivered once
     results = {
         "c00": {"status": "done", "steps": 40, "eval_loss": 1.0},
