@@ -22,6 +22,7 @@ A paused config's state is removed once it completed or stopped (:func:`forget`)
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -44,6 +45,18 @@ def paused_dir(out_dir: str | os.PathLike[str], config_id: str) -> Path:
 def is_paused(out_dir: str | os.PathLike[str], config_id: str) -> bool:
     """Whether ``config_id`` left a pack paused and has not finished since."""
     return ckpt.has_train_state(paused_dir(out_dir, config_id))
+
+
+def paused_step(out_dir: str | os.PathLike[str], config_id: str) -> int | None:
+    """The adapter step of ``config_id``'s paused train-state (None: none, or not recorded)."""
+    meta = paused_dir(out_dir, config_id) / ckpt.TRAIN_STATE_META
+    if not is_paused(out_dir, config_id) or not meta.is_file():
+        return None
+    try:
+        step = json.loads(meta.read_text()).get("global_step")
+    except ValueError:  # being replaced right now: not known yet
+        return None
+    return None if step is None else int(step)
 
 
 def leave(trainer: Any, config_id: str, out_dir: str | os.PathLike[str]) -> Path:
@@ -92,4 +105,4 @@ def forget(out_dir: str | os.PathLike[str], config_id: str) -> None:
     shutil.rmtree(paused_dir(out_dir, config_id), ignore_errors=True)
 
 
-__all__ = ["PAUSED_DIR", "forget", "is_paused", "join", "leave", "paused_dir"]
+__all__ = ["PAUSED_DIR", "forget", "is_paused", "join", "leave", "paused_dir", "paused_step"]

@@ -65,6 +65,9 @@ class PauseBook:
         """Resumes waiting for the config's train-state to be written."""
         self.stop_when_left: dict[str, str] = {}
         """Stops of leaving configs (config id -> reason), done once their row came."""
+        self.since: dict[str, int] = {}
+        """Config id -> its step as its pause was delivered: a train-state written for this
+        pause is at least that far (one left by an earlier pause of the config is not)."""
 
 
 def deliver(coord: Any, run: Any) -> frozenset[str]:
@@ -75,6 +78,7 @@ def deliver(coord: Any, run: Any) -> frozenset[str]:
     for cid in out:
         coord.status[cid] = ConfigStatus.PAUSED
         coord.pauses.leaving[cid] = run.spec.job_id
+        coord.pauses.since[cid] = int(coord.progress.get(cid, 0))
     for cid in sorted(coord.pauses.waiting):
         if _state_written(coord, cid):
             coord.pauses.waiting.discard(cid)
@@ -174,9 +178,14 @@ def on_restore(coord: Any, interrupted: Iterable[Iterable[str]]) -> None:
 
 
 def _state_written(coord: Any, config_id: str) -> bool:
-    from plora.engine.pause import is_paused
+    """Whether the train-state of the config's latest pause is on disk (not one of an earlier
+    pause: a resume must not start the next pack from it)."""
+    from plora.engine.pause import paused_step
 
-    return coord.store is None or is_paused(coord.store.root, config_id)
+    if coord.store is None:
+        return True
+    step = paused_step(coord.store.root, config_id)
+    return step is not None and step >= coord.pauses.since.get(config_id, 0)
 
 
 def stop_paused(coord: Any, config_id: str, *, reason: str) -> None:

@@ -31,7 +31,7 @@ from plora.engine.api import (
     StepReport,
     SyncHooks,
 )
-from plora.engine.checkpoint import TRAIN_STATE
+from plora.engine.checkpoint import TRAIN_STATE, save_train_state
 from plora.engine.reports import StepMetrics, StepProfile
 from plora.utils import atomic_write_json
 
@@ -117,9 +117,9 @@ class PackFnEngine:
                         state[cid]["status"] = "stopped"
                 for cid in ctl.pause:
                     if state.get(cid, {}).get("status") == "running":
-                        path = pause.paused_dir(request.out_dir, cid)
-                        path.mkdir(parents=True, exist_ok=True)
-                        torch.save(dict(state[cid]), path / TRAIN_STATE)
+                        save_train_state(pause.paused_dir(request.out_dir, cid),
+                                         {"global_step": state[cid]["step"], "adapters": {},
+                                          "packfn": dict(state[cid])})  # fmt: skip
                         state[cid]["status"] = "paused"
                 for c in ctl.add:
                     cfgs[c.config_id] = c
@@ -147,6 +147,6 @@ def _start(c, out_dir: str) -> dict:
     """A config's state as it joins: from its paused state when it has one."""
     path = pause.paused_dir(out_dir, c.config_id) / TRAIN_STATE
     if path.is_file():
-        return {**torch.load(path), "status": "running"}
+        return {**torch.load(path)["packfn"], "status": "running"}
     w = torch.randn(4, generator=torch.Generator().manual_seed(c.seed)).tolist()
     return {"step": 0, "w": w, "loss": None, "status": "running"}

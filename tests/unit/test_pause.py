@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from plora.config import DatasetSpec, LoRAConfig
 from plora.engine import AdapterStatus, Control, run_pack
 from plora.engine import checkpoint as ckpt
-from plora.engine.pause import is_paused, paused_dir
+from plora.engine.pause import is_paused, paused_dir, paused_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,6 +57,7 @@ def test_paused_then_resumed_equals_uninterrupted_bit_for_bit(tmp_path) -> None:
     assert is_paused(out, "x") and [m.step for m in hooks.metrics] == [1, 2]
     state = ckpt.load_train_state(paused_dir(out, "x"))["adapters"]["x"]
     assert state["step"] == 2 and state["optimizer"]["step"] == 2  # AdamW moments kept
+    assert paused_step(out, "x") == 2 and paused_step(out, "nobody") is None
     again = Script({})
     second = run_pack(model=MODEL, configs=[x], dataset=DATA, out_dir=out, hooks=again)
     assert [m.step for m in again.metrics] == [3, 4, 5, 6]  # continued, not restarted

@@ -11,6 +11,7 @@ from typing import Any
 
 from runtime_fakes import AffineCost, GreedyPlanner, lora, outcome, report
 
+from plora.engine.checkpoint import save_train_state
 from plora.engine.pause import paused_dir
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.pause import ConfigRequest, RequestKind, apply_request
@@ -51,11 +52,9 @@ def _resume(coord: Coordinator, cid: str) -> None:
     apply_request(coord, ConfigRequest(cid, "trial resumed", RequestKind.RESUME))
 
 
-def _write_paused_state(root, cid: str) -> None:
+def _write_paused_state(root, cid: str, step: int) -> None:
     """What the worker writes as the adapter leaves (the engine's test covers its content)."""
-    path = paused_dir(root, cid)
-    path.mkdir(parents=True)
-    (path / "train_state.pt").write_bytes(b"x")
+    save_train_state(paused_dir(root, cid), {"global_step": step, "adapters": {}})
 
 
 def test_a_paused_config_leaves_its_pack_is_refilled_and_rejoins_on_resume() -> None:
@@ -117,15 +116,20 @@ def test_a_resume_waits_until_the_worker_wrote_the_train_state(tmp_path) -> None
     store = SweepStore(tmp_path)
     coord, _ = _coord(store=store)
     (spec,) = coord.start()
+    coord.on_reports(
+        spec.job_id, [report(*({"config_id": c, "step": 12} for c in spec.config_ids))]
+    )
+    _write_paused_state(tmp_path, "c00", 5)  # left by an earlier pause of c00, at step 5
     _pause(coord, "c00")
-    coord.poll(spec.job_id)  # delivered; the worker pauses it at its next step boundary
-    _resume(coord, "c00")  # the trial is resumed before the state is on disk
-    assert coord.status["c00"] is ConfigStatus.PAUSED  # not queued: it would start afresh
+    ctl = coord.poll(spec.job_id)  # delivered at step 12; the worker pauses it at its next step
+    assert ctl.pause == {"c00"} and [c.config_id for c in ctl.add] == ["c03"]  # slot refilled
+    _resume(coord, "c00")  # the trial is resumed before this pause's state is on disk
+    assert coord.status["c00"] is ConfigStatus.PAUSED  # not queued: it would start from 5
     coord.poll(spec.job_id)
     assert coord.status["c00"] is ConfigStatus.PAUSED
-    _write_paused_state(tmp_path, "c00")
-    ctl = coord.poll(spec.job_id)  # now it is queued and rejoins this job as a refill
-    assert [c.config_id for c in ctl.add] == ["c00"] or coord.status["c00"] is ConfigStatus.QUEUED
+    _write_paused_state(tmp_path, "c00", 13)
+    coord.poll(spec.job_id)  # now it is queued (its old slot is c03's: it waits for the next)
+    assert coord.status["c00"] is ConfigStatus.QUEUED and coord.queued_ids() == ["c00"]
     assert any(d.kind is Decision.RESUME_CONFIG for d in coord.decisions)
 
 
