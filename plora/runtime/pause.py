@@ -73,6 +73,7 @@ class PauseBook:
 def deliver(coord: Any, run: Any) -> frozenset[str]:
     """The pauses to send to ``run``'s job now (each once); they are ``paused`` from here, and
     waiting resumes whose state is now written are queued."""
+    coord.pauses.asked -= coord._stop_requests  # stopped before its pause came: a stop
     out = frozenset(coord.pauses.asked.intersection(run.config_ids))
     coord.pauses.asked -= out
     for cid in out:

@@ -74,9 +74,10 @@ def test_hyperband_pauses_adapters_out_of_their_packs_and_resumed_ones_continue_
     assert stopped["eval_loss"].notna().all()
     stops = [d for d in decisions if d["kind"] == "stop_config"]
     assert {c for d in stops for c in d["config_ids"]} == set(stopped.index)
-    for d in stops:
+    asked = {c for d in decisions if d["kind"] == "pause_config" for c in d["config_ids"]}
+    for d in stops:  # a trial stopped while paused: its adapter had left, or was about to
         if d["inputs"]["reason"] == "stopped_while_paused":
-            assert d["inputs"]["was"] == "paused" and d["config_ids"][0] in paused
+            assert d["inputs"]["was"] in ("paused", "running") and d["config_ids"][0] in asked
     assert res["steps"].sum() < len(LRS) * STEPS
     # a paused adapter's slot was refilled from the queue (its job went on with another)
     assert any(d["kind"] == "refill" for d in decisions)

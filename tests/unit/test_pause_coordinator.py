@@ -149,6 +149,12 @@ def test_stop_while_paused_and_pause_of_a_queued_config() -> None:
     _resume(coord, "c03")
     (again,) = coord.tick()
     assert again.config_ids == ("c03",)
+    # a stop that overtakes a pause not delivered yet is a plain stop
+    _pause(coord, "c03")
+    apply_request(coord, ConfigRequest("c03", "hyperband", RequestKind.STOP))
+    ctl = coord.poll(again.job_id)
+    assert ctl.stop == {"c03"} and ctl.pause == frozenset()
+    assert coord.status["c03"] is ConfigStatus.RUNNING  # until its job reports it stopped
 
 
 def test_a_pause_in_a_multi_gpu_job_is_deferred() -> None:
