@@ -103,6 +103,8 @@ def build_cost_model(
         eval_rows=rows if eval_rows is None else int(eval_rows),
         eval_metric=metric if eval_metric is None else eval_metric,
         checkpoint_every=checkpoint_every,
+        early_stop=getattr(sweep, "early_stop", None),
+        population=sweep.num_configs if getattr(sweep, "early_stop", None) else None,
     )
 
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from plora.config import ConfigError, LoRAConfig
 from plora.cost import Strategy
+from plora.cost.early_stop import EarlyStopLike, expected_steps
 from plora.cost.jobterms import JobTimeTerms, SweepOverheads
 from plora.cost.memory import (
     GIB,
@@ -90,6 +91,9 @@ class SweepCostModel:
         eval_rows: eval rows each config is evaluated on after training (0: no evaluation).
         eval_metric: the task metric (:class:`~plora.cost.overheads.EvalMetric`).
         checkpoint_every: train-state checkpoint every this many steps (None: at the end only).
+        early_stop: the sweep's ``early_stop:`` (ASHA): a config's rows are charged for its
+            expected steps (:mod:`plora.cost.early_stop`; ``population``: the sweep's number of
+            configs), a pack's per-step overhead for the longest budget.
     """
 
     def __init__(
@@ -108,6 +112,8 @@ class SweepCostModel:
         eval_rows: int = 0,
         eval_metric: EvalMetric | str = EvalMetric.NONE,
         checkpoint_every: int | None = None,
+        early_stop: EarlyStopLike | None = None,
+        population: int | None = None,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"cost model: seq_len={seq_len!r} must be an integer >= 1")
@@ -115,6 +121,7 @@ class SweepCostModel:
             raise ConfigError(f"cost model: dataset_size={dataset_size!r} must be an integer >= 1")
         self.spec, self.seq_len, self.dataset_size = spec, seq_len, dataset_size
         self.hardware = hardware
+        self.early_stop, self.population = early_stop, population
         self.gpu = gpu if gpu is not None else gpu_spec(hardware.gpu_type)
         self.memory = memory
         self._strategies = tuple(Strategy(s) for s in strategies)
@@ -254,6 +261,10 @@ class SweepCostModel:
         epochs = float(config.epochs or 0.0)  # LoRAConfig: exactly one of max_steps, epochs
         return max(1, math.ceil(epochs * self.dataset_size / config.batch_size))
 
+    def expected_steps(self, config: LoRAConfig) -> float:
+        """:meth:`steps` under the sweep's early stopping, in expectation (its budget without)."""
+        return expected_steps(self.steps(config), self.early_stop, population=self.population)
+
     def step_fixed_time(self, steps: int, d: int, strategy: Strategy | None = None) -> float:
         """``steps · t_fixed(d, strategy)``: the job's per-step overhead (training steps only)."""
         strat = self._key(d, strategy)
@@ -274,13 +285,14 @@ class SweepCostModel:
     def config_step_time(
         self, config: LoRAConfig, d: int, strategy: Strategy | None = None
     ) -> float:
-        """``steps_k · t_k(d, strategy)``: what config k's rows add to the steps of its job."""
+        """``steps_k · t_k(d, strategy)``: what config k's rows add to the steps of its job
+        (``steps_k`` expected under early stopping)."""
         strat = self._key(d, strategy)
         key = ("step", config.rank, config.target_modules, config.batch_size, d, strat)
         if key not in self._cache:
             load = AdapterLoad.of(config)
             self._cache[key] = self.timer.adapter_step_time(load, self.seq_len, d, strat)
-        return self.steps(config) * cast(float, self._cache[key])
+        return self.expected_steps(config) * cast(float, self._cache[key])
 
     def config_overhead_time(self, config: LoRAConfig) -> float:
         """Config k's evaluation, PEFT export and share of checkpoint bytes (any d: the group
@@ -351,6 +363,8 @@ class SweepCostModel:
             "eval_rows": self.eval_rows,
             "eval_metric": self.eval_metric,
             "checkpoint_every": self.checkpoint_every,
+            "early_stop": self.early_stop,
+            "population": self.population,
         }
         new = SweepCostModel(
             self.spec, self.seq_len, self.dataset_size, self.hardware, **{**args, **changes}

@@ -21,6 +21,9 @@ class AdapterStatus(StrEnum):
     """Stopped early (a scheduler's or the user's stop); exported as it was."""
     ABORTED = "aborted"
     """The pack was aborted before it finished; resumable from its checkpoint."""
+    PAUSED = "paused"
+    """Left its pack at a step boundary with its whole train-state saved
+    (:mod:`plora.engine.pause`); it continues exactly when it joins a pack again."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -30,7 +33,9 @@ class Control:
     stop: frozenset[str] = frozenset()
     """Config ids to stop now (their adapters are exported as they are)."""
     add: tuple[LoRAConfig, ...] = ()
-    """Configs to add to the pack (refill)."""
+    """Configs to add to the pack (refill; a paused config continues where it left off)."""
+    pause: frozenset[str] = frozenset()
+    """Config ids to pause now: they leave with their train-state (:mod:`plora.engine.pause`)."""
     abort: bool = False
     """Stop the whole pack (checkpointed, resumable)."""
 

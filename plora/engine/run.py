@@ -37,6 +37,7 @@ import torch
 from plora.config import DatasetSpec, LoRAConfig, ModelRef
 from plora.config.fused import FusedKernels
 from plora.engine import checkpoint as ckpt
+from plora.engine import pause
 from plora.engine.api import (
     CheckpointPolicy,
     ConfigResult,
@@ -311,9 +312,13 @@ class _PackRun:
                 self.trainer.load_state_dict(state)
                 for cid, r in (results or {}).items():
                     self.results[cid] = ConfigResult.from_dict(r)
+                asked = {c.config_id for c in self.request.configs}
+                for cid in self.trainer.active:  # paused after this checkpoint: it left the job
+                    if cid not in asked and pause.is_paused(self.out_dir, cid):
+                        self.trainer.release(cid)
         for cfg in self.request.configs:
             if cfg.config_id not in self.results and cfg.config_id not in self.trainer.adapters:
-                self.trainer.add(cfg)
+                pause.join(self.trainer, cfg, self.out_dir)  # a paused config continues
 
     def loop(self, hooks: PackHooks | None) -> None:
         trainer, policy = self.trainer, self.request.checkpoint
@@ -349,9 +354,15 @@ class _PackRun:
         for cid in sorted(control.stop):
             if cid in self.trainer.active:
                 self.trainer.remove(cid)
+        for cid in sorted(control.pause - control.stop):
+            if cid in self.trainer.active and self.trainer.pausable:
+                pause.leave(self.trainer, cid, self.out_dir)
         for cfg in control.add:
-            if cfg.config_id not in self.results and cfg.config_id not in self.trainer.adapters:
-                self.trainer.add(cfg)
+            cid = cfg.config_id
+            done = cid in self.results and self.results[cid].status is not AdapterStatus.PAUSED
+            if not done and cid not in self.trainer.adapters:
+                self.results.pop(cid, None)
+                pause.join(self.trainer, cfg, self.out_dir)  # a paused config continues
 
     def finalize_finished(self) -> None:
         """Export every finished adapter, evaluate the completed ones together, free slots."""
@@ -364,19 +375,20 @@ class _PackRun:
                 t0 = time.perf_counter()
                 self.trainer.export_adapter(cid, self.out_dir / "adapters" / cid)
                 export_s[cid] = time.perf_counter() - t0
-        completed = [
-            c for c in finished if self.trainer.adapter(c).status is AdapterStatus.COMPLETED
-        ]
+        # every adapter that leaves is evaluated -- completed, stopped early or paused -- so
+        # each has the eval loss it has now, packed together in one pass
         scores: dict[str, tuple[float | None, float | None, float]] = {}
-        if self.request.evaluate and completed:
+        if self.request.evaluate:
             with self.clock.phase("eval"):
-                scores = _evaluate(self.trainer, self.tokenizer, self.data, completed)
+                scores = _evaluate(self.trainer, self.tokenizer, self.data, finished)
         for cid in finished:
             ad = self.trainer.adapter(cid)
+            if ad.status is not AdapterStatus.PAUSED:
+                pause.forget(self.out_dir, cid)
             loss, metric, eval_s = scores.get(cid, (None, None, 0.0))
             self.results[cid] = ConfigResult(
                 config_id=cid,
-                status=AdapterStatus.COMPLETED if cid in completed else AdapterStatus.STOPPED,
+                status=ad.status,
                 steps=ad.step,
                 tokens=ad.tokens,
                 final_train_loss=ad.last_loss,

@@ -83,6 +83,9 @@ class PackedTrainer:
         base_model_name_or_path: written into exported ``adapter_config.json``.
     """
 
+    pausable = True
+    """Whether an adapter may leave with :meth:`adapter_train_state` (:mod:`plora.engine.pause`)."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -195,6 +198,12 @@ class PackedTrainer:
         ad = self.adapter(config_id)
         if ad.status is AdapterStatus.ACTIVE:
             self._retire(ad, AdapterStatus.STOPPED)
+
+    def retire(self, config_id: str, status: AdapterStatus) -> None:
+        """End an active adapter's training here as ``status`` (stopped, paused)."""
+        ad = self.adapter(config_id)
+        if ad.status is AdapterStatus.ACTIVE:
+            self._retire(ad, status)
 
     def release(self, config_id: str) -> None:
         """Forget a finished or stopped adapter and free its slot."""
@@ -378,27 +387,31 @@ class PackedTrainer:
             base_model_name_or_path=self.base_model_name_or_path,
         )
 
+    def adapter_train_state(self, config_id: str) -> dict[str, Any]:
+        """One adapter's part of :meth:`state_dict` (live tensors; copy before keeping): its
+        config, slot, step counters, losses, data-stream position, weights and AdamW moments
+        (None once it stopped training). With it the adapter continues exactly in any pack
+        (:meth:`add_from_state`): its dropout and data order are keyed by its own seed and step."""
+        ad = self.adapter(config_id)
+        return {
+            "config": ad.config.to_dict(),
+            "slot": ad.slot,
+            "total_steps": ad.total_steps,
+            "step": ad.step,
+            "tokens": ad.tokens,
+            "last_loss": ad.last_loss,
+            "losses": list(ad.losses),
+            "status": str(ad.status),
+            "stream": ad.stream.get_state(),
+            "weights": adapters.adapter_state_dict(self.model, ad.slot),
+            "optimizer": (
+                self.optimizer.slot_state(ad.slot) if ad.status is AdapterStatus.ACTIVE else None
+            ),
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly: weights, optimizer, schedule, data, RNG."""
-        per_adapter = {}
-        for cid, ad in self.adapters.items():
-            per_adapter[cid] = {
-                "config": ad.config.to_dict(),
-                "slot": ad.slot,
-                "total_steps": ad.total_steps,
-                "step": ad.step,
-                "tokens": ad.tokens,
-                "last_loss": ad.last_loss,
-                "losses": list(ad.losses),
-                "status": str(ad.status),
-                "stream": ad.stream.get_state(),
-                "weights": adapters.adapter_state_dict(self.model, ad.slot),
-                "optimizer": (
-                    self.optimizer.slot_state(ad.slot)
-                    if ad.status is AdapterStatus.ACTIVE
-                    else None
-                ),
-            }
+        per_adapter = {cid: self.adapter_train_state(cid) for cid in self.adapters}
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -409,6 +422,30 @@ class PackedTrainer:
             "rng": rng,
         }
         return detached_copy(state)
+
+    def add_from_state(
+        self, st: dict[str, Any], *, slot: int | None = None, version: int = TRAIN_STATE_VERSION
+    ) -> int:
+        """Add an adapter from its :meth:`adapter_train_state` (between steps) in ``slot`` (None:
+        a free one) and return the slot; it continues where it left off."""
+        slot = self.add(LoRAConfig.from_dict(st["config"]), slot=slot)
+        ad = self.adapters[st["config"]["config_id"]]
+        adapters.load_adapter_state_dict(self.model, ad.slot, st["weights"])
+        ad.total_steps = st["total_steps"]
+        ad.step, ad.tokens, ad.last_loss = st["step"], st["tokens"], st["last_loss"]
+        ad.losses = list(st["losses"])
+        ad.stream.set_state(st["stream"])
+        status = AdapterStatus(st["status"])
+        if status is AdapterStatus.ACTIVE:
+            opt = st["optimizer"]
+            if version == 1:
+                keys = list(adapters.adapter_state_dict(self.model, ad.slot))
+                opt = adamw_slot_state(opt, keys)
+            if opt is not None:
+                self.optimizer.load_slot_state(ad.slot, opt)
+        else:
+            self._retire(ad, status)
+        return slot
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into this trainer (which must hold no adapters).
@@ -421,24 +458,8 @@ class PackedTrainer:
         version = state.get("version")
         if version not in (1, TRAIN_STATE_VERSION):
             raise ValueError(f"unknown train-state version {version!r}")
-        for cid, st in sorted(state["adapters"].items(), key=lambda kv: kv[1]["slot"]):
-            self.add(LoRAConfig.from_dict(st["config"]), slot=st["slot"])
-            ad = self.adapters[cid]
-            adapters.load_adapter_state_dict(self.model, ad.slot, st["weights"])
-            ad.total_steps = st["total_steps"]
-            ad.step, ad.tokens, ad.last_loss = st["step"], st["tokens"], st["last_loss"]
-            ad.losses = list(st["losses"])
-            ad.stream.set_state(st["stream"])
-            status = AdapterStatus(st["status"])
-            if status is AdapterStatus.ACTIVE:
-                opt = st["optimizer"]
-                if version == 1:
-                    keys = list(adapters.adapter_state_dict(self.model, ad.slot))
-                    opt = adamw_slot_state(opt, keys)
-                if opt is not None:
-                    self.optimizer.load_slot_state(ad.slot, opt)
-            else:
-                self._retire(ad, status)
+        for _, st in sorted(state["adapters"].items(), key=lambda kv: kv[1]["slot"]):
+            self.add_from_state(st, slot=st["slot"], version=version)
         self.global_step = state["global_step"]
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(as_tuple(state["rng"]["python"]))

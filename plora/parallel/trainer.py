@@ -56,6 +56,9 @@ class ParallelPackedTrainer(PackedTrainer):
         **kwargs: the other :class:`PackedTrainer` arguments.
     """
 
+    pausable = False
+    """Its adapter state is sharded over the job's ranks: pausing is for one-device packs."""
+
     def __init__(
         self,
         model: nn.Module,

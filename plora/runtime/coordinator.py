@@ -39,6 +39,7 @@ from plora.config.diff import changes_space
 from plora.cost.overheads import EvalMetric
 from plora.engine.api import Control, PackOutcome, StepReport
 from plora.planner.guard import PlanChoiceKind, choose_plan, continue_plan
+from plora.runtime import pause
 from plora.runtime.costs import (
     cost_strategy,
     describe_cost,
@@ -73,6 +74,7 @@ from plora.runtime.residency import Residency
 from plora.sweepdir.store import SweepStore
 
 _DONE = (ConfigStatus.DONE, ConfigStatus.STOPPED, ConfigStatus.FAILED)
+_LEFT = (*_DONE, ConfigStatus.PAUSED)
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -172,6 +174,8 @@ class Coordinator:
         self._by_hparams: dict[str, str] = {}  # hyperparameter fingerprint -> config id
         self._aliases: dict[str, list[str]] = {}  # config id -> later suggestions of it, untold
         self.early_stop = early_stop
+        self.pauses = pause.PauseBook()
+        """Pauses in flight (:mod:`plora.runtime.pause`: a Tune scheduler's PAUSE and resume)."""
 
     # -- clock and logging ----------------------------------------------------------------
     def now(self) -> float:
@@ -314,11 +318,12 @@ class Coordinator:
         run.stop_sent.update(stop)
         if stop:  # the job's predicted end (the ETA, the next re-plan) without the stopped
             self._retime_running()
+        paused = pause.deliver(self, run) if run.spec.gpus == 1 else frozenset()
         if self.refill:
             self._refill(run)
         add = tuple(self.configs[c] for c in run.add_pending)
         run.add_pending.clear()
-        return Control(stop=frozenset(stop), add=add)
+        return Control(stop=frozenset(stop), add=add, pause=paused)
 
     def on_group_started(self, gpu_ids: Sequence[int], *, elapsed_s: float = 0.0) -> None:
         """The driver asked for a worker group on ``gpu_ids`` ``elapsed_s`` ago (a group
@@ -369,6 +374,8 @@ class Coordinator:
         status = self.status.get(config_id)
         if status is None or status in _DONE:
             return
+        if status is ConfigStatus.PAUSED:
+            return pause.stop_paused(self, config_id, reason=reason)
         self._decide(Decision.STOP_CONFIG, config_ids=[config_id], reason=reason, was=str(status),
                      step=step if step is not None else self.progress.get(config_id, 0))  # fmt: skip
         if status is ConfigStatus.QUEUED:
@@ -398,15 +405,16 @@ class Coordinator:
             late = int(r.get("steps") or 0) >= self.cost.steps(self.configs[cid])
             status = config_status(r.get("status"), stopped=cid in self._stop_requests and not late)
             share = tokens[cid] / total_tokens if total_tokens > 0 else 1 / len(run.config_ids)
-            self.status[cid] = status
             fields = {k: v for k, v in r.items() if k not in ("status", "config_id", "job_id")}
-            self.results[cid] = self._result_row(
-                cid,
-                status=status,
-                job_id=job_id,
-                gpu_seconds=wall * run.spec.gpus * share,
+            row = self._result_row(
+                cid, status=status, job_id=job_id, gpu_seconds=wall * run.spec.gpus * share,
                 **fields,
-            )
+            )  # fmt: skip
+            if status is ConfigStatus.PAUSED:  # not ended: the searcher is not told
+                pause.on_paused(self, cid, row, job_id=job_id)
+                continue
+            self.status[cid] = status
+            self.results[cid] = row
             self._decide(
                 Decision.CONFIG_DONE
                 if status is not ConfigStatus.FAILED
@@ -440,6 +448,7 @@ class Coordinator:
         run = self.running.pop(job_id)
         self.free_gpus.update(run.spec.gpu_ids)
         kind = FailureKind(kind)
+        pause.on_job_failed(self, job_id)
         live = [c for c in run.config_ids if self.status.get(c) is ConfigStatus.RUNNING]
         status = {FailureKind.DIED: JobStatus.DIED, FailureKind.OOM: JobStatus.OOM}.get(
             kind, JobStatus.FAILED
@@ -510,6 +519,7 @@ class Coordinator:
     # -- scheduling -------------------------------------------------------------------------
     def _schedule(self, *, trigger: str) -> list[JobSpec]:
         self._ask()
+        pause.settle(self)
         if self._need_plan:
             self._plan(trigger)
         launches = self._dispatch()
@@ -718,6 +728,7 @@ class Coordinator:
             self.configs[c]
             for c in run.config_ids
             if c not in self._stop_requests
+            and self.status.get(c) is not ConfigStatus.PAUSED
             and self.progress.get(c, 0) < self.cost.steps(self.configs[c])
         ]
         in_forced = {c for s in self.forced for c in s.config_ids}
@@ -738,7 +749,8 @@ class Coordinator:
             cid = pick.config_id
             self._drop_from_plan(cid)
             self.status[cid] = ConfigStatus.RUNNING
-            run.config_ids.append(cid)
+            if cid not in run.config_ids:  # a paused config may rejoin the job it left
+                run.config_ids.append(cid)
             run.add_pending.append(cid)
             if run.plan_job is not None:
                 run.plan_job = dataclasses.replace(run.plan_job, config_ids=tuple(run.config_ids))
@@ -924,9 +936,10 @@ class Coordinator:
             self.source.set_state(decode_state(state["source"]))
         if self.early_stop is not None and state.get("early_stop") is not None:
             self.early_stop.set_state(state["early_stop"])
+        pause.on_restore(self, [s["config_ids"] for s in state["interrupted"]])
         self.forced = []
         for s in state["interrupted"]:
-            live = [c for c in s["config_ids"] if self.status.get(c) not in _DONE]
+            live = [c for c in s["config_ids"] if self.status.get(c) not in _LEFT]
             if live:
                 self.forced.append(
                     JobSpec(

@@ -10,6 +10,7 @@ from typing import Any
 
 from plora.config import LoRAConfig
 from plora.cost import Strategy
+from plora.cost.early_stop import expected_steps, expected_steps_left
 from plora.planner.types import call_strategy
 
 
@@ -53,9 +54,13 @@ def remaining_job_time(
     terms = getattr(cost, "sweep_overheads", None)
     if terms is not None:  # the start is paid; the checkpoint writes still to come are not
         rest += terms.per_job(max(left.values())).checkpoint_s - terms.per_job(longest).total_s
-    own = sum(
-        t * left[c.config_id] / steps[c.config_id] for c, t in zip(pack, stepped, strict=True)
-    )
+    # a config's rows: its expected steps left (under early stopping: given it still trains)
+    stop, n = getattr(cost, "early_stop", None), getattr(cost, "population", None)
+    own = 0.0
+    for c, t in zip(pack, stepped, strict=True):
+        total, done = steps[c.config_id], progress.get(c.config_id, 0)
+        still = expected_steps_left(total, done, stop, population=n)
+        own += t * still / max(expected_steps(total, stop, population=n), 1e-9)
     return float(step_fixed(max(left.values()), d, s) + own + max(0.0, rest))
 
 

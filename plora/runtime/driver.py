@@ -59,6 +59,7 @@ from plora.runtime.cluster import shutdown as shutdown_cluster
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.costs import record_profile
 from plora.runtime.group import WorkerGroup, start_group, stop_group
+from plora.runtime.pause import apply_request
 from plora.runtime.prepare import config_source, fits_one_gpu, prepare
 from plora.runtime.records import ConfigSource, FailureKind, JobSpec
 from plora.runtime.relay import start_relay
@@ -328,7 +329,7 @@ class _Driver:
         )
         self.groups: dict[tuple[int, ...], WorkerGroup] = {}
         self.jobs: dict[str, _Job] = {}
-        self.posted: set[str] = set()
+        self.posted: dict[str, Any] = {}
         self.engine = options.engine  # None: PackSession, imported by the workers
         self.engine_spec = EngineSpec(
             model=sweep.model,
@@ -397,7 +398,7 @@ class _Driver:
         self._resolve_groups()
         for jid in list(self.jobs):
             ctl = self.coord.poll(jid)
-            if ctl.stop or ctl.add:
+            if ctl.stop or ctl.add or ctl.pause:
                 self.relay.post_control.remote(jid, ctl)
         self._update()
 
@@ -429,8 +430,8 @@ class _Driver:
         if syncs:  # workers wait to checkpoint until the metrics of their steps are on disk
             self.coord.flush_records()
             self.relay.ack_sync.remote(syncs)
-        for cid, reason in stops:
-            self.coord.stop_config(cid, reason=reason)
+        for request in stops:  # stop / pause / resume one config
+            apply_request(self.coord, request)
         return launches
 
     def _peer_returned(self, job_id: str, ref: Any) -> None:
@@ -535,10 +536,12 @@ class _Driver:
     def _update(self) -> None:
         snap = self.coord.snapshot()
         self.relay.set_snapshot.remote(snap)
-        ended = {c: r for c, r in self.coord.results.items() if c not in self.posted}
+        ended = {
+            c: r for c, r in self.coord.results.items() if self.posted.get(c) != r.get("status")
+        }  # a paused config's row, and its row again once it ended
         if ended:
             self.relay.post_results.remote(ended)
-            self.posted.update(ended)
+            self.posted.update({c: r.get("status") for c, r in ended.items()})
         if self.on_update is not None:
             self.on_update(snap)
 

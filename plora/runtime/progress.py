@@ -30,7 +30,8 @@ def summary_line(snap: Mapping[str, Any], *, workers: str = "GPUs", eta: str | N
     return (
         f"[{_fmt_s(snap['now_s'])}] configs done {c['done'] + c['stopped']}"
         f" running {c['running']} queued {c['queued']} failed {c['failed']}"
-        f" | jobs {c['jobs_running']} | {workers} busy {c['gpus_busy']}/{snap['num_gpus']}"
+        + (f" paused {c['paused']}" if c.get("paused") else "")
+        + f" | jobs {c['jobs_running']} | {workers} busy {c['gpus_busy']}/{snap['num_gpus']}"
         f" | ETA {eta_text}"
     )
 
@@ -202,7 +203,8 @@ def status_text(root: str) -> str:
         "configs: "
         + ", ".join(
             f"{k} {counts.get(k, 0)}" for k in ("done", "stopped", "running", "queued", "failed")
-        ),
+        )
+        + (f", paused {counts['paused']}" if counts.get("paused") else ""),
     ]
     if len(jobs):
         by = jobs["status"].value_counts().to_dict()

@@ -40,6 +40,13 @@ class Decision(StrEnum):
     """A queued config joins a running job in a slot a finished config left."""
     STOP_CONFIG = "stop_config"
     """One config is stopped (early stopping / user request)."""
+    PAUSE_CONFIG = "pause_config"
+    """One config is asked to pause (a Tune scheduler's PAUSE): it leaves its pack at the next
+    step with its train-state (``plora.runtime.pause``); ``deferred`` when its job cannot."""
+    CONFIG_PAUSED = "config_paused"
+    """A config left its pack paused (evaluated, exported, its train-state saved)."""
+    RESUME_CONFIG = "resume_config"
+    """A paused config is queued again: the next pack it joins continues it exactly."""
     CONFIG_DONE = "config_done"
     """A config finished training and was evaluated."""
     CONFIG_FAILED = "config_failed"

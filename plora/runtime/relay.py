@@ -15,6 +15,7 @@ from typing import Any
 import ray
 
 from plora.engine.api import Control, StepMetrics, StepReport
+from plora.runtime.pause import ConfigRequest, RequestKind
 
 
 class CoordinatorActor:
@@ -24,6 +25,7 @@ class CoordinatorActor:
     (before a checkpoint). Driver side: :meth:`drain`, :meth:`ack_sync`,
     :meth:`post_control`, :meth:`post_results`, :meth:`forget`, :meth:`set_snapshot`. Others
     (a Tune proxy trial following one config, a scheduler, a user) may call :meth:`stop_config`,
+    :meth:`pause_config`, :meth:`resume_config`,
     :meth:`config_view`, :meth:`history` and :meth:`snapshot`.
     """
 
@@ -32,7 +34,7 @@ class CoordinatorActor:
         self._reports: dict[str, list[StepReport]] = defaultdict(list)
         self._control: dict[str, Control] = {}
         self._aborted: set[str] = set()
-        self._stops: list[tuple[str, str]] = []
+        self._stops: list[ConfigRequest] = []
         self._snapshot: dict[str, Any] = {}
         self._last: dict[str, StepMetrics] = {}
         self._results: dict[str, dict[str, Any]] = {}
@@ -40,6 +42,7 @@ class CoordinatorActor:
         self._sync_done: dict[str, int] = {}
         self._sync_seq = 0
         self._history: dict[str, list[StepMetrics]] = defaultdict(list)
+        self._delivered: dict[str, int] = {}
 
     def push_reports(self, job_id: str, reports: list[StepReport]) -> None:
         self._reports[job_id].extend(reports)
@@ -83,6 +86,8 @@ class CoordinatorActor:
         rows = [m for m in self._history.get(config_id, ()) if m.step > after_step]
         if config_id in self._history:
             self._history[config_id] = rows
+        if rows:
+            self._delivered[config_id] = max(self._delivered.get(config_id, 0), rows[-1].step)
         return list(rows), self._results.get(config_id)
 
     def poll(self, job_id: str) -> Control:
@@ -91,8 +96,8 @@ class CoordinatorActor:
             ctl = dataclasses.replace(ctl, abort=True)
         return ctl
 
-    def drain(self) -> tuple[dict[str, list[StepReport]], list[tuple[str, str]], dict[str, int]]:
-        """``({job_id: step reports}, [(config id asked to stop, why)], {job_id: sync ticket})``
+    def drain(self) -> tuple[dict[str, list[StepReport]], list[ConfigRequest], dict[str, int]]:
+        """``({job_id: step reports}, [stop / pause / resume requests], {job_id: sync ticket})``
         since the last drain; the driver acknowledges the tickets (:meth:`ack_sync`) once the
         reports drained with them are on disk."""
         out, self._reports = dict(self._reports), defaultdict(list)
@@ -111,6 +116,7 @@ class CoordinatorActor:
             stop=cur.stop | control.stop,
             add=cur.add + control.add,
             abort=cur.abort or control.abort,
+            pause=cur.pause | control.pause,
         )
 
     def abort(self, job_id: str) -> None:
@@ -124,7 +130,23 @@ class CoordinatorActor:
     def stop_config(self, config_id: str, reason: str = "relay request") -> None:
         """Ask the coordinator to stop one config (e.g. a Tune scheduler's STOP); ``reason``
         lands in its ``stop_config`` decision."""
-        self._stops.append((config_id, reason))
+        self._stops.append(ConfigRequest(config_id, reason))
+
+    def pause_config(self, config_id: str, reason: str = "relay request") -> None:
+        """Ask the coordinator to pause one config (a Tune scheduler's PAUSE): it leaves its
+        pack with its train-state at the next step (:mod:`plora.runtime.pause`)."""
+        self._stops.append(ConfigRequest(config_id, reason, RequestKind.PAUSE))
+
+    def resume_config(self, config_id: str, reason: str = "relay request") -> int:
+        """Ask the coordinator to queue a paused config again (its trial runs again); its
+        paused result row is no longer its result. Returns the last step :meth:`history`
+        handed out for it (a restarted follower goes on after it: its predecessor reported
+        them)."""
+        row = self._results.get(config_id)
+        if row is not None and row.get("status") == "paused":
+            del self._results[config_id]
+        self._stops.append(ConfigRequest(config_id, reason, RequestKind.RESUME))
+        return self._delivered.get(config_id, 0)
 
     def set_snapshot(self, snapshot: dict[str, Any]) -> None:
         self._snapshot = snapshot

@@ -36,6 +36,9 @@ class ConfigStatus(StrEnum):
     DONE = "done"
     STOPPED = "stopped"
     FAILED = "failed"
+    PAUSED = "paused"
+    """Left its pack with its train-state (a Tune scheduler's PAUSE); queued again on resume,
+    stopped at its pause step if the sweep ends first."""
 
 
 class JobStatus(StrEnum):

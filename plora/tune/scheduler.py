@@ -9,10 +9,15 @@ at the next step boundary; the coordinator then refills the freed slot from the 
 told CONTINUE, so the proxy stays to report the stopped adapter's last metrics and its PEFT
 checkpoint (``early_stopped`` in its last result); later results of a stopped trial are not
 forwarded. A PAUSE that means "stop for now, resume later" (synchronous ``HyperBandScheduler``,
-``MedianStoppingRule(hard_stop=False)``, PBT) would need an adapter to leave its pack with its
-optimizer state and join another later: not supported yet, such schedulers are refused when
-wrapped (one line naming what to use). Any other PAUSE -- MedianStoppingRule yielding time to
-pending trials while it has too few samples -- is a CONTINUE: a proxy holds no GPU to yield.
+``MedianStoppingRule(hard_stop=False)``) pauses the adapter: the wrapper asks the coordinator to
+let it leave its pack at the next step with its whole train-state (:mod:`plora.runtime.pause`;
+its slot is refilled) and tells Tune PAUSE, so Tune stops the proxy. When the scheduler later
+resumes the trial, Tune starts its proxy again, which asks the coordinator to queue the config
+again: the next pack it joins continues it exactly where it left. A paused trial the scheduler
+stops (HyperBand's losers of a bracket) ends stopped at its pause step, with the adapter and
+eval loss it left with. MedianStoppingRule's other PAUSE -- yielding time to pending trials
+while it has too few samples -- is a CONTINUE: a proxy holds no GPU to yield.
+``PopulationBasedTraining`` is refused: its exploit changes a paused trial's config.
 
 State. Ray does not save a scheduler's state for ``Tuner.restore`` (ray#30838), so the wrapper
 saves its own after each decision, explicitly (:meth:`PLoRAScheduler.get_state`: the wrapped
@@ -50,6 +55,10 @@ class StopKind(StrEnum):
 
     EARLY = "early_stop"
     """The wrapped scheduler said STOP before the adapter's last step."""
+    PAUSE = "pause"
+    """The wrapped scheduler said PAUSE (to resume the trial later)."""
+    STOPPED_PAUSED = "stopped_while_paused"
+    """The wrapped scheduler stopped a paused trial (e.g. HyperBand's bracket losers)."""
 
 
 class PLoRAScheduler(TrialScheduler):
@@ -68,6 +77,12 @@ class PLoRAScheduler(TrialScheduler):
         _refuse_pausing(self.inner)
         self.stopped: dict[str, int] = {}
         """Trial id -> the adapter step at which the wrapped scheduler stopped it."""
+        self.paused: dict[str, int] = {}
+        """Trial id -> the adapter step at which the wrapped scheduler paused it (until it
+        reports again)."""
+        self.pauses = 0
+        """How many times an adapter was paused."""
+        self._config_ids: dict[str, str] = {}
         self._relays: dict[str, str] = {}
         self._state_path: Path | None = None
         self._restored = False
@@ -104,13 +119,24 @@ class PLoRAScheduler(TrialScheduler):
         relay = result.get("plora_relay")
         if relay:
             self._relays[trial.trial_id] = str(relay)
+        if result.get("config_id"):
+            self._config_ids[trial.trial_id] = str(result["config_id"])
         if trial.trial_id in self.stopped:
             return TrialScheduler.CONTINUE  # its adapter is stopping: the proxy ends by itself
+        self.paused.pop(trial.trial_id, None)  # reporting again: it was resumed
         decision = self.inner.on_trial_result(tune_controller, trial, result)
-        if decision == TrialScheduler.PAUSE:  # yield time: a proxy holds no GPU to yield
-            decision = TrialScheduler.CONTINUE
+        step = int(result.get(TIME_ATTR, 0))
+        if decision == TrialScheduler.PAUSE:
+            last = result.get("status") is not None or step >= _max_steps(trial, result)
+            if last or not _pauses_to_resume(self.inner, trial):
+                decision = TrialScheduler.CONTINUE  # yield time: a proxy holds no GPU to yield
+            else:
+                self.paused[trial.trial_id] = step
+                self.pauses += 1
+                self._request(trial, "pause_config", StopKind.PAUSE)
+                self._save()
+                return TrialScheduler.PAUSE  # Tune stops the proxy; a resume starts it again
         if decision == TrialScheduler.STOP:
-            step = int(result.get(TIME_ATTR, 0))
             if result.get("status") is None and step < _max_steps(trial, result):
                 self._stop_adapter(trial, result, step)
             self._save()
@@ -126,6 +152,9 @@ class PLoRAScheduler(TrialScheduler):
         self._save()
 
     def on_trial_remove(self, tune_controller: Any, trial: Any) -> None:
+        if trial.trial_id in self.paused:  # stopped while paused: its adapter ends stopped
+            self.stopped[trial.trial_id] = self.paused.pop(trial.trial_id)
+            self._request(trial, "stop_config", StopKind.STOPPED_PAUSED)
         self.inner.on_trial_remove(tune_controller, trial)
         self._save()
 
@@ -133,22 +162,29 @@ class PLoRAScheduler(TrialScheduler):
         return self.inner.choose_trial_to_run(tune_controller)
 
     def debug_string(self) -> str:
-        return f"PLoRAScheduler: {len(self.stopped)} adapters stopped\n{self.inner.debug_string()}"
+        return (
+            f"PLoRAScheduler: {len(self.stopped)} adapters stopped, {len(self.paused)} paused\n"
+            f"{self.inner.debug_string()}"
+        )
 
     # -- stopping -------------------------------------------------------------------------
     def _stop_adapter(self, trial: Any, result: Mapping[str, Any], step: int) -> None:
+        self.stopped[trial.trial_id] = step
+        self._request(trial, "stop_config", StopKind.EARLY)
+
+    def _request(self, trial: Any, method: str, kind: StopKind) -> None:
+        """Ask the trial's sweep (its relay) to stop or pause the trial's adapter."""
         import ray
 
-        self.stopped[trial.trial_id] = step
-        config_id, relay = result.get("config_id"), self._relays.get(trial.trial_id)
+        config_id, relay = self._config_ids.get(trial.trial_id), self._relays.get(trial.trial_id)
         if not config_id or not relay:
             logging.getLogger(__name__).warning(
-                "trial %s has no plora config (not a plora_trainable trial?): not stopped",
-                trial.trial_id,
-            )
+                "trial %s has no plora config (not a plora_trainable trial?): no %s",
+                trial.trial_id, kind,
+            )  # fmt: skip
             return
-        with contextlib.suppress(ValueError):  # the sweep run ended meanwhile: nothing to stop
-            ray.get_actor(relay).stop_config.remote(str(config_id), str(StopKind.EARLY))
+        with contextlib.suppress(ValueError):  # the sweep run ended meanwhile: nothing to do
+            getattr(ray.get_actor(relay), method).remote(config_id, str(kind))
 
     # -- state ----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -156,6 +192,8 @@ class PLoRAScheduler(TrialScheduler):
         return {
             "version": STATE_VERSION,
             "stopped": dict(self.stopped),
+            "paused": dict(self.paused),
+            "pauses": self.pauses,
             "restores": self.restores,
             "inner": inner_state(self.inner),
         }
@@ -168,6 +206,8 @@ class PLoRAScheduler(TrialScheduler):
                 "restore with the plora version that wrote it"
             )
         self.stopped = {str(k): int(v) for k, v in state["stopped"].items()}
+        self.paused = {str(k): int(v) for k, v in state.get("paused", {}).items()}
+        self.pauses = int(state.get("pauses", 0))
         self.restores = int(state.get("restores", 0))
         set_inner_state(self.inner, state["inner"], where=STATE_FILE)
         self._saved_brackets = {
@@ -204,20 +244,25 @@ class PLoRAScheduler(TrialScheduler):
 
 
 def _refuse_pausing(inner: TrialScheduler) -> None:
-    """One line for a scheduler whose decisions pause trials to resume them later."""
-    from ray.tune.schedulers import HyperBandScheduler, MedianStoppingRule, PopulationBasedTraining
+    """One line for a scheduler whose pauses plora cannot carry out."""
+    from ray.tune.schedulers import PopulationBasedTraining
 
-    name = type(inner).__name__
-    if isinstance(inner, HyperBandScheduler | PopulationBasedTraining):
+    if isinstance(inner, PopulationBasedTraining):
         raise ConfigError(
-            f"PLoRAScheduler({name}): it pauses trials to resume them later, which plora cannot "
-            "do with an adapter inside a pack yet; use ASHAScheduler (asynchronous HyperBand)"
+            f"PLoRAScheduler({type(inner).__name__}): its exploit step changes a paused trial's "
+            "config and weights, which a packed adapter cannot take; use ASHAScheduler, "
+            "HyperBandScheduler or MedianStoppingRule"
         )
-    if isinstance(inner, MedianStoppingRule) and not inner._hard_stop:
-        raise ConfigError(
-            "PLoRAScheduler(MedianStoppingRule(hard_stop=False)): its stop is a pause, which "
-            "plora cannot resume inside a pack yet; use MedianStoppingRule(hard_stop=True)"
-        )
+
+
+def _pauses_to_resume(inner: TrialScheduler, trial: Any) -> bool:
+    """Whether ``inner``'s PAUSE just given for ``trial`` means "stop now, resume later" (a
+    MedianStoppingRule that yields time to pending trials pauses nothing that needs saving)."""
+    from ray.tune.schedulers import MedianStoppingRule
+
+    if isinstance(inner, MedianStoppingRule):
+        return trial in inner._stopped_trials
+    return True
 
 
 def _max_steps(trial: Any, result: Mapping[str, Any]) -> int:

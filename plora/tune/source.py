@@ -104,6 +104,8 @@ class RegistrationSource:
         self._ended: set[str] = set()
         self._last = clock()
         self._closed = False
+        self.closing = False
+        """No more trials will come (:meth:`close`): configs left paused will not be resumed."""
 
     def add(self, config: LoRAConfig) -> bool:
         """Register ``config`` (a known id is a no-op); False once the source is finished."""
@@ -120,6 +122,7 @@ class RegistrationSource:
         every config handed out ended, without lingering."""
         with self._lock:
             self.linger_s = 0.0
+            self.closing = True
 
     def has_waiting(self) -> bool:
         """True when registered configs are ready to be handed out (settled)."""

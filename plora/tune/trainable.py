@@ -30,7 +30,9 @@ Result keys (every report): ``loss`` (the adapter's train loss of that step), ``
 ``lr``, ``grad_norm``, ``tokens``, ``config_id``, ``max_steps`` (0: by epochs),
 ``plora_relay`` (the sweep's relay actor, for :class:`~plora.tune.scheduler.PLoRAScheduler`); the last report adds
 ``eval_loss``, ``eval_metric``, ``final_train_loss``, ``status`` (done / stopped),
-``early_stopped`` and ``steps``.
+``early_stopped`` and ``steps``. A trial its scheduler paused (HyperBand, a soft median rule)
+is stopped by Tune while its adapter leaves its pack with its train-state; when Tune runs the
+trial again its proxy asks for the config to be queued again and follows it on from there.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from plora.config import ConfigError, SweepConfig
+from plora.sweepdir.schema import ConfigStatus
 
 PROXY_CPUS = 0.01
 """The CPU share a proxy trial asks for (Tune refuses an all-zero request)."""
@@ -157,6 +160,12 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
                     service.register.remote(config, trial_id, _experiment_dir())
                 )
                 continue
+            # this trial runs (again): a config its scheduler paused is queued again and
+            # continues where it left (a config that is not paused is left as it is)
+            # (the steps a run of this trial before a pause reported are not reported again)
+            last_step = max(
+                last_step, ray.get(relay.resume_config.remote(config_id, "trial started"))
+            )
         try:
             rows, result = ray.get(relay.history.remote(config_id, last_step))
         except ray.exceptions.RayActorError:  # that run of the sweep ended: register again
@@ -170,7 +179,9 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
             }  # fmt: skip
             tune.report(last)
             last_step = m.step
-        if result is not None:
+        if (
+            result is not None and result.get("status") != ConfigStatus.PAUSED
+        ):  # paused: Tune stops us
             _finish(result, last, config_id=config_id, relay_name=relay_name)
             return
         time.sleep(poll_s)

@@ -3,7 +3,8 @@
 ``PackFnEngine(spec)`` counts its "model loads" (one per worker: it is resident); each ``run``
 fits, per config, a 4-dim linear regression with SGD at the config's lr and seed, one step per
 packed step; it streams step reports, obeys control (stop / add / abort), checkpoints every N
-steps and resumes from its checkpoint. Steps sleep ``PACKFN_STEP_S`` seconds so tests can time
+steps and resumes from its checkpoint; a paused config leaves with its state (written where
+``plora.engine.pause`` puts a train-state) and a later pack continues it. Steps sleep ``PACKFN_STEP_S`` seconds so tests can time
 kills. A pack with more than two configs whose ids start with ``oom`` is an out-of-memory outcome.
 It exercises every runtime path without the cost of the LLM engine.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from plora.engine import pause
 from plora.engine.api import (
     AdapterStatus,
     ConfigResult,
@@ -29,6 +31,7 @@ from plora.engine.api import (
     StepReport,
     SyncHooks,
 )
+from plora.engine.checkpoint import TRAIN_STATE, save_train_state
 from plora.engine.reports import StepMetrics, StepProfile
 from plora.utils import atomic_write_json
 
@@ -69,8 +72,7 @@ class PackFnEngine:
         cfgs = {c.config_id: c for c in configs}
         for c in configs:
             if c.config_id not in state:
-                w = torch.randn(4, generator=torch.Generator().manual_seed(c.seed)).tolist()
-                state[c.config_id] = {"step": 0, "w": w, "loss": None, "status": "running"}
+                state[c.config_id] = _start(c, request.out_dir)
         n = 0
         t_train = time.perf_counter()
         while any(s["status"] == "running" for s in state.values()):
@@ -113,10 +115,15 @@ class PackFnEngine:
                 for cid in ctl.stop:
                     if state.get(cid, {}).get("status") == "running":
                         state[cid]["status"] = "stopped"
+                for cid in ctl.pause:
+                    if state.get(cid, {}).get("status") == "running":
+                        save_train_state(pause.paused_dir(request.out_dir, cid),
+                                         {"global_step": state[cid]["step"], "adapters": {},
+                                          "packfn": dict(state[cid])})  # fmt: skip
+                        state[cid]["status"] = "paused"
                 for c in ctl.add:
                     cfgs[c.config_id] = c
-                    w = torch.randn(4, generator=torch.Generator().manual_seed(c.seed)).tolist()
-                    state[c.config_id] = {"step": 0, "w": w, "loss": None, "status": "running"}
+                    state[c.config_id] = _start(c, request.out_dir)
         train_s = time.perf_counter() - t_train
         results = {}
         for cid, s in state.items():
@@ -124,9 +131,22 @@ class PackFnEngine:
             path.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path / "adapter.json", {"w": s["w"]})
             err = float(((x @ torch.tensor(s["w"]) - y) ** 2).mean())
-            status = AdapterStatus.COMPLETED if s["status"] == "done" else AdapterStatus.STOPPED
+            status = {"done": AdapterStatus.COMPLETED, "paused": AdapterStatus.PAUSED}.get(
+                s["status"], AdapterStatus.STOPPED
+            )
+            if status is not AdapterStatus.PAUSED:
+                pause.forget(request.out_dir, cid)
             results[cid] = ConfigResult(config_id=cid, status=status, steps=s["step"], tokens=64 * s["step"],
                                         final_train_loss=s["loss"], eval_loss=err, eval_metric=-err,
                                         adapter_path=str(path), eval_s=0.001, export_s=0.001)  # fmt: skip
         return PackOutcome(job_id=request.job_id, results=results,
                            timings=JobTimings(load_s=load_s, start_s=0.001, train_s=train_s, model_loads=self.loads))  # fmt: skip
+
+
+def _start(c, out_dir: str) -> dict:
+    """A config's state as it joins: from its paused state when it has one."""
+    path = pause.paused_dir(out_dir, c.config_id) / TRAIN_STATE
+    if path.is_file():
+        return {**torch.load(path)["packfn"], "status": "running"}
+    w = torch.randn(4, generator=torch.Generator().manual_seed(c.seed)).tolist()
+    return {"step": 0, "w": w, "loss": None, "status": "running"}

@@ -81,6 +81,7 @@ def test_tuner_asha_over_16_configs_stops_adapters_inside_packs(ray_cluster, tmp
     early = df[df["early_stopped"]]
     assert len(early) >= 4, df[["config_id", "status", "steps"]]
     assert (early["steps"] < MAX_STEPS).all()
+    assert early["eval_loss"].notna().all()  # stopped adapters are evaluated as they leave
     # the best adapter is a checkpoint of its PEFT directory (packfn's adapter file)
     best = results.get_best_result(metric="loss", mode="min", scope="last")
     assert best.checkpoint is not None
@@ -91,6 +92,7 @@ def test_tuner_asha_over_16_configs_stops_adapters_inside_packs(ray_cluster, tmp
     res = store.read_results()
     assert len(res) == 16 and res["steps"].sum() < 16 * MAX_STEPS
     assert set(res[res["status"] == "stopped"]["config_id"]) == set(early["config_id"])
+    assert res[res["status"] == "stopped"]["eval_loss"].notna().all()
     jobs = store.read_jobs()
     assert len(jobs) < 16
     decisions = store.read_decisions()

@@ -441,6 +441,7 @@ def test_choose_refills_table(active_steps, queued, slots, want) -> None:
 
 def test_relay_actor_logic_without_ray() -> None:
     from plora.engine.api import Control
+    from plora.runtime.pause import ConfigRequest
     from plora.runtime.relay import CoordinatorActor
 
     relay = CoordinatorActor(keep_history=True)
@@ -451,7 +452,9 @@ def test_relay_actor_logic_without_ray() -> None:
     relay.stop_config("a", "asha")
     ticket = relay.request_sync("j1")  # j1 is about to checkpoint after step 2
     reports, stops, syncs = relay.drain()
-    assert [r.metrics[0].step for r in reports["j1"]] == [1, 2] and stops == [("a", "asha")]
+    assert [r.metrics[0].step for r in reports["j1"]] == [1, 2] and stops == [
+        ConfigRequest("a", "asha")
+    ]
     assert syncs == {"j1": ticket} and relay.synced("j1") < ticket
     relay.ack_sync(syncs)  # the driver wrote what it drained with the ticket
     assert relay.synced("j1") == ticket and relay.synced("j2") == 0

@@ -11,6 +11,8 @@ from safetensors.torch import load_file
 
 from plora.config import ConfigError, DatasetSpec, LoRAConfig
 from plora.engine import AdapterStatus, Control, run_pack
+from plora.engine.data import load_dataset
+from plora.engine.evaluate import evaluate
 from plora.models import load_model, resolve_model_path
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,19 +54,23 @@ def test_run_pack_stop_add_export_eval(tmp_path):
     assert r["short"].status is AdapterStatus.STOPPED and r["short"].steps == 1
     assert r["late"].status is AdapterStatus.COMPLETED and r["late"].steps == 3
     assert r["keep"].eval_loss is not None and r["keep"].eval_loss > 0
-    assert r["short"].eval_loss is None  # stopped adapters are exported, not evaluated
+    assert r["short"].eval_loss is not None  # stopped early: evaluated as it left
     by_cfg = {}
     for m in hooks.metrics:
         by_cfg.setdefault(m.config_id, []).append(m.step)
     assert by_cfg == {"keep": [1, 2, 3, 4], "short": [1], "late": [1, 2, 3]}
     assert res.profile is not None and len(res.profile.steps) == 5
-    # every adapter reloads with PEFT on the base it names
-    base, _ = load_model("tiny-qwen2")
+    # every adapter reloads with PEFT on the base it names, and its eval loss (stopped ones'
+    # too) is that of the reloaded PEFT model on the eval split
+    base, tok = load_model("tiny-qwen2")
+    data = load_dataset(DATA, tok)
     for cid in r:
         path = tmp_path / "adapters" / cid
         meta = json.loads((path / "adapter_config.json").read_text())
         assert meta["base_model_name_or_path"] == resolve_model_path("tiny-qwen2")
         model = PeftModel.from_pretrained(base, path, adapter_name=cid)
+        ref = evaluate(model, tok, data.eval, metric=data.metric, labels=data.labels)
+        assert r[cid].eval_loss == pytest.approx(ref.loss, rel=1e-5), cid
         weights = load_file(path / "adapter_model.safetensors")
         assert weights and all(k.startswith("base_model.model.model.layers.") for k in weights)
         base = model.unload()

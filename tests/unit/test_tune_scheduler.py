@@ -15,6 +15,7 @@ from ray.tune.schedulers import (
     ASHAScheduler,
     HyperBandScheduler,
     MedianStoppingRule,
+    PopulationBasedTraining,
     TrialScheduler,
 )
 from runtime_fakes import lora
@@ -34,7 +35,9 @@ class Trial:
 class Relay:
     def __init__(self) -> None:
         self.stops: list[tuple[str, str]] = []
+        self.pauses: list[tuple[str, str]] = []
         self.stop_config = SimpleNamespace(remote=lambda c, r: self.stops.append((c, r)))
+        self.pause_config = SimpleNamespace(remote=lambda c, r: self.pauses.append((c, r)))
 
 
 @pytest.fixture
@@ -148,17 +151,76 @@ def test_median_stopping_rule_stops_adapters_too(relay) -> None:
     assert relay.stops == [("t-b", "early_stop"), ("t-c", "early_stop")]
 
 
+def test_a_median_rule_pause_pauses_the_adapter_and_a_later_result_resumes_it(relay) -> None:
+    """``MedianStoppingRule(hard_stop=False)``: its PAUSE of a lagging trial pauses that adapter
+    (Tune is told PAUSE and stops the proxy); its yield-PAUSE (too few samples, trials pending)
+    stays a CONTINUE; the resumed trial's results continue it (the rule lets it run on)."""
+    rule = MedianStoppingRule(time_attr="adapter_step", metric="loss", mode="min",
+                              grace_period=1, min_samples_required=1, hard_stop=False)  # fmt: skip
+    sched = PLoRAScheduler(rule)
+    pending = [SimpleNamespace(status="PENDING")]
+    trials = [Trial(t) for t in "abc"]
+    controller = SimpleNamespace(get_trials=lambda: trials, get_live_trials=lambda: pending)
+    for t in trials:
+        sched.on_trial_add(controller, t)
+    a, b, c = trials
+    assert sched.on_trial_result(controller, a, result(a, 1, 1.0)) == TrialScheduler.CONTINUE
+    assert relay.pauses == []  # a's yield (no sample yet) paused nothing
+    assert sched.on_trial_result(controller, b, result(b, 1, 3.0)) == TrialScheduler.PAUSE
+    assert relay.pauses == [("t-b", "pause")] and sched.paused == {"b": 1}
+    assert sched.on_trial_result(controller, c, result(c, 1, 0.5)) == TrialScheduler.CONTINUE
+    # Tune resumes b later: its proxy reports again and it trains on
+    assert sched.on_trial_result(controller, b, result(b, 2, 2.9)) == TrialScheduler.CONTINUE
+    assert sched.paused == {} and sched.pauses == 1 and relay.stops == []
+    # a pause at the adapter's last step pauses nothing: the proxy is about to finish
+    assert sched.on_trial_result(controller, a, result(a, 8, 9.0)) == TrialScheduler.CONTINUE
+    assert relay.pauses == [("t-b", "pause")]
+
+
+def test_a_trial_stopped_while_paused_stops_its_adapter_and_the_state_keeps_pauses(
+    relay, tmp_path
+) -> None:
+    storage = SimpleNamespace(experiment_driver_staging_path=str(tmp_path))
+    rule = MedianStoppingRule(time_attr="adapter_step", metric="loss", mode="min",
+                              grace_period=1, min_samples_required=1, hard_stop=False)  # fmt: skip
+    sched = PLoRAScheduler(rule)
+    a, b = Trial("a", storage), Trial("b", storage)
+    controller = SimpleNamespace(get_trials=lambda: [a, b], get_live_trials=lambda: [])
+    for t in (a, b):
+        sched.on_trial_add(controller, t)
+    sched.on_trial_result(controller, a, result(a, 1, 1.0))
+    assert sched.on_trial_result(controller, b, result(b, 1, 3.0)) == TrialScheduler.PAUSE
+    saved = json.loads((tmp_path / STATE_FILE).read_text())
+    assert saved["paused"] == {"b": 1} and saved["pauses"] == 1
+    restored = PLoRAScheduler(MedianStoppingRule(hard_stop=False))
+    restored.set_state(saved)
+    assert restored.paused == {"b": 1}
+    sched.on_trial_remove(controller, b)  # what Tune's stop_trial calls for a PAUSED trial
+    assert relay.stops == [("t-b", "stopped_while_paused")]
+    assert sched.paused == {} and sched.stopped == {"b": 1}
+
+
 @pytest.mark.parametrize(
     ("make", "fix"),
     [
-        (lambda: HyperBandScheduler(time_attr="adapter_step", max_t=8), "use ASHAScheduler"),
-        (lambda: MedianStoppingRule(hard_stop=False), "use MedianStoppingRule(hard_stop=True)"),
+        (
+            lambda: PopulationBasedTraining(
+                time_attr="adapter_step", hyperparam_mutations={"lr": [1e-3, 1e-2]}
+            ),
+            "use ASHAScheduler",
+        ),
         (lambda: PLoRAScheduler(), "wrap a Tune scheduler once"),
     ],
 )
-def test_schedulers_that_pause_to_resume_are_refused_at_the_door(make, fix) -> None:
+def test_schedulers_plora_cannot_carry_out_are_refused_at_the_door(make, fix) -> None:
     with pytest.raises(ConfigError, match=fix.replace("(", r"\(").replace(")", r"\)")):
         PLoRAScheduler(make())
+
+
+def test_hyperband_and_soft_median_rule_are_accepted() -> None:
+    for inner in (HyperBandScheduler(time_attr="adapter_step", max_t=8),
+                  MedianStoppingRule(hard_stop=False)):  # fmt: skip
+        assert PLoRAScheduler(inner).inner is inner
 
 
 def test_registration_source_settles_lingers_and_merges_restored_configs() -> None:

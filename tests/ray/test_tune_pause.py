@@ -1,0 +1,175 @@
+"""Ray Tune schedulers that pause trials (synchronous HyperBand), and HyperOptSearch, through
+``tune.Tuner`` with plora's proxy trainable.
+
+Trials train with ``packfn.PackFnEngine`` (a 4-dim regression per config, deterministic): a
+config paused out of its pack and resumed later must end with exactly the weights of the same
+config trained without a pause (the engine's own test, tests/unit/test_pause.py, checks the
+same on plora's LoRA engine).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from packfn import PackFnEngine
+from test_tune import LRS, cost_of, tune_sweep
+
+from plora.config import SweepConfig
+from plora.engine.api import EngineSpec, PackRequest
+from plora.runtime.driver import RunOptions
+from plora.sweepdir.store import SweepStore
+
+STEPS = 64
+
+
+def _sweep(name: str) -> SweepConfig:
+    raw = tune_sweep(name).to_dict()
+    return SweepConfig.from_dict({**raw, "space": {**raw["space"], "max_steps": STEPS}})
+
+
+def _uninterrupted_w(sweep: SweepConfig, config, tmp: Path) -> list[float]:
+    engine = PackFnEngine(EngineSpec(model=sweep.model, dataset=sweep.dataset))
+    out = engine.run(PackRequest(job_id="ref", configs=(config,), out_dir=str(tmp)))
+    assert out.results[config.config_id].steps == STEPS
+    return json.loads((tmp / config.config_id / "adapter.json").read_text())["w"]
+
+
+def test_hyperband_pauses_adapters_out_of_their_packs_and_resumed_ones_continue_exactly(
+    ray_cluster, tmp_path
+) -> None:
+    from ray import tune
+    from ray.tune.schedulers import HyperBandScheduler
+
+    from plora.tune.scheduler import PLoRAScheduler
+    from plora.tune.space import config_from_tune
+    from plora.tune.trainable import plora_trainable
+
+    sweep = _sweep("hyperband")
+    trainable = plora_trainable(
+        sweep, options=RunOptions(engine=PackFnEngine, calibration_steps=0), cost=cost_of(sweep),
+        settle_s=1.0, linger_s=0.5,
+    )  # fmt: skip
+    # one bracket of 8 trials: milestones at adapter steps 1, 4, 16, 64; keeps 8, 4, 1
+    hyperband = HyperBandScheduler(time_attr="adapter_step", max_t=STEPS, reduction_factor=4)
+    results = tune.Tuner(
+        trainable,
+        param_space={"lr": tune.grid_search(LRS), "rank": 4},
+        tune_config=tune.TuneConfig(metric="loss", mode="min",
+                                    scheduler=PLoRAScheduler(hyperband)),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="hb", verbose=0),
+    ).fit()  # fmt: skip
+    assert len(results) == len(LRS) and not results.errors
+    store = SweepStore(tmp_path / "hb" / "plora")
+    res = store.read_results().set_index("config_id")
+    assert len(res) == len(LRS) and set(res["status"]) <= {"done", "stopped"}
+    decisions = store.read_decisions()
+    paused = {c for d in decisions if d["kind"] == "config_paused" for c in d["config_ids"]}
+    resumed = {c for d in decisions if d["kind"] == "resume_config" for c in d["config_ids"]}
+    assert paused and resumed <= paused and resumed, "HyperBand paused and resumed adapters"
+    # HyperBand's losers: stopped while paused (or by its STOP inside a bracket), each at the
+    # step it left its pack with, evaluated as it left (like every adapter)
+    stopped = res[res["status"] == "stopped"]
+    assert len(stopped) >= 1 and (stopped["steps"] < STEPS).all()
+    assert stopped["eval_loss"].notna().all()
+    stops = [d for d in decisions if d["kind"] == "stop_config"]
+    assert {c for d in stops for c in d["config_ids"]} == set(stopped.index)
+    asked = {c for d in decisions if d["kind"] == "pause_config" for c in d["config_ids"]}
+    for d in stops:  # a trial stopped while paused: its adapter had left, or was about to
+        if d["inputs"]["reason"] == "stopped_while_paused":
+            assert d["inputs"]["was"] in ("paused", "running") and d["config_ids"][0] in asked
+    assert res["steps"].sum() < len(LRS) * STEPS
+    # a paused adapter's slot was refilled from the queue (its job went on with another)
+    assert any(d["kind"] == "refill" for d in decisions)
+    # a config paused and resumed ends exactly as if trained without a pause
+    done_after_pause = [c for c in res.index if c in resumed and res.loc[c, "status"] == "done"]
+    assert done_after_pause, res[["status", "steps"]]
+    by_id = {r.metrics["config_id"]: r for r in results}
+    for cid in done_after_pause:
+        config = config_from_tune(by_id[cid].config, sweep, config_id=cid)
+        w = json.loads((Path(res.loc[cid, "adapter_path"]) / "adapter.json").read_text())["w"]
+        assert w == _uninterrupted_w(sweep, config, tmp_path / "ref" / cid)
+        assert res.loc[cid, "steps"] == STEPS
+    # what Tune saw of every trial moves forward only, and its last result says how it ended
+    for r in results:
+        hist = r.metrics_dataframe
+        assert hist["adapter_step"].is_monotonic_increasing
+    assert not (tmp_path / "hb" / "plora" / "paused").exists() or not any(
+        (tmp_path / "hb" / "plora" / "paused").iterdir()
+    )  # no train-state is left behind once every config ended
+
+
+def test_a_soft_median_rule_pauses_lagging_adapters_and_tune_resumes_them(
+    ray_cluster, tmp_path
+) -> None:
+    """``MedianStoppingRule(hard_stop=False)``: a lagging trial is paused (its adapter leaves its
+    pack), Tune runs it again as soon as it can (a proxy needs no GPU), and the adapter rejoins a
+    pack and trains to the end, ending as it would have without the pause."""
+    from ray import tune
+    from ray.tune.schedulers import MedianStoppingRule
+
+    from plora.tune.scheduler import PLoRAScheduler
+    from plora.tune.space import config_from_tune
+    from plora.tune.trainable import plora_trainable
+
+    sweep = _sweep("softmedian")
+    trainable = plora_trainable(
+        sweep, options=RunOptions(engine=PackFnEngine, calibration_steps=0), cost=cost_of(sweep),
+        settle_s=1.0, linger_s=0.5,
+    )  # fmt: skip
+    rule = MedianStoppingRule(time_attr="adapter_step", grace_period=8, min_samples_required=2,
+                              hard_stop=False)  # fmt: skip
+    lrs = LRS[:4]
+    results = tune.Tuner(
+        trainable,
+        param_space={"lr": tune.grid_search(lrs), "rank": 4},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=PLoRAScheduler(rule)),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="msr", verbose=0),
+    ).fit()  # fmt: skip
+    assert len(results) == len(lrs) and not results.errors
+    store = SweepStore(tmp_path / "msr" / "plora")
+    res = store.read_results().set_index("config_id")
+    assert set(res["status"]) == {"done"} and (res["steps"] == STEPS).all()  # nothing stopped
+    decisions = store.read_decisions()
+    paused = {c for d in decisions if d["kind"] == "config_paused" for c in d["config_ids"]}
+    resumed = {c for d in decisions if d["kind"] == "resume_config" for c in d["config_ids"]}
+    assert paused and paused == resumed
+    by_id = {r.metrics["config_id"]: r for r in results}
+    for cid in paused:
+        config = config_from_tune(by_id[cid].config, sweep, config_id=cid)
+        w = json.loads((Path(res.loc[cid, "adapter_path"]) / "adapter.json").read_text())["w"]
+        assert w == _uninterrupted_w(sweep, config, tmp_path / "ref" / cid)
+
+
+def test_hyperopt_search_through_tuner_gives_one_row_per_config(ray_cluster, tmp_path) -> None:
+    """``HyperOptSearch`` proposes configs (two at a time) that register as proxy trials; each
+    gets its row in the ResultGrid and in results.parquet with the lr Tune gave it."""
+    from ray import tune
+    from ray.tune.search.hyperopt import HyperOptSearch
+
+    from plora.tune.trainable import plora_trainable
+
+    sweep = tune_sweep("hyperopttest")
+    trainable = plora_trainable(
+        sweep, options=RunOptions(engine=PackFnEngine, calibration_steps=0), cost=cost_of(sweep),
+        settle_s=0.5, linger_s=5.0,
+    )  # fmt: skip
+    results = tune.Tuner(
+        trainable,
+        param_space={"lr": tune.loguniform(2e-4, 6e-3), "rank": tune.choice([4, 8])},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=4,
+                                    max_concurrent_trials=2,
+                                    search_alg=HyperOptSearch(random_state_seed=1)),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="hyperopt", verbose=0),
+    ).fit()  # fmt: skip
+    assert len(results) == 4 and not results.errors
+    df = results.get_dataframe()
+    assert set(df["status"]) == {"done"} and df["config_id"].nunique() == 4
+    res = SweepStore(tmp_path / "hyperopt" / "plora").read_results().set_index("config_id")
+    assert sorted(res.index) == sorted(df["config_id"])
+    for _, row in df.iterrows():
+        assert res.loc[row["config_id"], "lr"] == row["config/lr"]
+        assert res.loc[row["config_id"], "rank"] == row["config/rank"]
+    assert len(set(df["config/lr"])) == 4  # the searcher's own proposals, not one repeated
+    best = results.get_best_result()
+    assert best.checkpoint is not None and best.metrics["loss"] == df["loss"].min()
