@@ -161,11 +161,20 @@ def reference_delta(
     ``masks[i]`` (bool, segment shape) overrides slot ``i``'s regenerated keep mask.
     """
     delta = x2d.new_zeros(x2d.shape[0], lora_b.shape[0])
+    if meta.n_slots == 0:
+        return delta
+    # One differentiable split per factor (each slot's rank rows, then its pad rows): the backward
+    # is one concatenation, one gradient per factor, not one full-size gradient per slot.
+    sizes: list[int] = []
+    for i in range(meta.n_slots):
+        block = meta.rank_offsets[i + 1] - meta.rank_offsets[i]
+        sizes += [meta.ranks[i], block - meta.ranks[i]]
+    a_parts, b_parts = lora_a.split(sizes, 0), lora_b.split(sizes, 1)
     for i in range(meta.n_slots):
         start, stop = meta.seg_starts[i], meta.seg_starts[i + 1]
         if stop == start:
             continue
-        off, rank, p = meta.rank_offsets[i], meta.ranks[i], meta.dropout_p[i]
+        p = meta.dropout_p[i]
         xi = x2d[start:stop]
         if p > 0.0:
             keep = masks[i] if masks is not None else None
@@ -175,10 +184,10 @@ def reference_delta(
                     row_len=drop.row_len, word=drop.word, col_base=drop.col_base,
                     in_total=drop.in_total,
                 )  # fmt: skip
-            xi = xi * keep.to(xi.dtype) / (1.0 - p)
-        a_i = lora_a[off : off + rank]
-        b_i = lora_b[:, off : off + rank]
-        delta[start:stop] = meta.scales[i] * ((xi @ a_i.t()) @ b_i.t())
+            xi = xi * (keep.to(xi.dtype) * (1.0 / (1.0 - p)))  # as torch's dropout: x · (m/(1-p))
+        a_i, b_i = a_parts[2 * i], b_parts[2 * i]
+        # PEFT's order: lora_B(lora_A(drop(x))) · s
+        delta[start:stop] = (xi @ a_i.t()) @ b_i.t() * meta.scales[i]
     return delta
 
 

@@ -4,8 +4,10 @@ On CUDA in bf16/fp16 (autocast or half weights), when ``plora.kernels.packed_lor
 (Triton) is importable, a packed layer's
 whole output ``y = x·Wᵀ + b + Σ_i s_i·(drop_i(x_i)·A_iᵀ)·B_iᵀ`` is one fused call over the
 rank-concatenated factors (ranks zero-padded to :data:`RANK_ALIGN`) and a token segment table.
-Everything else -- CPU, float32 on CUDA (the exactness mode), or no Triton -- runs the torch
-reference in :mod:`plora.engine.lora`.
+Everything else -- CPU, float32 on CUDA (the exactness mode), or no Triton -- runs the one torch
+reference of the kernels (:mod:`plora.kernels.reference`) on the same segment table, packed
+factors and dropout keys (:func:`reference_forward`): one dropout mask, keyed per adapter, on
+every path.
 
 QLoRA. When the frozen weight is stored in NF4 (:mod:`plora.models.quantize`) the kernels get
 it dequantized to the compute dtype, once per layer and call (``W = deq(W_q)``, then the fused
@@ -23,6 +25,7 @@ import math
 
 import torch
 from plora.kernels.meta import DropoutKeys
+from plora.kernels.reference import packed_lora_delta_reference
 
 from plora.engine.rng import mix
 from plora.models.quantize import dense_weight, is_nf4, recompute_saved
@@ -65,8 +68,52 @@ def fused_forward(fn, layer, x, pieces, routing) -> torch.Tensor:
     of rank 1 and scale 0 (one zero block of ``RANK_ALIGN`` rows) to keep the segment table
     gap-free; then the factors are gathered once (:meth:`PackedLoRALinear.packed`). Dropout runs
     inside the kernel from each slot's Philox key (adapter seed and step) at counters of
-    (token, row in the adapter's batch, module): the same masks as the CPU path's.
+    (token, row in the adapter's batch, module): the same masks as the torch reference's.
     """
+    table, a_cat, b_cat, rank_offsets, drop = _kernel_args(layer, x, pieces, routing)
+    autocast = torch.is_autocast_enabled(x.device.type)
+    dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+    base = layer.base_layer
+    bias = base.bias
+    weight = dense_weight(base, dtype)
+    keep = (
+        recompute_saved(weight, lambda: dense_weight(base, dtype))
+        if is_nf4(base.weight)
+        else contextlib.nullcontext()
+    )
+    with keep:
+        return _call(fn, x.to(dtype), weight, None if bias is None else bias.to(dtype),
+                     a_cat.to(dtype), b_cat.to(dtype), table, rank_offsets, drop)  # fmt: skip
+
+
+def reference_delta(layer, x: torch.Tensor, pieces, routing) -> torch.Tensor:
+    """The LoRA term ``(R, ..., out)`` of every row by the kernels' one torch reference.
+
+    The same segment table, packed factors and dropout keys as :func:`fused_forward`, evaluated
+    by :func:`plora.kernels.reference.packed_lora_delta_reference` (per slot, PEFT's order
+    ``lora_B(lora_A(drop(x))) · s``, autograd by torch); rows outside every piece get zeros. Without
+    autocast ``x`` is cast to float32 for the LoRA path (exact per-adapter training); under autocast
+    the matmuls run in the autocast dtype. The result is in the compute dtype (the autocast dtype,
+    else ``x.dtype``).
+    """
+    table, a_cat, b_cat, rank_offsets, drop = _kernel_args(layer, x, pieces, routing)
+    _, seg_starts, ranks, scales, drops, _ = table
+    autocast = torch.is_autocast_enabled(x.device.type)
+    dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+    xl = x if autocast else x.to(torch.float32)
+    delta = packed_lora_delta_reference(
+        xl, a_cat, b_cat, seg_starts, rank_offsets, ranks, scales, drops, drop
+    )
+    return delta.to(dtype)
+
+
+def reference_forward(layer, x: torch.Tensor, pieces, routing) -> torch.Tensor:
+    """``base(x) + delta``: the packed layer off the kernels (CPU, float32, no Triton)."""
+    return layer.base_layer(x) + reference_delta(layer, x, pieces, routing)
+
+
+def _kernel_args(layer, x: torch.Tensor, pieces, routing):
+    """``(table, A, B, rank_offsets, DropoutKeys)`` of one call over ``pieces`` (memoized table)."""
     per_row = math.prod(x.shape[1:-1])
     key = ("kernel", tuple(pieces), layer.training, per_row)
     table = layer.memo.get(key)
@@ -86,19 +133,7 @@ def fused_forward(fn, layer, x, pieces, routing) -> torch.Tensor:
         keys=keys, rows=rows, row_len=max(per_row, 1), word=layer.key,
         col_base=0 if cols is None else cols.start, in_total=layer.in_features,
     )  # fmt: skip
-    autocast = torch.is_autocast_enabled(x.device.type)
-    dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
-    base = layer.base_layer
-    bias = base.bias
-    weight = dense_weight(base, dtype)
-    keep = (
-        recompute_saved(weight, lambda: dense_weight(base, dtype))
-        if is_nf4(base.weight)
-        else contextlib.nullcontext()
-    )
-    with keep:
-        return _call(fn, x.to(dtype), weight, None if bias is None else bias.to(dtype),
-                     a_cat.to(dtype), b_cat.to(dtype), table, rank_offsets, drop)  # fmt: skip
+    return table, a_cat, b_cat, rank_offsets, drop
 
 
 def _call(fn, x, weight, bias, a_cat, b_cat, table, rank_offsets, drop) -> torch.Tensor:
@@ -163,4 +198,12 @@ def _slot_table(layer, pieces, per_row: int):
     )
 
 
-__all__ = ["KERNEL_BACKEND", "RANK_ALIGN", "fused_forward", "kernel", "set_kernel_backend"]
+__all__ = [
+    "KERNEL_BACKEND",
+    "RANK_ALIGN",
+    "fused_forward",
+    "kernel",
+    "reference_delta",
+    "reference_forward",
+    "set_kernel_backend",
+]
