@@ -121,12 +121,11 @@ class PackedTrainer:
         self.layers = adapters.packed_layers(model)
         model.requires_grad_(False)
         model.train()
+        hf: Any = model  # a transformers PreTrainedModel: its methods are not nn.Module's
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
-        self._decoder = getattr(model, model.base_model_prefix)
-        self._head = model.get_output_embeddings()
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._decoder = getattr(hf, hf.base_model_prefix)
+        self._head = hf.get_output_embeddings()
         self.adapters: dict[str, _Adapter] = {}
         self.optimizer = PackedAdamW(self.layers)
         self.global_step = 0
@@ -326,10 +325,9 @@ class PackedTrainer:
         keys = {s: (step_of[s], micro[s][0]) for s in micro}
         # Inputs go over pinned and non-blocking; the labels stay on the host, where
         # packed_loss finds the target positions without a device sync.
-        inputs = {
-            k: _to_device(getattr(pb, k), self.device) for k in ("input_ids", "attention_mask")
-        }
-        return dataclasses.replace(pb, **inputs), keys
+        inputs = _to_device(pb.input_ids, self.device)
+        mask = _to_device(pb.attention_mask, self.device)
+        return dataclasses.replace(pb, input_ids=inputs, attention_mask=mask), keys
 
     def _forward_loss(
         self, pb: Any, denoms: dict[int, int]

@@ -216,7 +216,9 @@ def test_torch_path_is_the_kernels_reference_with_keyed_dropout_and_filler_slots
     layer.routing = routing
     y_layer = layer(x)
     want = _expected_dropout(layer, x, table, routing)
-    assert float((want - _expected(layer, x, table)).abs().max().detach()) > 1e-3  # dropout took effect
+    assert (
+        float((want - _expected(layer, x, table)).abs().max().detach()) > 1e-3
+    )  # dropout took effect
     g = torch.randn_like(y_layer)
     grads_want = _grads(want, g, layer, x)
     for y in (y_kernel, y_layer):
