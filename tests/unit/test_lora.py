@@ -198,10 +198,11 @@ def _grads(y, g, layer, x):
     return torch.autograd.grad(y, [x, layer.A, layer.Bt], g.to(y.dtype))
 
 
-def test_torch_path_is_the_kernels_reference_with_keyed_dropout_and_filler_slots():
-    """The layer's own forward off CUDA (the kernels' torch reference on the kernel table) and
-    the kernel hook with that reference standing in for Triton both equal a row-by-row float64
-    oracle with each row's own keyed mask -- gaps (filler slots), absent slots, dropout on."""
+def test_torch_path_and_kernel_hook_match_a_row_by_row_oracle_with_keyed_dropout():
+    """The layer's own forward off CUDA (the kernels' ``lora_term`` per piece) and the kernel
+    hook with the kernels' table reference standing in for Triton both equal a row-by-row
+    float64 oracle with each row's own keyed mask -- gaps (filler slots), absent slots, dropout
+    on, and no dropout in eval."""
     from plora.kernels import packed_lora_reference
 
     layer = _layer()
