@@ -9,7 +9,11 @@ turn as its own process and timed from start until that process returns:
   starts when the coordinator plans, so it leaves out process start, imports, the dataset
   check and ``ray.init``), the coordinator-clock makespan actually measured (first plan ->
   last job end, ``jobs.parquet``), the jobs, and per-config ``eval_loss`` from
-  ``results.parquet``.
+  ``results.parquet``. The sweep file's ``training.fused_kernels`` is ``--fused-kernels``
+  (default auto: Liger-Kernel's fused RMSNorm/SwiGLU/RoPE on the base when ``liger_kernel`` is
+  installed and the run is on a GPU -- the runtime's own path,
+  :func:`plora.engine.liger.apply_fused_kernels`); the JSON records the setting and what plora
+  resolved it to. The Tune baselines run the stock HF base, as their users write them.
 * ``tune`` -- ``benchmarks/e2e_tune.py``: Ray Tune's ``Tuner`` over a ``grid_search`` of the
   same configs, one function trial per config with ``{"gpu": 1}``; each trial loads the model
   with ``from_pretrained`` (bf16 on GPU), wraps it with PEFT's ``get_peft_model``, trains with
@@ -147,6 +151,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=0.5,
         help="each system's eval-loss drop below the base model, at least this x another's",
+    )
+    ap.add_argument(
+        "--fused-kernels",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="plora's training.fused_kernels (Liger-Kernel on the base, as plora sweep runs it)",
     )
     ap.add_argument(
         "--fresh-profile",
@@ -357,6 +367,7 @@ def plora_home() -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from plora.config import SweepConfig
+    from plora.cost.build import plan_fused_kernels
     from plora.tune.space import expand
     from plora.utils import atomic_write_json, atomic_write_text
 
@@ -412,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep = sweep_dict(args, model_dir, data, lrs, ranks, gpu_type)
     sweep_yaml = run_dir / "sweep.yaml"
     atomic_write_text(sweep_yaml, yaml.safe_dump(sweep, sort_keys=False))
-    configs = expand(SweepConfig.from_yaml(sweep_yaml))  # fails here on a bad sweep
+    parsed = SweepConfig.from_yaml(sweep_yaml)  # fails here on a bad sweep
+    configs = expand(parsed)
     spec = run_dir / "tune_spec.json"
     atomic_write_json(spec, tune_spec(sweep))
     ctx = {
@@ -436,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         "num_gpus": args.gpus,
         "device": device,
         "software": versions(),
+        # what plora's engine runs on the base (and its plan assumes): training.fused_kernels
+        "fused_kernels": {"setting": args.fused_kernels, "plora": plan_fused_kernels(parsed)},
         "model": {
             "name": args.model,
             "path": str(model_dir),

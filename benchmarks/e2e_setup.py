@@ -230,6 +230,7 @@ def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_typ
         "metric": "eval_loss",
         "mode": "min",
         "hardware": {"gpu_type": gpu_type, "num_gpus": args.gpus},
+        "training": {"fused_kernels": getattr(args, "fused_kernels", "auto")},
     }
 
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import engine_throughput as et
 
 from plora.engine import lora
+from plora.engine.liger import apply_fused_kernels
 from plora.engine.trainer import PackedTrainer
 from plora.model_spec import shipped_config_path
 
@@ -52,16 +53,15 @@ def main() -> None:
     ap.add_argument("--adapters", type=int, default=16)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--liger", choices=["auto", "off"], default="auto")
+    ap.add_argument("--liger", choices=["auto", "on", "off"], default="auto",
+                    help="training.fused_kernels of the profiled step")  # fmt: skip
     args = ap.parse_args()
     device, dtype = torch.device("cuda"), torch.bfloat16
     cfg = AutoConfig.from_pretrained(str(shipped_config_path(args.model)))
     base = et.build_base(cfg, device, dtype)
-    if args.liger == "auto":
-        try:
-            et.apply_liger(base, cfg.model_type)
-        except ImportError:
-            print("liger_kernel not installed: stock HF base", flush=True)
+    # the engine's switch, as a sweep resolves training.fused_kernels
+    if not apply_fused_kernels(base, args.liger, device=device):
+        print("fused kernels off (or liger_kernel not installed): stock HF base", flush=True)
     lora.set_kernel_backend("auto")
     data = et.synthetic_data(cfg.vocab_size, args.seq, n=2 * args.adapters)
     tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()

@@ -11,7 +11,9 @@ backward, per-adapter AdamW):
   ``plora.kernels`` runs on this GPU: see the ``kernels`` column);
 
 first with the stock HF base, then with Liger-Kernel's fused RMSNorm/SwiGLU/RoPE applied to the
-frozen base (when ``liger_kernel`` is importable). The FLOP ceiling is
+frozen base (when ``liger_kernel`` is importable) by the engine's own
+:func:`plora.engine.liger.apply_fused_kernels` -- what ``plora sweep`` runs with
+``training.fused_kernels`` on (``--liger on``: that pass alone; ``off``: the stock pass alone). The FLOP ceiling is
 ``peak / (4·matmul params + 6·s·h·L)`` tokens/s with ``peak`` measured by a large bf16
 matmul on this device. Peak memory (``torch.cuda.max_memory_allocated``) is compared with the
 cost model's prediction (``plora.cost.memory``, the allocator's share: without the fixed
@@ -40,10 +42,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from plora.config import LoRAConfig
+from plora.config.fused import liger_installed
 from plora.cost import memory as mem
 from plora.engine import lora
 from plora.engine.adapters import uninject
 from plora.engine.data import Example, TokenizedDataset
+from plora.engine.liger import apply_fused_kernels
 from plora.engine.trainer import PackedTrainer
 from plora.model_spec import ModelSpec, shipped_config_path
 from plora.utils import atomic_write_json
@@ -117,16 +121,6 @@ def adapter_configs(k: int, rank: int) -> list[LoRAConfig]:
                    target_modules="all", max_steps=10_000, seed=i)
         for i in range(k)
     ]  # fmt: skip
-
-
-def apply_liger(model: torch.nn.Module, model_type: str) -> None:
-    """Liger-Kernel's fused RoPE / RMSNorm / SwiGLU on the frozen base (the loss stays ours)."""
-    import liger_kernel.transformers as lk
-
-    getattr(lk, f"apply_liger_kernel_to_{model_type}")(
-        rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-        fused_linear_cross_entropy=False, model=model,
-    )  # fmt: skip
 
 
 def predicted_bytes(
@@ -225,7 +219,9 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--liger", choices=["auto", "off"], default="auto")
+    ap.add_argument("--liger", choices=["auto", "on", "off"], default="auto",
+                    help="auto: stock pass, then the Liger pass when installed; on: the Liger "
+                    "pass only (the runtime's path with training.fused_kernels: on); off: stock")  # fmt: skip
     ap.add_argument("--kernels", choices=["auto", "torch"], default="auto")
     ap.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
                     help="auto: on when the cost model predicts > 90%% of GPU memory")  # fmt: skip
@@ -259,17 +255,15 @@ def main() -> None:
         data = synthetic_data(spec.vocab_size, args.seq, n=max(args.packs) * 2)
         tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
         base = build_base(cfg, device, dtype, args.quantization)
-        passes = [False]
+        passes = [True] if args.liger == "on" else [False]
         if args.liger == "auto" and device.type == "cuda":
-            try:
-                import liger_kernel.transformers  # noqa: F401
-
+            if liger_installed():
                 passes.append(True)
-            except ImportError:
+            else:
                 print("liger_kernel not installed: skipping the Liger pass", flush=True)
         for liger in passes:
-            if liger:
-                apply_liger(base, cfg.model_type)
+            if liger:  # the engine's switch, as PackSession applies it (on: errors if it can't)
+                apply_fused_kernels(base, "on", device=device)
             cases = [("peft", 1)] + [(f"packed-{k}", k) for k in args.packs]
             for label, k in cases:
                 cfgs = adapter_configs(k, args.rank)

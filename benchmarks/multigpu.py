@@ -36,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_throughput import (
     SMOKE_CONFIG,
     adapter_configs,
-    apply_liger,
     build_base,
     measure_peak_flops,
     run_peft,
@@ -53,6 +52,7 @@ from plora.cost.throughput import (
     AdapterLoad,
     StepTimeModel,
 )
+from plora.engine.liger import apply_fused_kernels
 from plora.model_spec import ModelSpec, shipped_config_path
 from plora.utils import atomic_write_json
 
@@ -103,8 +103,8 @@ def run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, row
     mesh = dims.build_mesh(device.type)
     torch.manual_seed(0)
     base = build_base(cfg, device, dtype)
-    if args.liger:
-        apply_liger(base, cfg.model_type)
+    if args.liger:  # the engine's switch (training.fused_kernels: on)
+        apply_fused_kernels(base, "on", device=device)
     stage = parallelize(base, dims=dims, mesh=mesh)
     data = synthetic_data(spec.vocab_size, args.seq, n=max(args.packs) * 2)
     tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()

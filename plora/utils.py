@@ -65,6 +65,15 @@ def fmt_duration(seconds: float) -> str:
     return f"{hours}h {m:02d}m"
 
 
+def torchao_first() -> None:
+    """Import torchao quietly (:func:`import_torchao_quietly`) when it is installed and not yet
+    imported: modules that import transformers or peft call this first."""
+    import importlib.util
+
+    if "torchao" not in sys.modules and importlib.util.find_spec("torchao") is not None:
+        import_torchao_quietly()
+
+
 def import_torchao_quietly() -> Any:
     """Import torchao's NF4 module with warnings off during torchao's first import.
 

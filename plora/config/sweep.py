@@ -17,6 +17,7 @@ from typing import Any
 from plora.config.dataset import BUILTIN_DATASETS, DatasetSpec
 from plora.config.early_stop import EarlyStopConfig
 from plora.config.errors import ConfigError, join_key
+from plora.config.fused import FUSED_KERNELS_KEY, FusedKernels
 from plora.config.hardware import HardwareConfig, Strategy
 from plora.config.model import ModelRef, looks_like_path
 from plora.config.space import SearchSpace
@@ -103,9 +104,16 @@ class TrainingOptions:
     """Recompute the frozen base's layer activations in backward: activation memory drops from
     all layers to one layer plus the layer inputs, for about one extra forward of compute.
     Needed for large batches at long sequences (e.g. the paper's batch 32 at 1024 tokens)."""
+    fused_kernels: FusedKernels = FusedKernels.AUTO
+    """Liger-Kernel's fused RMSNorm, SwiGLU and RoPE on the frozen base (:mod:`plora.config.fused`):
+    auto (on when ``liger_kernel`` is installed and the sweep runs on CUDA) | on | off. The plan
+    assumes what the engine will run (memory and step-time model)."""
 
     def __post_init__(self) -> None:
         as_bool(self.gradient_checkpointing, "gradient_checkpointing")
+        object.__setattr__(
+            self, "fused_kernels", FusedKernels.parse(self.fused_kernels, "fused_kernels")
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -172,6 +180,12 @@ class SweepConfig:
             )
         object.__setattr__(self, "mode", mode)
         as_int(self.seed, "seed", ge=0)
+        if self.training.fused_kernels is FusedKernels.ON and self.hardware.is_cpu:
+            raise ConfigError(
+                "Liger-Kernel's fused ops run on CUDA only; this sweep runs on CPU "
+                "(hardware.gpu_type: cpu)", key=FUSED_KERNELS_KEY, value="on",
+                fix="use auto or off",
+            )  # fmt: skip
         self._check_size()
 
     @property
@@ -240,7 +254,7 @@ class SweepConfig:
                 **{k: getattr(self.planner, k) for k in _fields(PlannerOptions)},
                 "strategies": [str(s) for s in self.planner.strategies],
             },
-            "training": {k: getattr(self.training, k) for k in _fields(TrainingOptions)},
+            "training": {k: _plain(getattr(self.training, k)) for k in _fields(TrainingOptions)},
             **({"early_stop": self.early_stop.to_dict()} if self.early_stop is not None else {}),
         }
 
@@ -294,6 +308,11 @@ _TOP_KEYS = ("name", "model", "dataset", "space", "search", "num_samples", "metr
 def _or_empty(section: Any) -> Any:
     """An absent or empty (``key:`` with no value) section means all defaults."""
     return {} if section is None else section
+
+
+def _plain(value: Any) -> Any:
+    """An enum member as its string (what YAML writes); anything else unchanged."""
+    return str(value) if isinstance(value, StrEnum) else value
 
 
 def _fields(cls: type) -> list[str]:

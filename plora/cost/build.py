@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from plora.config import ConfigError
+from plora.config import fused as fused_switch
+from plora.config.fused import FusedKernels, fused_profile_key, use_fused_kernels
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY, eval_defaults
 from plora.cost.memory import FULL_FP32, Loss, MemoryOptions, quantized
 from plora.cost.model import SweepCostModel
@@ -33,6 +35,7 @@ def build_cost_model(
     profile_dir: str | Path | None = None,
     use_profile: bool = True,
     memory: MemoryOptions | None = None,
+    fused_kernels: bool | None = None,
 ) -> SweepCostModel:
     """The cost model of a ``plora.config.SweepConfig``.
 
@@ -54,6 +57,10 @@ def build_cost_model(
             on GPUs, fp32 on CPU; chunked recomputed cross-entropy; activation checkpointing
             as ``training.gradient_checkpointing`` says; ``model.quantization: nf4``: NF4 base
             projections at ~0.52 byte/weight, :func:`~plora.cost.memory.quantized`).
+        fused_kernels: whether the engine runs Liger-Kernel's fused ops on the base; default
+            :func:`plan_fused_kernels` of the sweep (what the engine will resolve). Sets
+            ``memory.fused_kernels``, the step-time prior (``LIGER_COEFFICIENTS``) and the
+            profile the model plans from (fused steps are profiled apart).
     """
     hw = sweep.hardware
     spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
@@ -62,10 +69,11 @@ def build_cost_model(
         dataset_size = int(sweep.dataset.num_examples)
     rows, metric = eval_defaults(sweep.dataset)
     quantization = str(getattr(sweep.model, "quantization", "none"))
+    fused = plan_fused_kernels(sweep, spec) if fused_kernels is None else bool(fused_kernels)
     if memory is None:
         fp32 = getattr(hw, "is_cpu", False) or sweep.model.dtype == "float32"
         ckpt = bool(getattr(getattr(sweep, "training", None), "gradient_checkpointing", False))
-        memory = MemoryOptions(loss=Loss.FUSED, checkpointing=ckpt)
+        memory = MemoryOptions(loss=Loss.FUSED, checkpointing=ckpt, fused_kernels=fused)
         if fp32:
             memory = dataclasses.replace(memory, precision=FULL_FP32)
         memory = dataclasses.replace(memory, precision=quantized(memory.precision, quantization))
@@ -80,7 +88,8 @@ def build_cost_model(
         )
     profile = None
     if use_profile:
-        profile = ProfileStore(profile_dir).load(_profile_key(sweep.model), hw.gpu_type)
+        key = fused_profile_key(_profile_key(sweep.model), memory.fused_kernels)
+        profile = ProfileStore(profile_dir).load(key, hw.gpu_type)
     return SweepCostModel(
         spec,
         int(sweep.seq_len),
@@ -97,9 +106,27 @@ def build_cost_model(
     )
 
 
+def plan_fused_kernels(sweep: Any, spec: ModelSpec | None = None) -> bool:
+    """Whether the sweep's engine will run Liger-Kernel's fused ops (``training.fused_kernels``
+    resolved as the engine resolves it: :func:`plora.config.fused.use_fused_kernels`).
+
+    The sweep runs on CUDA unless ``hardware.gpu_type`` is ``cpu``; ``auto`` counts on
+    ``liger_kernel`` being importable here, as on the workers (the embedded Ray shares this
+    environment; a cluster installs the same extras on every node). ``on`` plans fused even
+    where Liger is not installed (planning only); ``plora sweep`` refuses it there
+    (``plora.runtime.prepare.check_inputs``).
+    """
+    setting = FusedKernels.parse(getattr(getattr(sweep, "training", None), "fused_kernels", "off"))
+    if spec is None:
+        spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
+    cpu = bool(getattr(sweep.hardware, "is_cpu", False))
+    installed = fused_switch.liger_installed() or setting is FusedKernels.ON
+    return use_fused_kernels(setting, cuda=not cpu, model_type=spec.model_type, installed=installed)
+
+
 def _profile_key(model: Any) -> str:
     """The model's profile name: a quantized base is profiled apart (``ModelRef.profile_key``)."""
     return str(getattr(model, "profile_key", model.name_or_path))
 
 
-__all__ = ["build_cost_model"]
+__all__ = ["build_cost_model", "plan_fused_kernels"]

@@ -56,6 +56,7 @@ from plora.cost.profile import Profile
 from plora.cost.refit import RefitReport, activation_scale
 from plora.cost.throughput import (
     DEFAULT_COEFFICIENTS,
+    LIGER_COEFFICIENTS,
     AdapterLoad,
     Coefficients,
     GPUSpec,
@@ -78,8 +79,9 @@ class SweepCostModel:
         hardware: a ``plora.config.HardwareConfig`` (``gpu_type``, ``gpu_memory_gib``,
             ``load_factor``, ``is_cpu``).
         gpu: speed of the GPU; default from ``hardware.gpu_type``.
-        coefficients: step-time coefficients; default the H200-derived defaults, or the
-            profile's when ``profile`` holds samples.
+        coefficients: step-time coefficients; default the H200-derived defaults
+            (``LIGER_COEFFICIENTS`` when ``memory.fused_kernels``), or the profile's when
+            ``profile`` holds samples.
         profile: measured steps (and overheads) of this model on this GPU type.
         memory: memory options (precision, checkpointing, loss kernel, ZeRO stage).
         strategies: strategies the runtime supports for d > 1 (empty: only d = 1).
@@ -121,7 +123,10 @@ class SweepCostModel:
         given = overheads if overheads is not None else Overheads.zero()  # defaults below
         self._use(SweepOverheads(overheads=given, eval_rows=eval_rows, eval_metric=cast(EvalMetric, eval_metric),  # validated by SweepOverheads
                                  checkpoint_every=checkpoint_every))  # fmt: skip
-        coef = coefficients or DEFAULT_COEFFICIENTS
+        # the prior follows the kernels the engine runs on the base (memory.fused_kernels)
+        coef = coefficients or (
+            LIGER_COEFFICIENTS if memory.fused_kernels else DEFAULT_COEFFICIENTS
+        )
         self.timer = StepTimeModel(
             spec,
             self.gpu,

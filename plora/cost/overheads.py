@@ -19,7 +19,8 @@ Defaults (:meth:`Overheads.default`) come from physics where there is some -- mo
 weight bytes over a load bandwidth plus a fixed part, an eval forward is the forward FLOPs at
 the fitted efficiency plus :data:`FORWARD_FRACTION` of a step's launches, exact-match
 generation is ``max_new_tokens`` decode steps of an eval batch, writes are bytes over a write bandwidth -- and from one
-measurement otherwise (the 45 s cold start of a 1.5B model on an H100, DESIGN.md). They are
+measurement otherwise (:data:`COLD_START_MEASURED`: a resident worker of a 1.5B model on an
+H200, its first step's kernel compilation included). They are
 labelled ``source="default"``; :meth:`Overheads.refit` replaces every kind that was measured
 (:class:`OverheadSample`: median seconds per unit) and keeps the prior for the rest.
 
@@ -67,21 +68,32 @@ class DefaultConstants:
     checkpoint_fixed_s: float
 
 
-#: The one cold-start measurement (DESIGN.md, 2026-11-23): an H100, a 1.5B shape
-#: (Qwen2.5-1.5B: 1.544e9 params, bf16), per-job process start + model load ≈ 45 s.
+#: The cold-start measurement behind the GPU defaults: an H200, the Qwen2.5-1.5B shape (1.544e9
+#: params, bf16), a resident worker of ``plora sweep`` (``benchmarks/e2e.py``, 2026-11-25):
+#: 16.9 s from the worker's request to its loaded model, 9.7 s of it the load (weights and the
+#: dataset's tokenization), then 7.6 s more in the first job's first step than in its second
+#: (the packed kernels' JIT compilation, once per worker process); the job's set-up took 2.2 s.
+#: (The 45 s of 2026-11-23 was a process per job, before workers stayed resident.)
 COLD_START_MEASURED: dict[str, Any] = {
-    "gpu": "H100",
+    "gpu": "H200",
     "weight_bytes": 2.0 * 1.543714304e9,
-    "seconds": 45.0,
+    "ready_s": 16.9,
+    "load_s": 9.7,
+    "compile_s": 7.6,
+    "job_start_s": 2.2,
 }
-_GPU_LOAD = {"load_bytes_per_s": 1.0e9, "model_load_fixed_s": 5.0, "job_start_s": 3.0}
-#: GPU defaults: load, job start and writes assumed; the worker start is the measured cold
-#: start minus the load model and a job start (≈ 34 s).
+_GPU_LOAD = {
+    "load_bytes_per_s": 1.0e9,
+    "model_load_fixed_s": COLD_START_MEASURED["load_s"]
+    - COLD_START_MEASURED["weight_bytes"] / 1.0e9,
+    "job_start_s": COLD_START_MEASURED["job_start_s"],
+}
+#: GPU defaults: the worker start is the measured request-to-ready minus the load, plus the
+#: first step's compilation (≈ 14.8 s); write bandwidth and fixed export/checkpoint parts assumed.
 GPU = DefaultConstants(
-    worker_start_s=COLD_START_MEASURED["seconds"]
-    - COLD_START_MEASURED["weight_bytes"] / _GPU_LOAD["load_bytes_per_s"]
-    - _GPU_LOAD["model_load_fixed_s"]
-    - _GPU_LOAD["job_start_s"],
+    worker_start_s=COLD_START_MEASURED["ready_s"]
+    - COLD_START_MEASURED["load_s"]
+    + COLD_START_MEASURED["compile_s"],
     **_GPU_LOAD,
     write_s_per_gb=1.0,
     export_fixed_s=0.2,
@@ -256,7 +268,7 @@ class Overheads:
           (``FORWARD_FRACTION·t_fixed / EVAL_BATCH`` per row);
           accuracy: ``label_options`` scoring forwards per row; none: 0;
         * worker start, job start, write bandwidth, fixed export/checkpoint parts:
-          :data:`GPU` (worker start from the measured 45 s cold start) or :data:`CPU`.
+          :data:`GPU` (worker start from the measured cold start, compilation included) or :data:`CPU`.
 
         Args:
             spec: the base model's shapes.

@@ -156,7 +156,8 @@ def _derive_h200(base_x16_tok_s: float, label: str) -> Coefficients:
 
 #: Defaults: HF eager kernels (the PEFT and bare-HF H200 measurements above).
 DEFAULT_COEFFICIENTS = _derive_h200(H200_MEASURED["hf_base_x16_tok_s"], "hf")
-#: With Liger-Kernel's fused RMSNorm/SwiGLU/RoPE/linear-cross-entropy.
+#: With Liger-Kernel's fused RMSNorm/SwiGLU/RoPE on the base (plora's own loss): the prior of a
+#: sweep whose ``training.fused_kernels`` resolves on (:func:`plora.cost.build.plan_fused_kernels`).
 LIGER_COEFFICIENTS = _derive_h200(H200_MEASURED["liger_base_x16_tok_s"], "liger")
 
 

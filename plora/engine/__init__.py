@@ -13,21 +13,15 @@
   :mod:`plora.engine.reports` -- what the trainer reports (step metrics, profiles, statuses).
 * :mod:`plora.engine.run` -- :class:`PackSession`, a resident base model serving successive
   packs (a worker's engine), and :func:`run_pack`, load and train one pack to completion.
+* :mod:`plora.engine.liger` -- :func:`apply_fused_kernels`, Liger-Kernel's fused RMSNorm,
+  SwiGLU and RoPE on the loaded base (``training.fused_kernels``; CUDA only).
 
 Submodules load lazily so that ``import plora.engine`` stays light (no transformers import).
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
-
-if importlib.util.find_spec("torchao") is not None:
-    # transformers and peft import torchao (when installed) on their first use, and torchao logs
-    # a warning per CUDA extension it cannot load: import it first, quietly
-    from plora.utils import import_torchao_quietly
-
-    import_torchao_quietly()
 
 _EXPORTS = {
     "PackedLoRALinear": "plora.engine.lora",
@@ -37,6 +31,7 @@ _EXPORTS = {
     "use_slot": "plora.engine.adapters",
     "base_only": "plora.engine.adapters",
     "PackedTrainer": "plora.engine.trainer",
+    "apply_fused_kernels": "plora.engine.liger",
     "PackedAdamW": "plora.engine.packed_optim",
     "StepMetrics": "plora.engine.reports",
     "StepProfile": "plora.engine.reports",

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from plora.config import PROJECTIONS, ConfigError, LoRAConfig
+from plora.engine.attention import engine_attention
 from plora.engine.lora import BASE_ONLY, PackedLoRALinear, Routing, module_key
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -143,7 +144,8 @@ def _routed(model: nn.Module, routing: Routing) -> Iterator[None]:
     for layer in layers:
         layer.routing = routing
     try:
-        yield
+        with engine_attention(model):  # also for checkpoint recomputation in backward
+            yield
     finally:
         for layer, old in zip(layers, saved, strict=True):
             layer.routing = old

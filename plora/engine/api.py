@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from plora.config import ConfigError, DatasetSpec, LoRAConfig, ModelRef
+from plora.config.fused import FusedKernels
 from plora.engine.reports import AdapterStatus, Control, PackProfile, StepMetrics, StepProfile
 
 
@@ -59,6 +60,9 @@ class EngineSpec:
     """``"cuda"`` / ``"cpu"``; None: CUDA when available."""
     max_rows: int | None = None
     """Most sequences per forward (gradient accumulation beyond)."""
+    fused_kernels: FusedKernels = FusedKernels.AUTO
+    """Liger-Kernel's fused RMSNorm/SwiGLU/RoPE on the base: auto | on | off
+    (``training.fused_kernels``, :func:`plora.engine.liger.apply_fused_kernels`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

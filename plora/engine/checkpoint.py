@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import save_file
 
 from plora.config import LoRAConfig
-from plora.utils import atomic_path, atomic_write_json
+from plora.utils import atomic_path, atomic_write_json, torchao_first
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -46,6 +46,7 @@ _STATE_DIR = re.compile(r"^state-(\d+)$")
 
 def peft_lora_config(config: LoRAConfig, *, base_model_name_or_path: str | None = None):
     """The ``peft.LoraConfig`` equivalent to ``config`` (task type CAUSAL_LM)."""
+    torchao_first()  # peft imports torchao (when installed) noisily: quietly first
     from peft import LoraConfig, TaskType
 
     return LoraConfig(

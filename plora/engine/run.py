@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from plora.config import DatasetSpec, LoRAConfig, ModelRef
+from plora.config.fused import FusedKernels
 from plora.engine import checkpoint as ckpt
 from plora.engine.api import (
     CheckpointPolicy,
@@ -48,6 +49,7 @@ from plora.engine.api import (
     StepReport,
     SyncHooks,
 )
+from plora.engine.liger import apply_fused_kernels
 from plora.engine.reports import Control
 from plora.engine.trainer import AdapterStatus, PackedTrainer, PackProfile
 
@@ -78,6 +80,8 @@ class PackSession:
         self.device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model, self.tokenizer = load_model(spec.model, dtype=dtype, device=self.device)
+        self.fused_kernels = apply_fused_kernels(self.model, spec.fused_kernels, device=self.device)
+        """Whether the base runs Liger-Kernel's fused ops (training and packed evaluation)."""
         self.data = load_dataset(spec.dataset, self.tokenizer)
         self.model_path = resolve_model_path(spec.model)
         self.load_s = time.perf_counter() - t0
@@ -168,6 +172,7 @@ def run_pack(
     max_rows: int | None = None,
     gradient_checkpointing: bool = False,
     evaluate: bool = True,
+    fused_kernels: FusedKernels | str = FusedKernels.AUTO,
 ) -> PackResult:
     """Load ``model`` and train ``configs`` packed on it until each finishes or is stopped.
 
@@ -188,6 +193,8 @@ def run_pack(
         max_rows: most sequences per forward (gradient accumulation beyond).
         gradient_checkpointing: recompute base activations in backward.
         evaluate: evaluate each completed adapter on the eval split.
+        fused_kernels: Liger-Kernel's fused ops on the base: auto | on | off
+            (:func:`plora.engine.liger.apply_fused_kernels`).
 
     Raises:
         torch.OutOfMemoryError: the pack does not fit even with gradient accumulation.
@@ -214,6 +221,7 @@ def run_pack(
             gradient_checkpointing=gradient_checkpointing,
             device=None if device is None else str(device),
             max_rows=max_rows,
+            fused_kernels=FusedKernels.parse(fused_kernels, "fused_kernels"),
         )
     )
     outcome = session.run(request, hooks)

@@ -176,11 +176,13 @@ def record_profile(
     Returns:
         How many samples were recorded (0: nothing measured, nothing written).
     """
+    from plora.config.fused import fused_profile_key
     from plora.cost.profile import ProfileStore
 
     samples = step_samples(cost, measurements, configs)
     if samples or overheads:
-        ProfileStore(profile_dir).record(
-            sweep.model.profile_key, sweep.hardware.gpu_type, samples, overheads=overheads
-        )
+        # under the key build_cost_model reads: steps with Liger's fused base ops kept apart
+        fused = bool(getattr(getattr(cost, "memory", None), "fused_kernels", False))
+        key = fused_profile_key(sweep.model.profile_key, fused)
+        ProfileStore(profile_dir).record(key, sweep.hardware.gpu_type, samples, overheads=overheads)
     return len(samples) + len(overheads)

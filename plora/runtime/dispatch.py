@@ -74,6 +74,7 @@ class Dispatcher:
             gradient_checkpointing=bool(
                 getattr(getattr(sweep, "training", None), "gradient_checkpointing", False)
             ),
+            fused_kernels=sweep.training.fused_kernels,
         )
         self._groups_started = 0
 

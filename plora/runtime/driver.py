@@ -63,7 +63,6 @@ from plora.sweepdir.store import (
     write_base_model,
     write_sweep_yaml,
 )
-from plora.tune.early_stop import make_early_stopper
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -198,7 +197,7 @@ def _run(
                 ask_batch=options.ask_batch,
                 metric_name=metric_name,
                 calibration_steps=options.calibration_steps,
-                early_stop=make_early_stopper(sweep.early_stop),
+                early_stop=_early_stopper(sweep),
             )
 
         if resume:
@@ -258,6 +257,15 @@ def _resumed_sweep(
             f"or resume with the saved one ({store.sweep_yaml})"
         )
     return given, changed
+
+
+def _early_stopper(sweep: SweepConfig) -> Any:
+    """The sweep's ``early_stop:`` stopper, or None; Ray Tune (1-2 s to import) only with one."""
+    if sweep.early_stop is None:
+        return None
+    from plora.tune.early_stop import make_early_stopper
+
+    return make_early_stopper(sweep.early_stop)
 
 
 __all__ = ["RunOptions", "SweepSummary", "config_source", "prepare", "run_sweep"]

@@ -8,7 +8,8 @@ jobs, the two kinds of evidence the coordinator refits its cost model from:
   [{"time_s", "seq_len", "peak_memory_bytes"}]}``, what :func:`plora.runtime.costs.refit_cost`
   takes;
 * **overheads** -- :class:`~plora.cost.overheads.OverheadSample` s: ``worker_start`` and
-  ``model_load`` per worker group, ``job_start`` per job, ``eval`` (the eval-loss forward) or
+  ``model_load`` per worker group (the start counts the first job's first-step excess over its
+  second step too: the packed kernels' JIT compilation, once per worker process), ``job_start`` per job, ``eval`` (the eval-loss forward) or
   ``generate`` (what a task metric adds on top of it) per config with count = eval rows,
   ``export`` per config, ``checkpoint`` per train-state write.
 
@@ -43,6 +44,8 @@ class Measurements:
         self.calibrated = calibration_steps <= 0
         self._seen: dict[str, int] = {}
         self._index: dict[tuple[str, tuple[str, ...]], int] = {}
+        self._first_steps: dict[str, list[float]] = {}
+        self._pending_starts: list[float] = []
 
     @property
     def num_steps(self) -> int:
@@ -55,6 +58,8 @@ class Measurements:
         for report in reports:
             seen = self._seen.get(job_id, 0) + 1
             self._seen[job_id] = seen
+            if seen <= 2:
+                self._first_steps.setdefault(job_id, []).append(float(report.profile.time_s))
             if seen == 1:
                 continue  # warm-up: allocations, kernel compilation, autotuning
             ids = tuple(sorted(report.config_ids))
@@ -88,8 +93,9 @@ class Measurements:
 
     def add_group_ready(self, *, ready_s: float, load_s: float) -> None:
         """A worker group came up: ``ready_s`` from request to loaded model, ``load_s`` of it
-        in the engine's load."""
-        self._add(OverheadKind.WORKER_START, max(0.0, ready_s - load_s))
+        in the engine's load. Its ``worker_start`` sample waits for the group's first job
+        (:meth:`add_outcome`), which adds the first step's compile time to it."""
+        self._pending_starts.append(max(0.0, ready_s - load_s))
         self._add(OverheadKind.MODEL_LOAD, load_s)
 
     def add_outcome(
@@ -108,6 +114,10 @@ class Measurements:
         so a later sweep with another metric plans from the right parts.
         """
         t = outcome.timings
+        if t.load_s > 0 and self._pending_starts:  # the first job of a cold worker group
+            first = self._first_steps.get(outcome.job_id, [])
+            compile_s = max(0.0, first[0] - first[1]) if len(first) >= 2 else 0.0
+            self._add(OverheadKind.WORKER_START, self._pending_starts.pop(0) + compile_s)
         self._add(OverheadKind.JOB_START, t.start_s)
         generates = EvalMetric(metric) is not EvalMetric.NONE
         for r in outcome.results.values():
@@ -130,6 +140,8 @@ class Measurements:
             "steps": self.steps,
             "overheads": [o.to_dict() for o in self.overheads],
             "calibrated": self.calibrated,
+            "pending_starts": list(self._pending_starts),
+            "first_steps": {k: list(v) for k, v in self._first_steps.items()},
         }
 
     def set_state(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
@@ -140,6 +152,10 @@ class Measurements:
         self.calibrated = bool(state.get("calibrated", self.calibrated))
         self._index = {(m["job_id"], tuple(m["config_ids"])): i for i, m in enumerate(self.steps)}
         self._seen = {}
+        self._pending_starts = [float(v) for v in state.get("pending_starts", ())]
+        self._first_steps = {
+            k: [float(x) for x in v] for k, v in state.get("first_steps", {}).items()
+        }
 
 
 __all__ = ["Measurements"]

@@ -66,6 +66,7 @@ def check_inputs(sweep: SweepConfig) -> Any:
 
     sweep.check_trainable()
     check_hub_model(sweep.model, file=sweep.source)
+    check_fused_kernels(sweep)
     problem = None
     try:
         tokenizer = load_tokenizer(sweep.model)
@@ -89,6 +90,29 @@ def check_inputs(sweep: SweepConfig) -> Any:
             "point dataset.path at a non-empty file or raise dataset.num_examples"
         )
     return data
+
+
+def check_fused_kernels(sweep: SweepConfig) -> bool:
+    """``training.fused_kernels: on`` can run here: Liger-Kernel is installed, the sweep runs on
+    CUDA and the model type is one it patches (the engine resolves the same way on the workers).
+
+    Returns:
+        Whether the engine will run Liger-Kernel's fused ops.
+
+    Raises:
+        ConfigError: ``on`` where it cannot run, naming the sweep file, key and what to do.
+    """
+    from plora.config.fused import FusedKernels, use_fused_kernels
+    from plora.model_spec import ModelSpec
+
+    setting = sweep.training.fused_kernels
+    if setting is FusedKernels.OFF:
+        return False
+    try:
+        model_type = ModelSpec.from_hf_config(sweep.model.name_or_path).model_type
+        return use_fused_kernels(setting, cuda=not sweep.hardware.is_cpu, model_type=model_type)
+    except ConfigError as err:
+        raise err.located(file=sweep.source) from None
 
 
 def config_source(sweep: SweepConfig) -> ConfigSource:
@@ -125,4 +149,11 @@ def load_tokenizer(ref: Any) -> Any:
     )
 
 
-__all__ = ["check_inputs", "config_source", "fits_one_gpu", "load_tokenizer", "prepare"]
+__all__ = [
+    "check_fused_kernels",
+    "check_inputs",
+    "config_source",
+    "fits_one_gpu",
+    "load_tokenizer",
+    "prepare",
+]

@@ -13,3 +13,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _plan_without_liger(monkeypatch: pytest.MonkeyPatch):
+    """Plan as on a machine without Liger-Kernel, whatever this one has installed: with
+    ``training.fused_kernels: auto`` a GPU sweep's plan (memory, step times, profile key)
+    follows ``liger_installed()``, and golden plans must not depend on the host's extras.
+    Tests of the switch set it themselves."""
+    from plora.config import fused
+
+    monkeypatch.setattr(fused, "liger_installed", lambda: False)

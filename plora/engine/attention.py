@@ -1,0 +1,38 @@
+"""The attention kernels the engine's forwards may use: every SDPA backend but cuDNN's.
+
+Packed rows are right-padded to the longest row of the micro-batch, so nearly every step has a
+new ``(rows, length)`` shape. PyTorch picks cuDNN's fused attention for padded (masked) rows on
+Hopper, and cuDNN builds an execution plan on the host for each new shape: 2.0-3.6 s for the
+forward and backward of a new padded length on an H200 (Qwen2.5-1.5B shape, 64 rows of about
+640 tokens, ``benchmarks/sdpa_shapes.py``, 2026-11-25), which made steps 1, 3, 5, 23 and 26 of the
+end-to-end sweep stall. The memory-efficient kernel ran the same 4-layer shapes at the same
+steady-state speed (0.15-0.17 s vs 0.15-0.21 s) with no per-shape cost; in the whole 16-adapter
+sweep the median step went from 0.856 to 0.917 s while the 2.5-3.3 s stalls went away (net 9 s
+faster of 112 s). So the engine leaves cuDNN out.
+Flash attention stays first for unpadded batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def engine_attention(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """SDPA without cuDNN for the forwards (and backwards) inside, when ``model`` is on CUDA."""
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel(_BACKENDS)
+
+
+def allowed_backends() -> list[SDPBackend]:
+    """The SDPA backends :func:`engine_attention` leaves on (for tests and benchmarks)."""
+    return list(_BACKENDS)
+
+
+__all__ = ["allowed_backends", "engine_attention"]
