@@ -52,7 +52,8 @@ class DropoutKeys:
         row_len: tokens per row (default: the whole call, one row; the engine gives the
             padded sequence length).
         word: the counter's third word, e.g. the module's index (< 2**32).
-        col_base: first input column of ``x`` in the full input (a multiple of 4).
+        col_base: first input column of ``x`` in the full input (the Triton kernels need a
+            multiple of 4; the torch reference takes any).
         in_total: the full input width (default ``col_base + in_features``).
     """
 
@@ -83,11 +84,10 @@ class DropoutKeys:
                 f"packed_lora: dropout row_len={row_len}, rows={rows[:4]}...; need row_len >= 1 "
                 "and 0 <= rows < 2**31"
             )
-        if self.col_base < 0 or self.col_base % 4 or in_total < self.col_base + in_features:
+        if self.col_base < 0 or in_total < self.col_base + in_features:
             raise PackedLoRAError(
                 f"packed_lora: dropout col_base={self.col_base}, in_total={in_total} for "
-                f"{in_features} columns; col_base must be a multiple of 4 and the columns inside "
-                "in_total"
+                f"{in_features} columns; col_base must be >= 0 and the columns inside in_total"
             )
         if row_len * ((in_total + 3) // 4) >= 2**32 or not 0 <= self.word < 2**32:
             raise PackedLoRAError(
@@ -101,6 +101,11 @@ class DropoutKeys:
     def scalars(self) -> tuple[int, int, int, int]:
         """``(word, row_len, col_base, groups)``: the kernels' per-call dropout arguments."""
         assert self.row_len is not None and self.in_total is not None, "call resolved() first"
+        if self.col_base % 4:
+            raise PackedLoRAError(
+                f"packed_lora: dropout col_base={self.col_base}; the Triton kernels need a "
+                "multiple of 4 (split the input columns at multiples of 4, or use backend='torch')"
+            )
         return self.word, self.row_len, self.col_base, (self.in_total + 3) // 4
 
 

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from . import triton_kernels as tk
+from . import triton_wgrad
 from .configs import (  # noqa: F401 (re-exported: ops is the kernels' one entry point)
     _INTERPRETER_CONFIGS,
     CONFIG_OVERRIDES,
@@ -368,7 +369,7 @@ def wgrad(
     consts = dict(
         HAS_DROPOUT=use_dropout, BY_TMA=by_tma, BN=cfg["BN"], BR=br, BT=cfg["BT"], R_SPAN=span
     )
-    _launch(tk._wgrad_kernel, grid, args, consts, launch)
+    _launch(triton_wgrad._wgrad_kernel, grid, args, consts, launch)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -1,7 +1,9 @@
 """Pure-torch twin of the packed multi-LoRA kernels, and the dropout mask they share.
 
-:func:`packed_lora_reference` is a plain loop over slots (autograd by torch); it is the CPU path
-of :func:`plora.kernels.packed_lora_linear` and the oracle of the kernel tests (run it in float64).
+:func:`lora_term` is one slot's LoRA term ``s·(drop(x)·Aᵀ)·Bᵀ``, the one torch formula of the
+packed LoRA: :func:`packed_lora_reference` loops it over a call's slots (autograd by torch) -- the
+CPU path of :func:`plora.kernels.packed_lora_linear` and the oracle of the kernel tests (run it
+in float64) -- and the engine's torch path (``plora.engine``) calls it per slot.
 
 :func:`dropout_mask` is an independent port of Triton's counter-based Philox4x32-10 and its
 uint32 -> float conversion (``tl.rand``), written with int64 torch ops so that it runs on any
@@ -148,6 +150,48 @@ def _resolved(drop: DropoutKeys, n_tokens: int, in_features: int) -> DropoutKeys
     return drop.resolved(n_tokens, in_features)
 
 
+def lora_term(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scale: float,
+    p: float,
+    *,
+    key: int = 0,
+    row0: int = 0,
+    row_len: int | None = None,
+    word: int = 0,
+    col_base: int = 0,
+    in_total: int | None = None,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One slot's LoRA term ``s · (drop(x)·Aᵀ)·Bᵀ``: the unit of every torch path.
+
+    PEFT's order and arithmetic (``lora_B(lora_A(dropout(x))) * scaling``, dropout as torch's
+    ``x · (m / (1 - p))``); autograd by torch; matmuls in the autocast dtype under autocast.
+
+    Args:
+        x: ``(T, in)``: the slot's tokens.
+        lora_a: ``(r, in)``.
+        lora_b: ``(out, r)``.
+        scale: ``s``.
+        p: dropout probability (0: none).
+        key, row0, row_len, word, col_base, in_total: the keep mask's Philox key and counter
+            (:func:`dropout_mask`); ``keep`` (bool ``(T, in)``) overrides it.
+
+    Returns:
+        ``(T, out)``.
+    """
+    if p > 0.0:
+        if keep is None:
+            keep = dropout_mask(
+                key, (x.shape[0], x.shape[1]), p, x.device, row0=row0, row_len=row_len,
+                word=word, col_base=col_base, in_total=in_total,
+            )  # fmt: skip
+        x = x * (keep.to(x.dtype) * (1.0 / (1.0 - p)))
+    return (x @ lora_a.t()) @ lora_b.t() * scale
+
+
 def reference_delta(
     x2d: torch.Tensor,
     lora_a: torch.Tensor,
@@ -160,12 +204,51 @@ def reference_delta(
 
     ``masks[i]`` (bool, segment shape) overrides slot ``i``'s regenerated keep mask.
     """
-    delta = x2d.new_zeros(x2d.shape[0], lora_b.shape[0])
+    n_tokens, out_f = x2d.shape[0], lora_b.shape[0]
+    if meta.n_slots == 0:
+        return x2d.new_zeros(n_tokens, out_f)
+    # One differentiable split per factor (each slot's rank rows, then its pad rows) and one
+    # concatenation of the rows: the backward writes one gradient per factor and slices dY,
+    # instead of a full-size gradient (or a full-size copy of dY) per slot.
+    sizes: list[int] = []
+    for i in range(meta.n_slots):
+        block = meta.rank_offsets[i + 1] - meta.rank_offsets[i]
+        sizes += [meta.ranks[i], block - meta.ranks[i]]
+    a_parts, b_parts = lora_a.split(sizes, 0), lora_b.split(sizes, 1)
+    rows: list[torch.Tensor] = []
+    if meta.seg_starts[0] > 0:  # tokens before the first segment: no LoRA term
+        rows.append(x2d.new_zeros(meta.seg_starts[0], out_f))
     for i in range(meta.n_slots):
         start, stop = meta.seg_starts[i], meta.seg_starts[i + 1]
         if stop == start:
             continue
-        off, rank, p = meta.rank_offsets[i], meta.ranks[i], meta.dropout_p[i]
+        rows.append(
+            lora_term(
+                x2d[start:stop], a_parts[2 * i], b_parts[2 * i], meta.scales[i],
+                meta.dropout_p[i], key=meta.dropout_keys[i] if meta.dropout_keys else 0,
+                row0=meta.dropout_rows[i] if meta.dropout_rows else 0,
+                row_len=drop.row_len, word=drop.word, col_base=drop.col_base,
+                in_total=drop.in_total, keep=None if masks is None else masks[i],
+            )
+        )  # fmt: skip
+    if meta.seg_starts[-1] < n_tokens:  # tokens after the last segment
+        rows.append(x2d.new_zeros(n_tokens - meta.seg_starts[-1], out_f))
+    if not rows:
+        return x2d.new_zeros(n_tokens, out_f)
+    delta = torch.cat(rows) if len(rows) > 1 else rows[0]
+    return delta.to(x2d.dtype)
+    # One differentiable split per factor (each slot's rank rows, then its pad rows): the backward
+    # is one concatenation, one gradient per factor, not one full-size gradient per slot.
+    sizes: list[int] = []
+    for i in range(meta.n_slots):
+        block = meta.rank_offsets[i + 1] - meta.rank_offsets[i]
+        sizes += [meta.ranks[i], block - meta.ranks[i]]
+    a_parts, b_parts = lora_a.split(sizes, 0), lora_b.split(sizes, 1)
+    for i in range(meta.n_slots):
+        start, stop = meta.seg_starts[i], meta.seg_starts[i + 1]
+        if stop == start:
+            continue
+        p = meta.dropout_p[i]
         xi = x2d[start:stop]
         if p > 0.0:
             keep = masks[i] if masks is not None else None
@@ -175,10 +258,10 @@ def reference_delta(
                     row_len=drop.row_len, word=drop.word, col_base=drop.col_base,
                     in_total=drop.in_total,
                 )  # fmt: skip
-            xi = xi * keep.to(xi.dtype) / (1.0 - p)
-        a_i = lora_a[off : off + rank]
-        b_i = lora_b[:, off : off + rank]
-        delta[start:stop] = meta.scales[i] * ((xi @ a_i.t()) @ b_i.t())
+            xi = xi * (keep.to(xi.dtype) * (1.0 / (1.0 - p)))  # as torch's dropout: x · (m/(1-p))
+        a_i, b_i = a_parts[2 * i], b_parts[2 * i]
+        # PEFT's order: lora_B(lora_A(drop(x))) · s
+        delta[start:stop] = (xi @ a_i.t()) @ b_i.t() * meta.scales[i]
     return delta
 
 

@@ -206,6 +206,11 @@ def _within(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
+def _own(module: str, package: str) -> bool:
+    """``module`` lies in ``package``, a subpackage of plora (never plora itself)."""
+    return package != "plora" and _within(module, package)
+
+
 def layer_violations(known: dict[str, Path], edges: list[Edge]) -> list[str]:
     """Imports that point up the layer list or break a FORBIDDEN rule, one line each."""
     problems: list[str] = []
@@ -214,7 +219,8 @@ def layer_violations(known: dict[str, Path], edges: list[Edge]) -> list[str]:
         for importer, banned, why in FORBIDDEN:
             if not _within(e.src, importer) or (_within(e.dst, importer) and importer != "plora"):
                 continue  # a package may import itself (kernels: plora.kernels.*)
-            if any(_within(e.dst, b) for b in banned):
+            # ... and a banned package's own modules each other (plora.cli.* import plora.cli.app)
+            if any(_within(e.dst, b) and not _own(e.src, b) for b in banned):
                 problems.append(f"{where} ({why})")
         if e.dst in known and _layer(e.dst) > _layer(e.src):
             problems.append(

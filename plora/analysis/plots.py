@@ -7,12 +7,13 @@ state, nothing to close, any backend), so notebooks display it and ``plora repor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
 # --- sweep-result plots (from a sweep directory; see plora.analysis.load) -------------------
@@ -123,10 +124,18 @@ def plot_jobs_gantt(
 LINESTYLES: tuple[str, ...] = ("-", "--", "-.", ":")
 
 
+def _listed_colours(name: str) -> Sequence[Any]:
+    """The colours of matplotlib's qualitative colormap ``name`` (a ``ListedColormap``)."""
+    cmap = matplotlib.colormaps[name]
+    if not isinstance(cmap, ListedColormap):
+        raise TypeError(f"colormap {name!r} is not a ListedColormap")
+    return cast(Sequence[Any], cmap.colors)  # the qualitative maps list RGB tuples
+
+
 def curve_style(k: int) -> dict[str, Any]:
     """Colour and line style of the ``k``-th curve: 10 colours, then the next line style, so
     the first 40 curves all differ (matplotlib's default cycle repeats after 10)."""
-    colours = matplotlib.colormaps["tab10"].colors
+    colours = _listed_colours("tab10")
     return {"color": colours[k % 10], "linestyle": LINESTYLES[(k // 10) % len(LINESTYLES)]}
 
 
@@ -323,7 +332,10 @@ def best_config_table(
 
 def _fig_ax(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
     if ax is not None:
-        return ax.figure, ax
+        fig = ax.figure
+        while not isinstance(fig, Figure):  # an axes of a SubFigure: its root Figure
+            fig = fig.figure
+        return fig, ax
     fig = Figure(figsize=figsize)
     return fig, fig.subplots()
 
@@ -374,7 +386,7 @@ def plot_plan_gantt(plan: Any, path: str | None = None, *, ax: Axes | None = Non
     fig, ax = _fig_ax(ax, figsize=(11, 1.2 + 0.42 * g))
     span = max([plan.makespan_s, plan.lower_bound_s, 1e-9])
     unit, scale = ("h", 3600.0) if span >= 7200 else ("min", 60.0) if span >= 120 else ("s", 1.0)
-    colors = matplotlib.colormaps["tab20"].colors
+    colors = _listed_colours("tab20")
     for i, (job, ids) in enumerate(zip(plan.jobs, _plan_lanes(plan), strict=True)):
         x0, w = job.start_s / scale, (job.end_s - job.start_s) / scale
         runs: list[list[int]] = []

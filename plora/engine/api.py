@@ -185,6 +185,8 @@ class SyncHooks(PackHooks, Protocol):
 class PackEngine(Protocol):
     """A resident engine: ``cls(spec)`` loads the base model once; ``run`` trains one pack."""
 
+    def __init__(self, spec: EngineSpec) -> None: ...
+
     def run(self, request: PackRequest, hooks: PackHooks | None = None) -> PackOutcome: ...
 
 

@@ -51,7 +51,7 @@ def peft_lora_config(config: LoRAConfig, *, base_model_name_or_path: str | None 
 
     return LoraConfig(
         r=config.rank,
-        lora_alpha=config.alpha,
+        lora_alpha=config.alpha,  # type: ignore[arg-type]  # peft annotates int; alpha = ratio x rank may be fractional
         target_modules=list(config.target_modules),
         lora_dropout=config.dropout,
         use_rslora=config.use_rslora,

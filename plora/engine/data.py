@@ -110,6 +110,7 @@ def load_dataset(spec: DatasetSpec, tokenizer: Any) -> TokenizedDataset:
         metric = task.metric if spec.metric == "auto" else spec.metric
         labels = list(task.labels) if task.labels else None
     else:
+        assert spec.path is not None  # DatasetSpec holds exactly one of builtin and path
         train_rows, extra_eval = read_path(spec.path, spec.format)
         if spec.eval_path is not None:
             eval_rows = read_rows(spec.eval_path, spec.format)

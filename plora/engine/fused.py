@@ -4,8 +4,10 @@ On CUDA in bf16/fp16 (autocast or half weights), when ``plora.kernels.packed_lor
 (Triton) is importable, a packed layer's
 whole output ``y = x·Wᵀ + b + Σ_i s_i·(drop_i(x_i)·A_iᵀ)·B_iᵀ`` is one fused call over the
 rank-concatenated factors (ranks zero-padded to :data:`RANK_ALIGN`) and a token segment table.
-Everything else -- CPU, float32 on CUDA (the exactness mode), or no Triton -- runs the torch
-reference in :mod:`plora.engine.lora`.
+Everything else -- CPU, float32 on CUDA (the exactness mode), or no Triton -- runs the one torch
+formula of the kernels, :func:`plora.kernels.reference.lora_term`, per piece of rows with the same
+keyed dropout masks (:func:`reference_forward`): one torch reference, one dropout mask per
+adapter, on every path.
 
 QLoRA. When the frozen weight is stored in NF4 (:mod:`plora.models.quantize`) the kernels get
 it dequantized to the compute dtype, once per layer and call (``W = deq(W_q)``, then the fused
@@ -20,9 +22,11 @@ import contextlib
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 
 import torch
 from plora.kernels.meta import DropoutKeys
+from plora.kernels.reference import lora_term
 
 from plora.engine.rng import mix
 from plora.models.quantize import dense_weight, is_nf4, recompute_saved
@@ -65,7 +69,7 @@ def fused_forward(fn, layer, x, pieces, routing) -> torch.Tensor:
     of rank 1 and scale 0 (one zero block of ``RANK_ALIGN`` rows) to keep the segment table
     gap-free; then the factors are gathered once (:meth:`PackedLoRALinear.packed`). Dropout runs
     inside the kernel from each slot's Philox key (adapter seed and step) at counters of
-    (token, row in the adapter's batch, module): the same masks as the CPU path's.
+    (token, row in the adapter's batch, module): the same masks as the torch path's.
     """
     per_row = math.prod(x.shape[1:-1])
     key = ("kernel", tuple(pieces), layer.training, per_row)
@@ -99,6 +103,60 @@ def fused_forward(fn, layer, x, pieces, routing) -> torch.Tensor:
     with keep:
         return _call(fn, x.to(dtype), weight, None if bias is None else bias.to(dtype),
                      a_cat.to(dtype), b_cat.to(dtype), table, rank_offsets, drop)  # fmt: skip
+
+
+def reference_deltas(layer, x: torch.Tensor, pieces, routing) -> list[torch.Tensor]:
+    """The LoRA term of each ``(slot, start, stop)`` piece, ``(stop - start, ..., out)``, by the
+    kernels' one torch formula (:func:`plora.kernels.reference.lora_term`).
+
+    Per piece: the slot's factors as views of the packed parameters (one split each, so the
+    backward writes one gradient per packed parameter), its keyed dropout mask (adapter seed and
+    step, row in the adapter's batch, token, module; the columns of a row-wise TP shard) -- the
+    masks the kernels regenerate. Without autocast ``x`` is cast to float32 and each term back to
+    ``x``'s dtype (exact per-adapter training); under autocast the matmuls run in its dtype.
+    """
+    autocast = torch.is_autocast_enabled(x.device.type)
+    xl = x if autocast else x.to(torch.float32)
+    parts = layer.split_factors()
+    cols = layer.in_slice  # row-wise TP: this rank's columns of the full-width mask
+    out = []
+    for slot, start, stop in pieces:
+        a, bt = parts[slot]
+        spec = layer.specs[slot]
+        xs = xl[start:stop]
+        step, offset = routing.dropout_keys.get(slot, (0, start))
+        per_row = math.prod(xs.shape[1:-1])
+        delta = lora_term(
+            xs.reshape(-1, xs.shape[-1]), a, bt.t(), spec.scale,
+            spec.dropout if layer.training else 0.0, key=dropout_key(spec.seed, step),
+            row0=offset, row_len=max(per_row, 1), word=layer.key,
+            col_base=0 if cols is None else cols.start, in_total=layer.in_features,
+        ).reshape(*xs.shape[:-1], -1)  # fmt: skip
+        out.append(delta if autocast else delta.to(x.dtype))
+    return out
+
+
+def reference_forward(layer, x: torch.Tensor, pieces, routing) -> torch.Tensor:
+    """``base(x)`` plus each piece's :func:`reference_deltas` on its rows: the packed layer off
+    the kernels (CPU, float32 on CUDA, no Triton)."""
+    return add_rows(layer.base_layer(x), reference_deltas(layer, x, pieces, routing), pieces)
+
+
+def add_rows(
+    y: torch.Tensor, deltas: Sequence[torch.Tensor], pieces: Sequence[tuple[int, int, int]]
+) -> torch.Tensor:
+    """``y`` with ``deltas[k]`` added to rows ``pieces[k]``; other rows unchanged."""
+    if len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][2] == y.shape[0]:
+        return y + deltas[0]
+    parts, cursor = [], 0
+    for (_, start, stop), delta in zip(pieces, deltas, strict=True):
+        if start > cursor:
+            parts.append(y[cursor:start])
+        parts.append(y[start:stop] + delta)
+        cursor = stop
+    if cursor < y.shape[0]:
+        parts.append(y[cursor:])
+    return torch.cat(parts)
 
 
 def _call(fn, x, weight, bias, a_cat, b_cat, table, rank_offsets, drop) -> torch.Tensor:
@@ -163,4 +221,13 @@ def _slot_table(layer, pieces, per_row: int):
     )
 
 
-__all__ = ["KERNEL_BACKEND", "RANK_ALIGN", "fused_forward", "kernel", "set_kernel_backend"]
+__all__ = [
+    "KERNEL_BACKEND",
+    "RANK_ALIGN",
+    "add_rows",
+    "fused_forward",
+    "kernel",
+    "reference_deltas",
+    "reference_forward",
+    "set_kernel_backend",
+]

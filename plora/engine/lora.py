@@ -30,7 +30,7 @@ backward sees it: run backward inside the context.
 Dropout. Masks are keyed, not drawn from the global RNG: token ``s`` of row ``j`` of an adapter's
 optimizer step ``t`` at module ``m`` is drawn from Philox under the key ``mix(seed, t)`` at counter
 ``(s, j, m)`` (:func:`dropout_mask`; the one mask of :mod:`plora.kernels`, which the fused kernels
-regenerate on the GPU and its pure-torch port here on the CPU). Masks therefore do not depend on
+regenerate on the GPU and the kernels' torch reference draws elsewhere). Masks therefore do not depend on
 the pack, on micro-batching, on the padded length, on a row-wise TP split or on
 activation-checkpoint recomputation; a CPU and a GPU run drop the same activations; and a PEFT
 model given the same masks trains identically.
@@ -61,6 +61,7 @@ from plora.engine.fused import (
     dropout_key,
     fused_forward,
     kernel,
+    reference_forward,
     set_kernel_backend,
 )
 from plora.engine.rng import mix
@@ -343,7 +344,7 @@ class PackedLoRALinear(nn.Module):
         fn = kernel() if x.is_cuda and _compute_dtype(x) in _FUSED_DTYPES else None
         if fn is not None:
             return fused_forward(fn, self, x, pieces, routing)
-        return _add_rows(self.base_layer(x), _lora_delta(self, x, pieces, routing), pieces)
+        return reference_forward(self, x, pieces, routing)
 
     def _pieces(self, routing: Routing, rows: int) -> list[tuple[int, int, int]]:
         """``(slot, start, stop)`` row ranges of the slots present in this layer."""
@@ -366,66 +367,6 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype
-
-
-def _dropped_input(
-    layer: PackedLoRALinear, x: torch.Tensor, slot: int, start: int, stop: int, routing: Routing
-) -> torch.Tensor:
-    """Rows ``[start, stop)`` of ``x`` with slot ``slot``'s keyed dropout applied (if training)."""
-    xs = x[start:stop]
-    spec = layer.specs[slot]
-    if spec.dropout <= 0.0 or not layer.training:
-        return xs
-    step, offset = routing.dropout_keys.get(slot, (0, start))
-    per_row = math.prod(xs.shape[1:-1])
-    cols = layer.in_slice  # row-wise TP: this rank's columns of the full-width mask
-    keep = philox_mask(
-        dropout_key(spec.seed, step), (xs.shape[0] * per_row, xs.shape[-1]), spec.dropout,
-        xs.device, row0=offset, row_len=max(per_row, 1), word=layer.key,
-        col_base=0 if cols is None else cols.start, in_total=layer.in_features,
-    )  # fmt: skip
-    return xs * (keep.to(xs.dtype) * (1.0 / (1.0 - spec.dropout))).view(xs.shape)
-
-
-def _lora_delta(
-    layer: PackedLoRALinear,
-    x: torch.Tensor,
-    pieces: Sequence[tuple[int, int, int]],
-    routing: Routing,
-) -> list[torch.Tensor]:
-    """Torch reference: ``s_i · (dropout(x_i) A_iᵀ) B_iᵀ`` for each ``(slot, start, stop)``.
-
-    Two matmuls per slot, in PEFT's order (``lora_B(lora_A(dropout(x))) * scaling``), with
-    keyed dropout masks, on views of the packed parameters (one split each, so the backward
-    writes one gradient per packed parameter); exact per-adapter training on CPU.
-    """
-    autocast = torch.is_autocast_enabled(x.device.type)
-    xl = x if autocast else x.to(torch.float32)
-    parts = layer.split_factors()
-    out = []
-    for slot, start, stop in pieces:
-        a, bt = parts[slot]
-        xs = _dropped_input(layer, xl, slot, start, stop, routing)
-        delta = (xs @ a.t()) @ bt * layer.specs[slot].scale
-        out.append(delta if autocast else delta.to(x.dtype))
-    return out
-
-
-def _add_rows(
-    y: torch.Tensor, deltas: Sequence[torch.Tensor], pieces: Sequence[tuple[int, int, int]]
-) -> torch.Tensor:
-    """``y`` with ``deltas[k]`` added to rows ``pieces[k]``; other rows unchanged."""
-    if len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][2] == y.shape[0]:
-        return y + deltas[0]
-    parts, cursor = [], 0
-    for (_, start, stop), delta in zip(pieces, deltas, strict=True):
-        if start > cursor:
-            parts.append(y[cursor:start])
-        parts.append(y[start:stop] + delta)
-        cursor = stop
-    if cursor < y.shape[0]:
-        parts.append(y[cursor:])
-    return torch.cat(parts)
 
 
 __all__ = [

@@ -27,7 +27,6 @@ gradient norms stay device tensors) and synchronises once, at the end.
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,14 +38,17 @@ from torch import nn
 from plora.config import ConfigError, LoRAConfig
 from plora.engine import adapters, optim
 from plora.engine.batch import plan_micro_batches, target_count, truncate
-from plora.engine.checkpoint import adamw_slot_state, as_tuple, detached_copy
 from plora.engine.device import device_name, model_device, peak_memory
 from plora.engine.loss import _to_device, packed_loss
 from plora.engine.packed_optim import PackedAdamW
 from plora.engine.reports import AdapterStatus, PackProfile, StepMetrics, StepProfile
-
-#: Format of :meth:`PackedTrainer.state_dict` (2: packed optimizer moments, PEFT-keyed).
-TRAIN_STATE_VERSION = 2
+from plora.engine.train_state import (
+    TRAIN_STATE_VERSION,
+    adapter_state,
+    add_adapter_from_state,
+    load_trainer_state,
+    trainer_state,
+)
 
 
 @dataclass(slots=True)
@@ -128,12 +130,11 @@ class PackedTrainer:
         self.layers = adapters.packed_layers(model)
         model.requires_grad_(False)
         model.train()
+        hf: Any = model  # a transformers PreTrainedModel: its methods are not nn.Module's
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
-        self._decoder = getattr(model, model.base_model_prefix)
-        self._head = model.get_output_embeddings()
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._decoder = getattr(hf, hf.base_model_prefix)
+        self._head = hf.get_output_embeddings()
         self.adapters: dict[str, _Adapter] = {}
         self.optimizer = PackedAdamW(self.layers)
         self.global_step = 0
@@ -339,10 +340,9 @@ class PackedTrainer:
         keys = {s: (step_of[s], micro[s][0]) for s in micro}
         # Inputs go over pinned and non-blocking; the labels stay on the host, where
         # packed_loss finds the target positions without a device sync.
-        inputs = {
-            k: _to_device(getattr(pb, k), self.device) for k in ("input_ids", "attention_mask")
-        }
-        return dataclasses.replace(pb, **inputs), keys
+        inputs = _to_device(pb.input_ids, self.device)
+        mask = _to_device(pb.attention_mask, self.device)
+        return dataclasses.replace(pb, input_ids=inputs, attention_mask=mask), keys
 
     def _forward_loss(
         self, pb: Any, denoms: dict[int, int]
@@ -392,79 +392,24 @@ class PackedTrainer:
         config, slot, step counters, losses, data-stream position, weights and AdamW moments
         (None once it stopped training). With it the adapter continues exactly in any pack
         (:meth:`add_from_state`): its dropout and data order are keyed by its own seed and step."""
-        ad = self.adapter(config_id)
-        return {
-            "config": ad.config.to_dict(),
-            "slot": ad.slot,
-            "total_steps": ad.total_steps,
-            "step": ad.step,
-            "tokens": ad.tokens,
-            "last_loss": ad.last_loss,
-            "losses": list(ad.losses),
-            "status": str(ad.status),
-            "stream": ad.stream.get_state(),
-            "weights": adapters.adapter_state_dict(self.model, ad.slot),
-            "optimizer": (
-                self.optimizer.slot_state(ad.slot) if ad.status is AdapterStatus.ACTIVE else None
-            ),
-        }
+        return adapter_state(self, config_id)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume exactly: weights, optimizer, schedule, data, RNG."""
-        per_adapter = {cid: self.adapter_train_state(cid) for cid in self.adapters}
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        state = {
-            "version": TRAIN_STATE_VERSION,
-            "global_step": self.global_step,
-            "adapters": per_adapter,
-            "rng": rng,
-        }
-        return detached_copy(state)
+        """Everything needed to resume exactly: weights, optimizer, schedule, data, RNG
+        (:func:`plora.engine.train_state.trainer_state`)."""
+        return trainer_state(self)
 
     def add_from_state(
         self, st: dict[str, Any], *, slot: int | None = None, version: int = TRAIN_STATE_VERSION
     ) -> int:
         """Add an adapter from its :meth:`adapter_train_state` (between steps) in ``slot`` (None:
         a free one) and return the slot; it continues where it left off."""
-        slot = self.add(LoRAConfig.from_dict(st["config"]), slot=slot)
-        ad = self.adapters[st["config"]["config_id"]]
-        adapters.load_adapter_state_dict(self.model, ad.slot, st["weights"])
-        ad.total_steps = st["total_steps"]
-        ad.step, ad.tokens, ad.last_loss = st["step"], st["tokens"], st["last_loss"]
-        ad.losses = list(st["losses"])
-        ad.stream.set_state(st["stream"])
-        status = AdapterStatus(st["status"])
-        if status is AdapterStatus.ACTIVE:
-            opt = st["optimizer"]
-            if version == 1:
-                keys = list(adapters.adapter_state_dict(self.model, ad.slot))
-                opt = adamw_slot_state(opt, keys)
-            if opt is not None:
-                self.optimizer.load_slot_state(ad.slot, opt)
-        else:
-            self._retire(ad, status)
-        return slot
+        return add_adapter_from_state(self, st, slot=slot, version=version)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` into this trainer (which must hold no adapters).
-
-        Reads version 2 (moments per adapter, PEFT-keyed; the schedule follows from the step)
-        and version 1 (one ``torch.optim.AdamW`` and ``LambdaLR`` state dict per adapter).
-        """
-        if self.adapters:
-            raise RuntimeError("load_state_dict needs a trainer without adapters")
-        version = state.get("version")
-        if version not in (1, TRAIN_STATE_VERSION):
-            raise ValueError(f"unknown train-state version {version!r}")
-        for _, st in sorted(state["adapters"].items(), key=lambda kv: kv[1]["slot"]):
-            self.add_from_state(st, slot=st["slot"], version=version)
-        self.global_step = state["global_step"]
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(as_tuple(state["rng"]["python"]))
-        if "cuda" in state["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        """Restore :meth:`state_dict` into this trainer (which must hold no adapters); see
+        :func:`plora.engine.train_state.load_trainer_state`."""
+        load_trainer_state(self, state)
 
 
 __all__ = [

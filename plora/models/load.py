@@ -127,7 +127,8 @@ def load_model(
     quantization = getattr(ref, "quantization", "none")
     if quantization != "none":  # on the target device, one projection at a time
         quantize_model(model, quantization, device=device)
-    return model.to(device), tokenizer
+    # transformers wraps PreTrainedModel.to with functools.wraps, which typeshed cannot bind
+    return model.to(device), tokenizer  # type: ignore[arg-type]
 
 
 def save_base_model(ref: ModelRef | str, out_dir: str | Path) -> Path:

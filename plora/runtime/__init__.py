@@ -31,7 +31,7 @@ _EXPORTS = {
     "JobSpec": "plora.runtime.records",
     "JobStatus": "plora.runtime.records",
     "StaticSource": "plora.runtime.records",
-    "RunOptions": "plora.runtime.driver",
+    "RunOptions": "plora.runtime.options",
     "SweepSummary": "plora.runtime.driver",
     "run_sweep": "plora.runtime.driver",
     "SweepStore": "plora.sweepdir.store",

@@ -24,6 +24,10 @@ continuing the plan in force (:func:`plora.planner.guard.choose_plan`); the ``re
 holds both predictions. Every
 decision is a :class:`DecisionRecord` with its inputs -- e.g. a ``refit`` record holds the cost
 model's coefficients before and after -- appended to ``decisions.jsonl``.
+
+Modules. This one handles the events; planning, launching, refill and refit decisions are
+:mod:`plora.runtime.scheduling`, the saved state for ``--resume`` :mod:`plora.runtime.resume`
+(both functions of the coordinator, typed by :class:`~plora.runtime.coordinator_state.CoordinatorState`).
 """
 
 from __future__ import annotations
@@ -35,24 +39,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plora.config import LoRAConfig
-from plora.config.diff import changes_space
 from plora.cost.overheads import EvalMetric
 from plora.engine.api import Control, PackOutcome, StepReport
-from plora.planner.guard import PlanChoiceKind, choose_plan, continue_plan
-from plora.runtime import pause
-from plora.runtime.costs import (
-    cost_strategy,
-    describe_cost,
-    job_memory,
-    refit_cost,
-    remaining_job_time,
-)
+from plora.runtime import pause, resume, scheduling
+from plora.runtime.coordinator_state import FINISHED, RunningJob
 from plora.runtime.ledger import (
     config_status,
     job_row,
     metric_rows,
     result_row,
-    spec_state,
     tell_metrics,
     upsert_job_row,
 )
@@ -66,30 +61,13 @@ from plora.runtime.records import (
     JobSpec,
     JobStatus,
     StaticSource,
-    decode_state,
-    encode_state,
 )
-from plora.runtime.refill import choose_refills, split_halves
+from plora.runtime.refill import split_halves
 from plora.runtime.residency import Residency
 from plora.sweepdir.store import SweepStore
 
-_DONE = (ConfigStatus.DONE, ConfigStatus.STOPPED, ConfigStatus.FAILED)
+_DONE = FINISHED
 _LEFT = (*_DONE, ConfigStatus.PAUSED)
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class _Running:
-    """A running job attempt (mutable coordinator bookkeeping)."""
-
-    spec: JobSpec
-    plan_job: Any
-    """The planner's Job (``dataclasses.replace``-d as the pack changes) for ``replan``."""
-    config_ids: list[str]
-    started_s: float
-    node: str | None = None
-    peak_pack: int = 0
-    stop_sent: set[str] = dataclasses.field(default_factory=set)
-    add_pending: list[str] = dataclasses.field(default_factory=list)
 
 
 class Coordinator:
@@ -157,7 +135,7 @@ class Coordinator:
         self.results: dict[str, dict[str, Any]] = {}
         self.pending: list[Any] = []  # planner Jobs not started yet, in plan order
         self.forced: list[JobSpec] = []  # retries, OOM halves, resumed jobs: launched first
-        self.running: dict[str, _Running] = {}
+        self.running: dict[str, RunningJob] = {}
         self.free_gpus: set[int] = set(range(num_gpus))
         self.measure = Measurements(calibration_steps=calibration_steps)
         self.residency = Residency()
@@ -575,250 +553,24 @@ class Coordinator:
         for alias in self._aliases.pop(config_id, []):
             self.source.tell(alias, metrics)
 
+    # -- plan, dispatch, refill, refit (plora.runtime.scheduling) ---------------------------
     def _plan(self, trigger: str) -> None:
-        self._need_plan = False
-        in_forced = {c for s in self.forced for c in s.config_ids}
-        remaining = [self.configs[c] for c in self.queued_ids() if c not in in_forced]
-        if not remaining:
-            self.pending = []
-            return
-        now = self.now()
-        starting = self._starting_idle()
-        resident = sorted(self.residency.groups | {j.gpu_ids for j in starting})
-        choice = None
-        if self._plans == 0 and not self.running and not starting:
-            plan = self.planner.plan_sweep(remaining, self.cost, self.num_gpus, resident=resident)
-            kind = Decision.PLAN
-            offset = now  # plan_sweep's timeline starts at 0
-        else:
-            running = [r.plan_job for r in self.running.values() if r.plan_job is not None]
-            running += starting
-            free = len(self.free_gpus) - sum(j.gpus for j in starting)
-            candidate = self.planner.replan(
-                remaining, free, running, now, self.cost, self.num_gpus, resident=resident
-            )
-            current = None
-            if self.pending:  # the plan in force, re-timed under the current cost model
-                current = continue_plan(self.pending, remaining, self.cost, self.num_gpus,
-                                        now=now, running=running, free_gpus=free,
-                                        resident=resident)  # fmt: skip
-            plan, choice = choose_plan(current, candidate)
-            kind = Decision.PLAN if self._plans == 0 else Decision.REPLAN
-            offset = 0.0
-        kept = choice is not None and choice.kind is PlanChoiceKind.CURRENT
-        jobs = [
-            j
-            if kept
-            else dataclasses.replace(
-                j, job_id=self._new_job_id(), start_s=j.start_s + offset, end_s=j.end_s + offset
-            )
-            for j in sorted(plan.jobs, key=lambda j: (j.start_s, j.job_id))
-        ]
-        self.pending = jobs
-        plan_dict = plan.to_json_dict()
-        plan_dict["jobs"] = [
-            {**jd, "job_id": j.job_id, "start_s": j.start_s, "end_s": j.end_s}
-            for jd, j in zip(
-                sorted(plan_dict["jobs"], key=lambda d: (d["start_s"], d["job_id"])),
-                jobs,
-                strict=True,
-            )
-        ]
-        plan_dict.update(time_s=now, trigger=trigger, kind=str(kind))
-        index = self.store.write_plan(plan_dict) if self.store is not None else self._plans
-        self._plans += 1
-        self._plan_trigger = trigger
-        self._decide(
-            kind,
-            config_ids=[c.config_id for c in remaining],
-            trigger=trigger,
-            plan_index=index,
-            free_gpus=len(self.free_gpus),
-            running_jobs=sorted(self.running),
-            jobs=[
-                {"job_id": j.job_id, "config_ids": list(j.config_ids), "gpus": j.gpus} for j in jobs
-            ],
-            makespan_s=plan.makespan_s,
-            lower_bound_s=plan.lower_bound_s,
-            predicted_end_s=plan.makespan_s + offset,
-            resident_groups=[list(g) for g in resident],
-            choice=choice.to_dict() if choice is not None else None,
-            cost=describe_cost(self.cost),
-        )
+        scheduling.plan(self, trigger)
 
     def _dispatch(self) -> list[JobSpec]:
-        launches: list[JobSpec] = []
-        for spec in list(self.forced):
-            if spec.gpus <= len(self.free_gpus):
-                self.forced.remove(spec)
-                launches.append(self._launch(spec, plan_job=None))
-        for job in list(self.pending):
-            if job.gpus > len(self.free_gpus):
-                continue
-            live = [c for c in job.config_ids if self.status.get(c) is ConfigStatus.QUEUED]
-            self.pending.remove(job)
-            if not live:
-                continue
-            strategy = getattr(job, "strategy", None)
-            spec = JobSpec(
-                job_id=job.job_id,
-                configs=tuple(self.configs[c] for c in live),
-                gpus=job.gpus,
-                strategy=str(strategy) if strategy is not None else None,
-            )
-            launches.append(self._launch(spec, plan_job=job))
-        return launches
+        return scheduling.dispatch(self)
 
-    def _launch(self, spec: JobSpec, *, plan_job: Any) -> JobSpec:
-        gpu_ids = tuple(sorted(self.free_gpus)[: spec.gpus])
-        self.free_gpus.difference_update(gpu_ids)
-        spec = dataclasses.replace(spec, gpu_ids=gpu_ids)
-        now = self.now()
-        if plan_job is None:
-            from plora.planner import Job
-
-            s = cost_strategy(spec.gpus, spec.strategy)
-            plan_job = Job(
-                job_id=spec.job_id,
-                config_ids=spec.config_ids,
-                gpus=spec.gpus,
-                strategy=None if spec.gpus == 1 else s,
-                start_s=now,
-                end_s=now + float(self.cost.job_time(list(spec.configs), spec.gpus, s)),
-                memory_gib_per_gpu=job_memory(self.cost, spec.configs, spec.gpus, spec.strategy)[0]
-                / 2**30,
-                gpu_ids=gpu_ids,
-            )
-        else:  # on a group still starting, the job begins when the group is ready
-            begin = max(now, self._ready_at(gpu_ids))
-            plan_job = dataclasses.replace(
-                plan_job,
-                config_ids=spec.config_ids,
-                start_s=now,
-                end_s=begin + max(plan_job.end_s - plan_job.start_s - plan_job.startup_s, 0.0),
-                gpu_ids=gpu_ids,
-            )
-        for c in spec.config_ids:
-            self.status[c] = ConfigStatus.RUNNING
-        self._attempts[spec.job_id] = spec.attempt
-        self.running[spec.job_id] = _Running(
-            spec=spec,
-            plan_job=plan_job,
-            config_ids=list(spec.config_ids),
-            started_s=now,
-            peak_pack=len(spec.configs),
-        )
-        self._job_row(self.running[spec.job_id], status=JobStatus.RUNNING, end=None)
-        self._decide(
-            Decision.START_JOB,
-            job_id=spec.job_id,
-            config_ids=spec.config_ids,
-            gpus=spec.gpus,
-            gpu_ids=list(gpu_ids),
-            attempt=spec.attempt,
-            resume=spec.resume,
-            free_gpus_after=len(self.free_gpus),
-            planned_start_s=getattr(plan_job, "start_s", None),
-        )
-        return spec
-
-    def _refill(self, run: _Running) -> None:
-        """Fill slots finished configs left with queued configs that fit and end no later."""
-        active = [
-            self.configs[c]
-            for c in run.config_ids
-            if c not in self._stop_requests
-            and self.status.get(c) is not ConfigStatus.PAUSED
-            and self.progress.get(c, 0) < self.cost.steps(self.configs[c])
-        ]
-        in_forced = {c for s in self.forced for c in s.config_ids}
-        queued = set(self.queued_ids()) - in_forced
-        planned = [c for job in self.pending for c in job.config_ids if c in queued]
-        order = planned + [c for c in self.queued_ids() if c in queued and c not in planned]
-        picks = choose_refills(
-            active=active,
-            queued=[self.configs[c] for c in order],  # in the plan's order
-            slots=run.peak_pack,
-            progress=self.progress,
-            cost=self.cost,
-            gpus=run.spec.gpus,
-            strategy=run.spec.strategy,
-            may_extend=not self.free_gpus,
-        )
-        for pick in picks:
-            cid = pick.config_id
-            self._drop_from_plan(cid)
-            self.status[cid] = ConfigStatus.RUNNING
-            if cid not in run.config_ids:  # a paused config may rejoin the job it left
-                run.config_ids.append(cid)
-            run.add_pending.append(cid)
-            if run.plan_job is not None:
-                run.plan_job = dataclasses.replace(run.plan_job, config_ids=tuple(run.config_ids))
-            self._decide(
-                Decision.REFILL,
-                job_id=run.spec.job_id,
-                config_ids=[cid],
-                memory_bytes=pick.memory_bytes,
-                capacity_bytes=pick.capacity_bytes,
-                steps=pick.steps,
-                steps_left_in_job=pick.steps_left,
-                extends_job=pick.extends_job,
-                pack=[c.config_id for c in active] + [p.config_id for p in picks],
-            )
-            if pick.extends_job and run.plan_job is not None:
-                strategy = cost_strategy(run.spec.gpus, run.spec.strategy)
-                more = float(self.cost.job_time([self.configs[cid]], run.spec.gpus, strategy))
-                end = max(run.plan_job.end_s, self.now() + more)
-                run.plan_job = dataclasses.replace(run.plan_job, end_s=end)
-        if picks:
-            self._persist()
+    def _refill(self, run: RunningJob) -> None:
+        scheduling.refill(self, run)
 
     def _drop_from_plan(self, config_id: str) -> None:
-        for i, job in enumerate(self.pending):
-            if config_id in job.config_ids:
-                rest = tuple(c for c in job.config_ids if c != config_id)
-                self.pending[i] = dataclasses.replace(job, config_ids=rest)
-        self.pending = [j for j in self.pending if j.config_ids]
+        scheduling.drop_from_plan(self, config_id)
 
     def _refit(self, *, job_id: str, trigger: str) -> None:
-        """Refit the cost model from every measurement so far (steps, then overheads)."""
-        before = describe_cost(self.cost)
-        new, report = refit_cost(self.cost, self.measure.steps, self.configs)
-        refit_overheads = getattr(new if new is not None else self.cost, "refit_overheads", None)
-        if callable(refit_overheads) and self.measure.overheads:
-            new = refit_overheads(self.measure.overheads)
-        if new is None:
-            return
-        self.cost = new
-        self._retime_running()
-        self._decide(
-            Decision.REFIT,
-            job_id=job_id,
-            trigger=trigger,
-            measured_jobs=sorted({m["job_id"] for m in self.measure.steps}),
-            report=report,
-            cost_before=before,
-            cost_after=describe_cost(self.cost),
-        )
-        self._need_plan = True
+        scheduling.refit(self, job_id=job_id, trigger=trigger)
 
     def _retime_running(self) -> None:
-        """Predicted ends of the running jobs from the current cost model and their progress
-        (what the re-plan and the ETA build on)."""
-        now = self.now()
-        for run in self.running.values():
-            if run.plan_job is None:
-                continue
-            live = [
-                self.configs[c]
-                for c in run.config_ids
-                if self.status.get(c) is ConfigStatus.RUNNING and c not in run.stop_sent
-            ]
-            left = remaining_job_time(
-                self.cost, live, self.progress, run.spec.gpus, run.spec.strategy
-            )
-            begin = max(now, self._ready_at(run.spec.gpu_ids))
-            run.plan_job = dataclasses.replace(run.plan_job, end_s=begin + left)
+        scheduling.retime_running(self)
 
     # -- records ----------------------------------------------------------------------------
     def _new_job_id(self) -> str:
@@ -836,7 +588,7 @@ class Coordinator:
 
     def _job_row(
         self,
-        run: _Running,
+        run: RunningJob,
         *,
         status: JobStatus,
         end: float | None,
@@ -862,31 +614,10 @@ class Coordinator:
         self.store.write_results([self.results[c] for c in self.configs if c in self.results])
         self.store.write_state(self.get_state())
 
-    # -- resume -----------------------------------------------------------------------------
+    # -- resume (plora.runtime.resume) ------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        """JSON-able state for ``--resume`` (``set_state`` restores it)."""
-        # a running job's configs as they are now: refilled ones are in its checkpoint too
-        running = [
-            dataclasses.replace(r.spec, configs=tuple(self.configs[c] for c in r.config_ids))
-            for r in self.running.values()
-        ]
-        return {
-            "version": 1,
-            "elapsed_s": self.now(),
-            "next_job": self._next_job,
-            "plans": self._plans,
-            "configs": [c.to_dict() for c in self.configs.values()],
-            "status": {c: str(s) for c, s in self.status.items()},
-            "progress": self.progress,
-            "results": self.results,
-            "stop_requests": sorted(self._stop_requests),
-            "interrupted": [spec_state(s) for s in [*running, *self.forced]],
-            "measurements": self.measure.get_state(),
-            "job_rows": self.job_rows,
-            "source": encode_state(self.source.get_state()),
-            "aliases": self._aliases,
-            "early_stop": None if self.early_stop is None else self.early_stop.get_state(),
-        }
+        """JSON-able state for ``--resume`` (:meth:`set_state` restores it)."""
+        return resume.saved_state(self)
 
     def set_state(
         self,
@@ -895,94 +626,8 @@ class Coordinator:
         retry_failed: bool = False,
         changed: Sequence[str] = (),
     ) -> None:
-        """Restore from :meth:`get_state`; interrupted jobs are relaunched from checkpoints as
-        their next attempt (so metric rows tell the runs apart).
-
-        Args:
-            state: What :meth:`get_state` returned.
-            retry_failed: Queue the configs that failed for another attempt (their failure row
-                is replaced by the new result; an adaptive searcher keeps what it was told).
-            changed: What differs in the sweep being resumed (``plora.config.diff``); when it
-                touches the space (:func:`~plora.config.diff.changes_space`) this coordinator's
-                source is the edited sweep's and starts afresh (its configs already known by
-                their hyperparameters are not trained again), and queued configs a fixed
-                (grid/random) source no longer lists are stopped (those of interrupted jobs
-                finish); other changes (hardware, planner) keep the source's state.
-        """
-        self._offset = float(state["elapsed_s"])
-        self._t0 = self._clock()
-        self._next_job = int(state["next_job"])
-        self._plans = int(state["plans"])
-        self.configs = {d["config_id"]: LoRAConfig.from_dict(d) for d in state["configs"]}
-        self.status = {c: ConfigStatus(s) for c, s in state["status"].items()}
-        self.progress = {c: int(v) for c, v in state["progress"].items()}
-        self.results = dict(state["results"])
-        self._stop_requests = set(state["stop_requests"])
-        self.measure.set_state(state["measurements"])
-        self.job_rows = [
-            {
-                **r,
-                "status": str(JobStatus.INTERRUPTED),
-                "end": r["end"] if r["end"] is not None else self._offset,
-            }
-            if r["status"] == JobStatus.RUNNING
-            else r
-            for r in state["job_rows"]
-        ]
-        self._by_hparams = {c.fingerprint(): cid for cid, c in self.configs.items()}
-        self._aliases = {k: list(v) for k, v in state.get("aliases", {}).items()}
-        new_space = changes_space(list(changed))
-        if not new_space:
-            self.source.set_state(decode_state(state["source"]))
-        if self.early_stop is not None and state.get("early_stop") is not None:
-            self.early_stop.set_state(state["early_stop"])
-        pause.on_restore(self, [s["config_ids"] for s in state["interrupted"]])
-        self.forced = []
-        for s in state["interrupted"]:
-            live = [c for c in s["config_ids"] if self.status.get(c) not in _LEFT]
-            if live:
-                self.forced.append(
-                    JobSpec(
-                        job_id=s["job_id"],
-                        configs=tuple(self.configs[c] for c in live),
-                        gpus=s["gpus"],
-                        strategy=s["strategy"],
-                        attempt=int(s["attempt"]) + 1,
-                        resume=True,
-                    )
-                )
-        retried = []
-        for c, s in self.status.items():
-            if s is ConfigStatus.RUNNING:
-                self.status[c] = ConfigStatus.QUEUED
-            elif s is ConfigStatus.FAILED and retry_failed:
-                self.status[c] = ConfigStatus.QUEUED
-                self.results.pop(c, None)
-                retried.append(c)
-        dropped = []
-        if new_space and isinstance(self.source, StaticSource):
-            kept = {c.fingerprint() for c in self.source.configs}
-            started = {c for f in self.forced for c in f.config_ids}  # resumed, not dropped
-            for c, s in self.status.items():
-                gone = self.configs[c].fingerprint() not in kept
-                if s is ConfigStatus.QUEUED and c not in started and gone:
-                    self.status[c] = ConfigStatus.STOPPED
-                    self.results[c] = self._result_row(
-                        c, status=ConfigStatus.STOPPED, error="not in the edited sweep file"
-                    )
-                    dropped.append(c)
-        self.running = {}
-        self.free_gpus = set(range(self.num_gpus))
-        self._need_plan = True
-        self._decide(
-            Decision.RESUME,
-            config_ids=[c for c, s in self.status.items() if s is ConfigStatus.QUEUED],
-            jobs=[s.job_id for s in self.forced],
-            done=sum(s in _DONE for s in self.status.values()),
-            retried_failed=retried,
-            changed=list(changed),
-            dropped_by_edit=dropped,
-        )
+        """Restore from :meth:`get_state` (:func:`plora.runtime.resume.restore_state`)."""
+        resume.restore_state(self, state, retry_failed=retry_failed, changed=changed)
 
 
 __all__ = ["Coordinator"]

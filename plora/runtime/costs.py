@@ -72,7 +72,7 @@ def describe_cost(cost: Any) -> dict[str, Any]:
             continue
         value = value() if callable(value) else value
         return _jsonable(value.to_dict() if hasattr(value, "to_dict") else value)
-    if dataclasses.is_dataclass(cost):
+    if dataclasses.is_dataclass(cost) and not isinstance(cost, type):
         return _jsonable(dataclasses.asdict(cost))
     return {"type": type(cost).__name__}
 

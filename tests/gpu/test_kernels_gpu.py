@@ -156,10 +156,16 @@ def test_dropout_mask_on_gpu_matches_cpu_and_kernel():
 def _compiled_variants() -> int:
     """How many binaries the four packed-LoRA kernels hold on the current device."""
     from plora.kernels import triton_kernels as tk
+    from plora.kernels import triton_wgrad
 
     dev = torch.cuda.current_device()
     total = 0
-    for k in (tk._shrink_kernel, tk._lora_gemm_kernel, tk._fused_tma_kernel, tk._wgrad_kernel):
+    for k in (
+        tk._shrink_kernel,
+        tk._lora_gemm_kernel,
+        tk._fused_tma_kernel,
+        triton_wgrad._wgrad_kernel,
+    ):
         caches = k.device_caches.get(dev) if hasattr(k, "device_caches") else None
         if caches is None:
             continue

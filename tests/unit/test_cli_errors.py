@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_sweep_cli import assert_one_error, run, sweep_file
 
-import plora.cli
+import plora.cli.planning
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def crashing_load(monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("kaboom in the loader\nsecond line")
 
-    monkeypatch.setattr(plora.cli, "load_sweep", boom)
+    monkeypatch.setattr(plora.cli.planning, "load_sweep", boom)
     monkeypatch.delenv("PLORA_DEBUG", raising=False)
 
 

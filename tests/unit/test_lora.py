@@ -170,10 +170,39 @@ def test_packed_gathers_subsets_and_fillers():
     assert float(layer.A.grad[16:32].abs().sum()) == 0.0  # slot 1 was not asked for
 
 
-def test_kernel_hook_matches_torch_path_with_filler_slots():
-    """The fused-kernel call (segment table, rank offsets, filler slots for gaps, dropout keys)
-    on CPU, with the kernels' torch reference standing in for the Triton kernel: one dropout
-    mask, so the two paths agree with dropout on."""
+def _expected_dropout(layer, x, table, routing):
+    """float64, row by row: base, plus s·(x ⊙ m) Aᵀ Bᵀ with each row's own keyed mask
+    (:func:`dropout_mask` at the adapter's step and the row's index in its batch)."""
+    w = layer.base_layer.weight.double()
+    b = layer.base_layer.bias.double() if layer.base_layer.bias is not None else 0.0
+    rows = []
+    for j in range(x.shape[0]):
+        y = x[j].double() @ w.t() + b
+        for slot, start, stop in table:
+            if slot in layer.specs and start <= j < stop:
+                spec = layer.specs[slot]
+                step, offset = routing.dropout_keys.get(slot, (0, start))
+                xj = x[j].double()
+                if spec.dropout > 0.0:
+                    xj = xj * dropout_mask(
+                        seed=spec.seed, step=step, row=offset + j - start, key=layer.key,
+                        shape=x.shape[1:], p=spec.dropout, dtype=torch.float64,
+                    )  # fmt: skip
+                a, bb = (t.double() for t in layer.factors(slot))
+                y = y + spec.scale * (xj @ a.t()) @ bb.t()
+        rows.append(y)
+    return torch.stack(rows)
+
+
+def _grads(y, g, layer, x):
+    return torch.autograd.grad(y, [x, layer.A, layer.Bt], g.to(y.dtype))
+
+
+def test_torch_path_and_kernel_hook_match_a_row_by_row_oracle_with_keyed_dropout():
+    """The layer's own forward off CUDA (the kernels' ``lora_term`` per piece) and the kernel
+    hook with the kernels' table reference standing in for Triton both equal a row-by-row
+    float64 oracle with each row's own keyed mask -- gaps (filler slots), absent slots, dropout
+    on, and no dropout in eval."""
     from plora.kernels import packed_lora_reference
 
     layer = _layer()
@@ -183,18 +212,22 @@ def test_kernel_hook_matches_torch_path_with_filler_slots():
     x = torch.randn(10, 3, 24, requires_grad=True)
     table = [(0, 1, 3), (1, 3, 5), (2, 5, 6), (4, 8, 10)]
     routing = lora.Routing(segments=tuple(table), dropout_keys={0: (4, 6), 4: (1, 0)})
-    fused_forward = fused.fused_forward
     pieces = layer._pieces(routing, x.shape[0])
-    y_kernel = fused_forward(packed_lora_reference, layer, x, pieces, routing)
-    y_torch = lora._add_rows(
-        layer.base_layer(x), lora._lora_delta(layer, x, pieces, routing), pieces
-    )
-    torch.testing.assert_close(y_kernel, y_torch, rtol=1e-5, atol=1e-5)
-    g = torch.randn_like(y_torch)
-    grads_k = torch.autograd.grad(y_kernel, [x, layer.A, layer.Bt], g)
-    grads_t = torch.autograd.grad(y_torch, [x, layer.A, layer.Bt], g)
-    for gk, gt in zip(grads_k, grads_t, strict=True):
-        torch.testing.assert_close(gk, gt, rtol=1e-5, atol=1e-5)
+    y_kernel = fused.fused_forward(packed_lora_reference, layer, x, pieces, routing)
+    layer.routing = routing
+    y_layer = layer(x)
+    want = _expected_dropout(layer, x, table, routing)
+    assert (
+        float((want - _expected(layer, x, table)).abs().max().detach()) > 1e-3
+    )  # dropout took effect
+    g = torch.randn_like(y_layer)
+    grads_want = _grads(want, g, layer, x)
+    for y in (y_kernel, y_layer):
+        torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
+        for got, ref in zip(_grads(y, g, layer, x), grads_want, strict=True):
+            torch.testing.assert_close(got, ref.to(got.dtype), rtol=1e-5, atol=1e-5)
+    layer.eval()  # no dropout in eval
+    torch.testing.assert_close(layer(x).double(), _expected(layer, x, table), rtol=1e-5, atol=1e-5)
 
 
 def test_kernel_hook_passes_the_packed_parameters_without_gaps():
@@ -218,16 +251,13 @@ def test_kernel_hook_passes_the_packed_parameters_without_gaps():
     y_kernel = fused.fused_forward(spy, layer, x, pieces, routing)
     assert seen["a"] is layer.A and seen["b"]._base is layer.Bt
     assert seen["segs"] == (3, 9, 9, 18) and seen["offs"] == [0, 16, 32, 48]
-    y_torch = lora._add_rows(
-        layer.base_layer(x), lora._lora_delta(layer, x, pieces, routing), pieces
-    )
-    torch.testing.assert_close(y_kernel, y_torch, rtol=1e-5, atol=1e-5)
-    g = torch.randn_like(y_torch)
-    grads_k = torch.autograd.grad(y_kernel, [x, layer.A, layer.Bt], g)
-    grads_t = torch.autograd.grad(y_torch, [x, layer.A, layer.Bt], g)
-    for gk, gt in zip(grads_k, grads_t, strict=True):
-        torch.testing.assert_close(gk, gt, rtol=1e-5, atol=1e-5)
-    assert float(grads_k[1][16:32].abs().sum()) == 0.0  # slot 2: no rows, no gradient
+    want = _expected(layer, x, pieces)
+    torch.testing.assert_close(y_kernel.double(), want, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(y_kernel)
+    grads = _grads(y_kernel, g, layer, x)
+    for got, ref in zip(grads, _grads(want, g, layer, x), strict=True):
+        torch.testing.assert_close(got, ref.to(got.dtype), rtol=1e-5, atol=1e-5)
+    assert float(grads[1][16:32].abs().sum()) == 0.0  # slot 2: no rows, no gradient
 
 
 def test_dropout_mask_rate_scale_determinism_and_prefix():

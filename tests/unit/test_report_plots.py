@@ -71,3 +71,13 @@ def test_curve_style_cycle(k) -> None:
         (plots.curve_style(i)["color"], plots.curve_style(i)["linestyle"]) for i in range(k + 1)
     }
     assert len(seen) == k + 1
+
+
+def test_plots_on_an_axes_of_a_subfigure_return_the_root_figure() -> None:
+    from matplotlib.figure import Figure
+
+    root = Figure()
+    ax = root.subfigures(1, 2)[1].subplots()
+    fig = plots.plot_jobs_gantt(pd.DataFrame(), ax=ax)
+    assert fig is root  # savefig-able, as the annotation says
+    assert plots.plot_jobs_gantt(pd.DataFrame()) is not root  # no axes: a new figure
