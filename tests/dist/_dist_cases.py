@@ -72,6 +72,25 @@ def train(trainer, *, refill: bool, rebuild=None, keep=None):
     return losses, norms, trainer
 
 
+#: Left-padded probe rows for the evaluation forward: adapters "a" (rows 0-1) and "c" (row 2).
+PROBE_IDS = [[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [0, 3, 4, 5, 6, 7]]
+PROBE_ROUTES = (("a", 0, 2), ("c", 2, 3))
+
+
+def probe_logits(model, slot_of) -> torch.Tensor:
+    """Logits of the probe rows (left padding, mask-derived position ids) through ``model``
+    as evaluation runs it: eval mode, rows routed with ``packed_segments``."""
+    from plora.engine.adapters import packed_segments
+    from plora.engine.evaluate import _logits, eval_mode
+
+    ids = torch.tensor(PROBE_IDS)
+    mask = (torch.arange(ids.shape[1]) >= (ids == 0).sum(1, keepdim=True)).long()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    segs = [(slot_of(cid), start, stop) for cid, start, stop in PROBE_ROUTES]
+    with eval_mode(model), packed_segments(model, segs):
+        return _logits(model(input_ids=ids, attention_mask=mask, position_ids=pos)).detach()
+
+
 def trained_ids(refill: bool) -> list[str]:
     """Adapters whose weights a case keeps (a released adapter's are gone)."""
     return ["a", "c", "e"] if refill else [c.config_id for c in CONFIGS]
@@ -137,6 +156,8 @@ def _run_case(rank: int, case: Case, port: int, out: Path, device_type: str) -> 
         for cid in ids:
             trainer.export_adapter(cid, out / case.name / cid)
         result = {"losses": losses, "norms": norms, "weights": weights, "layout": _layout(trainer)}
+        if not case.refill:  # the evaluation forward (under PP: the stages in turn)
+            result["probe"] = probe_logits(trainer.eval_model, trainer.slot_of)
         torch.save(result, out / f"{case.name}.rank{rank}.pt")
     except BaseException:
         # fail fast: the other ranks wait in a collective this rank will never join, and

@@ -1,11 +1,13 @@
 """Parallel packed training == single-process packed training (fp32, gloo, 2 and 4 processes).
 
 For tp=2 (also with an adapter leaving and another joining its slot), fsdp=2 (with idle
-ranks: more bins than rows; and with the base kept whole), pp=2 (1F1B, 3 micro-batches),
-fsdp=2 x tp=2, pp=2 x tp=2 and pp=2 x fsdp=2, three adapters that differ in rank, targets, lr, batch size, clipping and
-dropout train for a few steps; every step's loss and gradient norm, and the final weights
-gathered from the shards, must equal a single-process ``PackedTrainer`` run (itself tested
-equal to PEFT), and the exported adapters must reload with PEFT and hold those weights.
+ranks: more bins than rows; and with the base kept whole), pp=2 (1F1B, 8 micro-batches for 6
+rows: 2 idle ones), fsdp=2 x tp=2, pp=2 x tp=2 and pp=2 x fsdp=2, three adapters that differ
+in rank, targets, lr, batch size, clipping and dropout train for a few steps; every step's loss
+and gradient norm, and the final weights gathered from the shards, must equal a
+single-process ``PackedTrainer`` run (itself tested equal to PEFT), the exported adapters must
+reload with PEFT and hold those weights, and evaluation's forward (left-padded rows of two
+adapters) must give the single process's logits on every rank.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 
 import pytest
 import torch
-from _dist_cases import CONFIGS, JOINER, STEPS, Case, spawn, train, trained_ids
+from _dist_cases import CONFIGS, JOINER, STEPS, Case, probe_logits, spawn, train, trained_ids
 from _engine_testlib import TOKENIZER, assert_same_adapter, tiny_model, toy_dataset
 
 from plora.engine.adapters import adapter_state_dict
@@ -25,7 +27,7 @@ TWO = [
     Case(name="tp2", tp=2),
     Case(name="fsdp2", fsdp=2, microbatches=4),  # 8 bins for 6 rows: rank 1 idles twice a step
     Case(name="fsdp2-base-whole", fsdp=2, shard_base=False),
-    Case(name="pp2", pp=2, microbatches=3),
+    Case(name="pp2", pp=2, microbatches=8),  # 8 micro-batches for 6 rows: 2 idle a step
     Case(name="tp2-refill", tp=2, refill=True),  # "b" leaves after step 2, "e" takes its slot
 ]
 FOUR = [
@@ -42,7 +44,7 @@ LAYOUT = {
     "tp2": ((16, 32), 16, False, 2, (0, 0)),
     "fsdp2": ((16, 32), 32, True, 2, (0, 2 * STEPS)),
     "fsdp2-base-whole": ((32, 32), 32, False, 2, (0, 0)),
-    "pp2": ((32, 32), 32, False, 1, (0, 0)),
+    "pp2": ((32, 32), 32, False, 1, (2 * STEPS, 2 * STEPS)),
     "tp2-refill": ((16, 32), 16, False, 2, (0, 0)),
     "fsdp2xtp2": ((8, 32), 16, True, 2, (0, 0, 0, 0)),
     "pp2xtp2": ((16, 32), 16, False, 1, (0, 0, 0, 0)),
@@ -70,6 +72,8 @@ def reference():
             for cid in trained_ids(refill)
         }
         out[refill] = {"losses": losses, "norms": norms, "weights": weights}
+        if not refill:
+            out[refill]["probe"] = probe_logits(trainer.model, trainer.slot_of)
     out["base"] = base
     torch.set_num_threads(threads)
     return out
@@ -117,6 +121,17 @@ def test_parallel_equals_single_process(case, runs, reference):
             assert any(
                 v.abs().max() > 1e-4 for k, v in got["weights"][cid].items() if "lora_B" in k
             )
+
+
+@pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if not c.refill], ids=lambda c: c.name)
+def test_evaluation_forward_equals_single_process(case, runs, reference):
+    """Evaluation's forward on every rank (under PP the stages in turn, the last one's logits
+    broadcast; left padding, position ids and per-row adapters) gives the logits of one process
+    holding the same adapters."""
+    want = reference[False]["probe"]
+    for rank in range(case.world_size):
+        got = torch.load(runs / f"{case.name}.rank{rank}.pt")["probe"]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", [*TWO, *FOUR], ids=lambda c: c.name)
