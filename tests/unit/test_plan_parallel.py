@@ -38,7 +38,9 @@ def _plan(tmp_path: Path, sweep: dict) -> tuple[object, dict]:
     return result, (json.loads(out.read_text()) if out.is_file() else {})
 
 
-@pytest.mark.parametrize("strategies", [["tp"], ["fsdp"], ["tp", "fsdp"]])
+@pytest.mark.parametrize(
+    "strategies", [["tp"], ["fsdp"], ["pp"], ["tp", "fsdp"], ["tp", "fsdp", "pp"]]
+)
 def test_plan_uses_the_sweeps_strategies_and_shows_them(tmp_path, strategies) -> None:
     result, plan = _plan(tmp_path, {**BIG, "planner": {"strategies": strategies}})
     assert result.exit_code == 0, result.output
