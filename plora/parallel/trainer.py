@@ -36,7 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from plora.engine import adapters
 from plora.engine.loss import packed_loss
 from plora.engine.trainer import PackedTrainer
-from plora.parallel.balance import balanced_micro_batches
+from plora.parallel.balance import balanced_micro_batches, bin_tokens
 from plora.parallel.dims import MESH_DIMS, ParallelDims
 from plora.parallel.export import full_adapter_state_dict, gather_keyed, shard_keyed
 from plora.parallel.optim import ParallelPackedAdamW
@@ -79,6 +79,10 @@ class ParallelPackedTrainer(PackedTrainer):
         self.idle_micro_batches = 0
         """Micro-batches this rank ran as a zero-weighted pad row (no rows of its own)."""
         self._pipelined: nn.Module | None = None
+        self.last_splits: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        """The last step's token-balanced splits, in order (FSDP: the ranks' bins; PP: the
+        micro-batches; PP x FSDP: the ranks' shares, then this rank's micro-batches): the
+        tokens of each row split (slot order) and of each bin -- the step's load balance."""
 
         def group(name: str) -> dist.ProcessGroup | None:
             if name not in dims.enabled:
@@ -98,13 +102,17 @@ class ParallelPackedTrainer(PackedTrainer):
 
     # ------------------------------------------------------------------ step
     def _accumulate(self, batches, denoms, active):
+        self.last_splits = []
         if self.dims.pp > 1:
             return self._accumulate_pp(batches, denoms, active)
         return self._accumulate_dp(batches, denoms, active)
 
     def _bins(self, batches, count: int) -> list[dict[int, tuple[int, int]]]:
         lengths = {s: [len(ex.input_ids) for ex in exs] for s, exs in batches.items()}
-        return balanced_micro_batches(lengths, count)
+        bins = balanced_micro_batches(lengths, count)
+        rows = tuple(t for s in sorted(lengths) for t in lengths[s])
+        self.last_splits.append((rows, tuple(bin_tokens(lengths, part) for part in bins)))
+        return bins
 
     def _per_rank(self, total_rows: int) -> int:
         if self.microbatches is not None:

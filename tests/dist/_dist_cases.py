@@ -48,12 +48,15 @@ def train(trainer, *, refill: bool, rebuild=None, keep=None):
     step 2 and "e" takes its slot; with ``rebuild`` (a function making a fresh trainer), the
     run checkpoints after step 2 (``keep(state)`` sees it) and resumes in a new trainer.
 
-    Returns per-adapter losses and gradient norms per step, and the final trainer.
+    Returns per-adapter losses and gradient norms per step, the final trainer and, per step,
+    the token-balanced splits it made (``ParallelPackedTrainer.last_splits``; none on one
+    process).
     """
     for cfg in CONFIGS:
         trainer.add(cfg)
     losses: dict[str, list[float]] = {}
     norms: dict[str, list[float]] = {}
+    splits: list[list] = []  # per step: the parallel trainer's token-balanced splits
     while trainer.active:
         if rebuild is not None and trainer.global_step == 2:
             state = trainer.state_dict()
@@ -69,7 +72,8 @@ def train(trainer, *, refill: bool, rebuild=None, keep=None):
         for m in trainer.step():
             losses.setdefault(m.config_id, []).append(m.loss)
             norms.setdefault(m.config_id, []).append(m.grad_norm)
-    return losses, norms, trainer
+        splits.append(list(getattr(trainer, "last_splits", ())))
+    return losses, norms, trainer, splits
 
 
 #: Left-padded probe rows for the evaluation forward: adapters "a" (rows 0-1) and "c" (row 2).
@@ -148,14 +152,15 @@ def _run_case(rank: int, case: Case, port: int, out: Path, device_type: str) -> 
             if rank == 0:
                 torch.save(state, out / f"{case.name}.state.pt")
 
-        losses, norms, trainer = train(
+        losses, norms, trainer, splits = train(
             build(), refill=case.refill, rebuild=build if case.resume else None, keep=keep
         )
         ids = trained_ids(case.refill)
         weights = {cid: trainer.adapter_weights(cid) for cid in ids}
         for cid in ids:
             trainer.export_adapter(cid, out / case.name / cid)
-        result = {"losses": losses, "norms": norms, "weights": weights, "layout": _layout(trainer)}
+        result = {"losses": losses, "norms": norms, "weights": weights, "layout": _layout(trainer),
+                  "splits": splits}  # fmt: skip
         if not case.refill:  # the evaluation forward (under PP: the stages in turn)
             result["probe"] = probe_logits(trainer.eval_model, trainer.slot_of)
         torch.save(result, out / f"{case.name}.rank{rank}.pt")
@@ -203,9 +208,7 @@ def _held_numel(model) -> dict:
             continue
         seen.add(id(p))
         base += (p.to_local() if isinstance(p, DTensor) else p).numel()
-    lora_numel = sum(
-        layer.A.numel() + layer.Bt.numel() for layer in packed_layers(model).values()
-    )
+    lora_numel = sum(layer.A.numel() + layer.Bt.numel() for layer in packed_layers(model).values())
     return {"base_numel": base, "lora_numel": lora_numel}
 
 

@@ -13,6 +13,7 @@ adapters) must give the single process's logits on every rank.
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 
 import pytest
@@ -66,7 +67,7 @@ def reference():
     out = {}
     for refill in (False, True):
         trainer = PackedTrainer(copy.deepcopy(base), TOKENIZER, toy_dataset(), device="cpu")
-        losses, norms, _ = train(trainer, refill=refill)
+        losses, norms, _, _ = train(trainer, refill=refill)
         weights = {
             cid: adapter_state_dict(trainer.model, trainer.slot_of(cid))
             for cid in trained_ids(refill)
@@ -121,6 +122,62 @@ def test_parallel_equals_single_process(case, runs, reference):
             assert any(
                 v.abs().max() > 1e-4 for k, v in got["weights"][cid].items() if "lora_B" in k
             )
+
+
+def _least_heaviest(w: list[int], k: int) -> int:
+    """Least heaviest bin over every cut of ``w`` into ``k`` contiguous non-empty bins."""
+    n = len(w)
+    return min(
+        max(sum(w[b[j] : b[j + 1]]) for j in range(k))
+        for cuts in itertools.combinations(range(1, n), k - 1)
+        for b in [[0, *cuts, n]]
+    )
+
+
+@pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if c.fsdp > 1 or c.pp > 1],
+                         ids=lambda c: c.name)  # fmt: skip
+def test_rows_are_split_by_tokens_per_rank_and_per_stage(case, runs):
+    """On variable-length rows, FSDP's per-rank bins and PP's per-stage micro-batches are the
+    token-balanced split (the least heaviest bin of any contiguous cut, found by brute force),
+    not an even split of rows -- and the equivalence test above holds on these same runs, so
+    each adapter's loss normalisation is unchanged by the split."""
+    for rank in range(case.world_size):
+        steps = torch.load(runs / f"{case.name}.rank{rank}.pt")["splits"]
+        assert len(steps) == STEPS and all(steps)
+        for splits in steps:
+            assert [len(loads) for _, loads in splits] == _split_counts(case)
+            assert len(set(splits[0][0])) > 1  # the step's rows have different lengths
+            for rows, loads in splits:
+                assert sum(loads) == sum(rows)  # every row in exactly one bin
+                k = len(loads)
+                if len(rows) < k:
+                    continue
+                assert max(loads) == _least_heaviest(list(rows), k), (rows, loads)
+
+
+def test_the_token_split_is_not_the_row_split(runs):
+    """The runs above are a real test of the split: on some steps the token-balanced bins are
+    lighter than cutting the rows evenly by count."""
+    beaten = 0
+    for case in [*TWO, *FOUR]:
+        for rank in range(case.world_size):
+            for splits in torch.load(runs / f"{case.name}.rank{rank}.pt")["splits"]:
+                for rows, loads in splits:
+                    k = len(loads)
+                    if 1 < k < len(rows):
+                        even = [len(rows) // k + (j < len(rows) % k) for j in range(k)]
+                        cut = list(itertools.accumulate(even, initial=0))
+                        heaviest = max(sum(rows[a:b]) for a, b in itertools.pairwise(cut))
+                        beaten += max(loads) < heaviest
+    assert beaten > 0
+
+
+def _split_counts(case: Case) -> list[int]:
+    """Bins per split of one step: FSDP ``fsdp · m`` (m per rank); PP the FSDP ranks' shares
+    (one without FSDP), then the rank's micro-batches."""
+    if case.pp == 1:
+        return [case.fsdp * (case.microbatches or 1)]
+    return [case.fsdp, case.microbatches or case.pp]
 
 
 @pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if not c.refill], ids=lambda c: c.name)
