@@ -85,14 +85,16 @@ def probe_logits(model, slot_of) -> torch.Tensor:
     """Logits of the probe rows (left padding, mask-derived position ids) through ``model``
     as evaluation runs it: eval mode, rows routed with ``packed_segments``."""
     from plora.engine.adapters import packed_segments
-    from plora.engine.evaluate import _logits, eval_mode
+    from plora.engine.evaluate import _device, _logits, eval_mode
 
     ids = torch.tensor(PROBE_IDS)
     mask = (torch.arange(ids.shape[1]) >= (ids == 0).sum(1, keepdim=True)).long()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = (t.to(_device(model)) for t in (ids, mask, pos))
     segs = [(slot_of(cid), start, stop) for cid, start, stop in PROBE_ROUTES]
     with eval_mode(model), packed_segments(model, segs):
-        return _logits(model(input_ids=ids, attention_mask=mask, position_ids=pos)).detach()
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    return _logits(out).detach().float().cpu()
 
 
 def trained_ids(refill: bool) -> list[str]:

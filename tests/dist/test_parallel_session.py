@@ -110,6 +110,12 @@ def _rank(rank: int, strategy: str, port: int, out: str, backend: str = "gloo") 
         dist.destroy_process_group()
 
 
+def _ranks(rank: int, strategies: list[str], ports: list[int], out: str) -> None:
+    """One spawned process serving every strategy's session in turn (one start-up for all)."""
+    for strategy, port in zip(strategies, ports, strict=True):
+        _rank(rank, strategy, port, out)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,11 +141,22 @@ def reference(tmp_path_factory):
     return out, results
 
 
-@pytest.mark.parametrize("strategy", ["tp", "fsdp", "pp"])
-def test_parallel_session_equals_one_process(strategy, tmp_path, reference) -> None:
+STRATEGIES = ["tp", "fsdp", "pp"]
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory) -> Path:
+    """Every strategy's two ranks, run by one pair of spawned processes."""
+    out = tmp_path_factory.mktemp("sessions")
+    ports = [_free_port() for _ in STRATEGIES]
+    mp.spawn(_ranks, args=(STRATEGIES, ports, str(out)), nprocs=2, join=True)
+    return out
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_parallel_session_equals_one_process(strategy, sessions, reference) -> None:
     ref_dir, ref = reference
-    mp.spawn(_rank, args=(strategy, _free_port(), str(tmp_path)), nprocs=2, join=True)
-    root = tmp_path / strategy
+    root = sessions / strategy
     outcomes = json.loads((root / "outcomes.json").read_text())
     first, again = outcomes["first"], outcomes["again"]
     # the abort after 3 steps reached both ranks: "b" was stopped at 2, "a" is aborted at 3
