@@ -78,6 +78,17 @@ def test_tp_degrees_the_heads_cannot_split_never_fit() -> None:
     assert big.base_memory(8, Strategy.TP) < big.base_memory(4, Strategy.TP)
 
 
+def test_pp_degrees_beyond_the_layers_never_fit() -> None:
+    """tiny-qwen2 has 2 decoder layers: ``apply_pp`` makes 2 stages of it, never 4."""
+    sweep = SweepConfig.from_dict(
+        {**BIG, "model": "tiny-qwen2", "hardware": {"gpu_type": "cpu", "num_gpus": 4},
+         "planner": {"strategies": ["pp"]}}
+    )  # fmt: skip
+    cost = build_cost_model(sweep, use_profile=False)
+    assert math.isfinite(cost.base_memory(2, Strategy.PP))
+    assert cost.base_memory(4, Strategy.PP) == math.inf
+
+
 def test_step_time_charges_the_bytes_plora_parallel_sends() -> None:
     """Each communication feature of the step-time model is :mod:`plora.cost.parallel`'s byte
     count over the link (the fitted efficiency multiplies it)."""
