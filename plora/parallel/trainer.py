@@ -26,7 +26,7 @@ equal single-process packed training (tested in ``tests/dist``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -195,9 +195,10 @@ class ParallelPackedTrainer(PackedTrainer):
                 self.idle_micro_batches += 1
                 mask = torch.zeros(r_mb, width, dtype=torch.long)
                 mask[:, 0] = 1
-                segs: tuple[tuple[int, int, int], ...] = ((active[0].slot, 0, 1),)
                 routing.append(
-                    MicroBatchRouting(attention_mask=mask.to(self.device), segments=segs)
+                    MicroBatchRouting(
+                        attention_mask=mask.to(self.device), segments=((active[0].slot, 0, 1),)
+                    )
                 )
                 continue
             pb, keys = packed
@@ -263,7 +264,7 @@ class ParallelPackedTrainer(PackedTrainer):
                 self.stage_module,
                 head=self._head,
                 pp_group=self.pp_group,
-                vocab_size=int(self.model.config.vocab_size),
+                vocab_size=int(cast(Any, self.model).config.vocab_size),
             )
         return self._pipelined
 
