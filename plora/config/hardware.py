@@ -26,8 +26,8 @@ class Strategy(StrEnum):
 
 #: Strategies the runtime's resident worker groups run for d > 1
 #: (``plora.parallel.session.ParallelPackSession``); a sweep's ``planner.strategies`` may name
-#: only these. ``pp`` trains in ``plora.parallel`` but is not served by resident groups yet.
-SUPPORTED_STRATEGIES: tuple[Strategy, ...] = (Strategy.TP, Strategy.FSDP)
+#: only these.
+SUPPORTED_STRATEGIES: tuple[Strategy, ...] = (Strategy.TP, Strategy.FSDP, Strategy.PP)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -59,8 +59,7 @@ class PlannerOptions:
     strategies: tuple[Any, ...] = ()
     """Multi-GPU strategies (:class:`Strategy`: tp | fsdp | pp) the planner may give a job of
     d = 2, 4, ... GPUs (one worker group, one process group); empty (the default): every job
-    runs on one GPU. ``plora sweep`` runs tp and fsdp (``SUPPORTED_STRATEGIES``); pp is planned
-    but not run yet."""
+    runs on one GPU. ``plora sweep`` runs all three (``SUPPORTED_STRATEGIES``)."""
     seq_len: int | None = None
     """Sequence length to plan with; default ``dataset.max_seq_len``."""
     time_limit_s: float = 60.0

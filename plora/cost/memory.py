@@ -219,6 +219,21 @@ def base_weight_bytes(spec: ModelSpec, precision: Precision) -> float:
     return proj * precision.base_weight_bytes + rest * max(2.0, precision.activation_bytes)
 
 
+def pp_stage_weight_bytes(spec: ModelSpec, precision: Precision, stages: int) -> list[float]:
+    """Frozen weights of each of ``stages`` pipeline stages as ``plora.parallel.pp`` cuts the
+    model: ``⌈L/P⌉`` or ``⌊L/P⌋`` consecutive decoder layers (earlier stages the longer runs),
+    the input embedding on stage 0, the final norm and the LM head (``V·h`` even when tied: the
+    last stage keeps the shared matrix for its head) on stage ``P-1``."""
+    rest_bytes = max(2.0, precision.activation_bytes)
+    proj = sum(spec.projection_params(p) for p in spec.projection_shapes)
+    layer = proj * precision.base_weight_bytes + (spec.layer_params - proj) * rest_bytes
+    base, extra = divmod(spec.num_layers, stages)
+    out = [(base + (p < extra)) * layer for p in range(stages)]
+    out[0] += spec.embedding_params * rest_bytes
+    out[-1] += (spec.vocab_size * spec.hidden_size + spec.hidden_size) * rest_bytes
+    return out
+
+
 def base_memory(
     spec: ModelSpec,
     *,
@@ -230,7 +245,8 @@ def base_memory(
 
     What each strategy shards is what ``plora.parallel`` shards: TP the seven projections (the
     rest whole), FSDP everything in the decoder (the LM head, tied or not, stays whole), PP
-    ``1/d`` of everything.
+    whole decoder layers: the busiest stage's, with the embeddings on the first stage and the
+    final norm and LM head (tied or not) on the last (:func:`pp_stage_weight_bytes`).
     """
     strat = check_parallel(d, strategy)
     weights = base_weight_bytes(spec, options.precision)
@@ -243,8 +259,10 @@ def base_memory(
         head = spec.vocab_size * spec.hidden_size * rest_bytes  # a whole copy even when tied
         untied = spec.lm_head_params * rest_bytes
         per_gpu = (weights - untied) / d + head
+    elif strat is Strategy.PP:
+        per_gpu = max(pp_stage_weight_bytes(spec, options.precision, d))
     else:
-        per_gpu = weights / d
+        per_gpu = weights
     comps = {"base_weights": per_gpu, "reserved": options.reserved_bytes}
     if strat is Strategy.FSDP:
         # Two layers unsharded at a time: the one computing and the one being prefetched.
@@ -386,6 +404,7 @@ __all__ = [
     "base_memory",
     "base_weight_bytes",
     "check_parallel",
+    "pp_stage_weight_bytes",
     "projection_params",
     "quantized",
 ]

@@ -197,6 +197,9 @@ class SweepCostModel:
             if strat is Strategy.TP and not self._tp_splits(d):
                 # plora.parallel.tp splits whole query and KV heads: this degree never fits
                 self._cache[key] = math.inf
+            elif strat is Strategy.PP and d > self.spec.num_layers:
+                # plora.parallel.pp gives every stage at least one decoder layer
+                self._cache[key] = math.inf
             else:
                 self._cache[key] = base_memory(
                     self.spec, d=d, strategy=strat, options=self.memory

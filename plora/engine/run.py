@@ -437,7 +437,7 @@ def _evaluate(
     from plora.engine.evaluate_packed import evaluate_adapters
 
     slots = {trainer.adapter(c).slot: c for c in config_ids}
-    res = evaluate_adapters(trainer.model, tokenizer, data, list(slots))  # packed forwards
+    res = evaluate_adapters(trainer.eval_model, tokenizer, data, list(slots))  # packed
     out = {}
     for slot, cid in slots.items():
         r = res[slot]

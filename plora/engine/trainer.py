@@ -359,6 +359,12 @@ class PackedTrainer:
             return packed_loss(self._head, hidden, pb.labels, pb.segments, denoms)
 
     # -------------------------------------------------------------- outputs
+    @property
+    def eval_model(self) -> nn.Module:
+        """The model evaluation runs its forwards on (a pipeline job's stages: see
+        :class:`plora.parallel.trainer.ParallelPackedTrainer`)."""
+        return self.model
+
     def profile(self) -> PackProfile:
         """Measurements of the first ``profile_steps`` steps."""
         ads = sorted(self.adapters.values(), key=lambda a: a.slot)

@@ -14,19 +14,26 @@ and run by ``torch.distributed.pipelining.Schedule1F1B``. A bin holds consecutiv
 or more adapters, so the pipeline's micro-batches carry every adapter's work back to back:
 while stage ``p`` runs adapter ``i``'s tail, stage ``p+1`` already runs adapter ``j``'s head
 (mLoRA's adapter-filled pipeline, LoRAFusion's multi-LoRA micro-batches); with ``M ≥ P`` the
-1F1B bubble is ``(P-1)/(M+P-1)`` of the step. Routing (which rows go through which slot) is
-host-side per micro-batch: every stage knows the step's bins (all ranks draw the same
-batches) and 1F1B runs a stage's forwards in micro-batch order, so the stage takes the next
-bin's segment table at each forward (checked at the end of the step).
+1F1B bubble is ``(P-1)/(M+P-1)`` of the step. 1F1B needs ``M ≥ P``: with fewer rows than
+that (one adapter of batch size 1 left in a 2-stage job) the empty bins run as *idle*
+micro-batches, one pad row through an active adapter with no target token, which adds exactly
+zero to every gradient and loss (as FSDP's idle ranks do). Routing (which rows go through
+which slot) is host-side per micro-batch: every stage knows the step's bins (all ranks draw
+the same batches) and 1F1B runs a stage's forwards in micro-batch order, so the stage takes
+the next bin's segment table at each forward (checked at the end of the step).
 
 Gradients. Each micro-batch backpropagates its share ``Σ_{t ∈ mb} CE_t / N_i`` (``N_i`` of the
 whole step batch) and the schedule does *not* rescale (``scale_grads=False``), so the
 accumulated gradient is the full batch's; per-slot norms are summed over stages by
 :class:`plora.parallel.optim.ParallelPackedAdamW`.
+
+Evaluation (no gradients, any rows and routing) runs the stages forward only, one after the
+other: :class:`plora.parallel.pp_eval.PipelinedCausalLM`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,17 +68,21 @@ class MicroBatchRouting:
 
     attention_mask: torch.Tensor
     """``(R_mb, S)`` long, 1 on real tokens."""
-    segments: tuple[tuple[int, int, int], ...]
-    """``(slot, start, stop)`` rows of each adapter in the micro-batch."""
+    segments: tuple[tuple[int, int, int], ...] | None
+    """``(slot, start, stop)`` rows of each adapter in the micro-batch; ``None``: the caller
+    routes the rows (``packed_segments`` around the forward, as evaluation does)."""
     dropout_keys: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     """``{slot: (adapter step, row offset)}`` for keyed dropout."""
+    position_ids: torch.Tensor | None = None
+    """``(R_mb, S)`` RoPE positions (left-padded generation); ``None``: ``0 … S-1``."""
 
 
 def _mask_kwargs(config: Any, h: torch.Tensor, attention_mask: torch.Tensor | None,
                  position_ids: torch.Tensor) -> dict[str, Any]:  # fmt: skip
     """Arguments of transformers' ``create_causal_mask`` as this release names them, no cache
     (5.17 calls the cache ``past_key_values``, 5.24 ``cache``; older ones also take
-    ``input_embeds`` and ``cache_position``)."""
+    ``input_embeds`` and ``cache_position``: ``0 … S-1`` without a cache, whatever the
+    position ids)."""
     from transformers.masking_utils import create_causal_mask
 
     names = inspect.signature(create_causal_mask).parameters
@@ -82,7 +93,7 @@ def _mask_kwargs(config: Any, h: torch.Tensor, attention_mask: torch.Tensor | No
         if name in names:
             kwargs[name] = None
     if "cache_position" in names:
-        kwargs["cache_position"] = position_ids[0]
+        kwargs["cache_position"] = torch.arange(h.shape[1], device=h.device)
     return kwargs
 
 
@@ -150,10 +161,17 @@ class PipelineStageModule(nn.Module):
             h = self.embed(x)
         else:
             h = x
-        position_ids = torch.arange(h.shape[1], device=h.device)[None]
+        position_ids = mb.position_ids
+        if position_ids is None:
+            position_ids = torch.arange(h.shape[1], device=h.device)[None]
         mask = create_causal_mask(**_mask_kwargs(self.config, h, mb.attention_mask, position_ids))
         rope = self.rotary(h, position_ids)
-        with packed_segments(self.model, mb.segments, dropout_keys=mb.dropout_keys):
+        route = (
+            contextlib.nullcontext()
+            if mb.segments is None
+            else packed_segments(self.model, mb.segments, dropout_keys=mb.dropout_keys)
+        )
+        with route:
             for block in self.blocks:
                 h = block(h, attention_mask=mask, position_ids=position_ids,
                           position_embeddings=rope)  # fmt: skip

@@ -16,10 +16,11 @@ once, parallelises it for its rank (:func:`plora.parallel.parallelize`, with the
   adapters are gathered from the shards and exported in PEFT format by rank 0
   (:meth:`ParallelPackedTrainer.export_adapter`).
 - **Evaluation** runs the same packed forwards on every rank (TP and FSDP forwards are
-  collectives); every rank gets the same scores.
-
-Pipeline parallelism is not served here: evaluation and the packed forwards need the whole
-model on a rank (``SUPPORTED_STRATEGIES`` lists ``tp`` and ``fsdp``).
+  collectives; under PP the stages run forward one after the other and the last one's logits
+  reach every stage, :class:`~plora.parallel.pp_eval.PipelinedCausalLM`); every rank gets the
+  same scores.
+- **Losses under PP** are the last stage's: it broadcasts the per-adapter CE sums to the other
+  stages every step, so rank 0 (stage 0) reports them and decides on them.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ParallelPackSession(PackSession):
 
     Args:
         spec: the base model, dataset and engine options; loaded here, once.
-        dims: the job's degrees (``pp`` must be 1: see the module docstring).
+        dims: the job's degrees.
         shard_base: FSDP shards the frozen base (False keeps it whole on every rank).
     """
 
@@ -54,11 +55,6 @@ class ParallelPackSession(PackSession):
             raise RuntimeError(
                 f"ParallelPackSession: dims need {dims.world_size} processes, the process "
                 f"group has {have}; call torch.distributed.init_process_group first"
-            )
-        if dims.pp > 1:
-            raise ValueError(
-                "ParallelPackSession: pp > 1 is not served by resident workers yet (evaluation "
-                "needs every layer on a rank); use tp or fsdp"
             )
         super().__init__(spec)
         t0 = time.perf_counter()

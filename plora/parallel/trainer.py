@@ -11,8 +11,9 @@ What differs is which rows a rank runs and which shard of the weights it holds:
   weight, so every rank issues the same FSDP collectives. Gradients are summed over ranks.
 - **tensor parallel** (``tp``): every TP rank runs the same rows on its shards.
 - **pipeline parallel** (``pp``): the rows (with FSDP: the rank's token-balanced share) are
-  cut into ``M`` token-balanced micro-batches run by 1F1B (:mod:`plora.parallel.pp`); the last
-  stage computes the loss.
+  cut into ``M ≥ pp`` token-balanced micro-batches run by 1F1B (:mod:`plora.parallel.pp`;
+  fewer rows than ``M``: the empty ones idle); the last stage computes the loss and broadcasts
+  the per-adapter CE sums to the other stages, so rank 0 reports the last stage's losses.
 
 ``max_rows`` sets the number of bins (``⌈rows / (F · max_rows)⌉`` per rank); a token-balanced
 bin may hold a few more rows than ``max_rows`` when its rows are short.
@@ -25,7 +26,7 @@ equal single-process packed training (tested in ``tests/dist``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from plora.engine import adapters
 from plora.engine.loss import packed_loss
 from plora.engine.trainer import PackedTrainer
-from plora.parallel.balance import balanced_micro_batches
+from plora.parallel.balance import balanced_micro_batches, bin_tokens
 from plora.parallel.dims import MESH_DIMS, ParallelDims
 from plora.parallel.export import full_adapter_state_dict, gather_keyed, shard_keyed
 from plora.parallel.optim import ParallelPackedAdamW
@@ -80,6 +81,11 @@ class ParallelPackedTrainer(PackedTrainer):
         self.microbatches = microbatches
         self.idle_micro_batches = 0
         """Micro-batches this rank ran as a zero-weighted pad row (no rows of its own)."""
+        self._pipelined: nn.Module | None = None
+        self.last_splits: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        """The last step's token-balanced splits, in order (FSDP: the ranks' bins; PP: the
+        micro-batches; PP x FSDP: the ranks' shares, then this rank's micro-batches): the
+        tokens of each row split (slot order) and of each bin -- the step's load balance."""
 
         def group(name: str) -> dist.ProcessGroup | None:
             if name not in dims.enabled:
@@ -99,13 +105,17 @@ class ParallelPackedTrainer(PackedTrainer):
 
     # ------------------------------------------------------------------ step
     def _accumulate(self, batches, denoms, active):
+        self.last_splits = []
         if self.dims.pp > 1:
             return self._accumulate_pp(batches, denoms, active)
         return self._accumulate_dp(batches, denoms, active)
 
     def _bins(self, batches, count: int) -> list[dict[int, tuple[int, int]]]:
         lengths = {s: [len(ex.input_ids) for ex in exs] for s, exs in batches.items()}
-        return balanced_micro_batches(lengths, count)
+        bins = balanced_micro_batches(lengths, count)
+        rows = tuple(t for s in sorted(lengths) for t in lengths[s])
+        self.last_splits.append((rows, tuple(bin_tokens(lengths, part) for part in bins)))
+        return bins
 
     def _per_rank(self, total_rows: int) -> int:
         if self.microbatches is not None:
@@ -159,29 +169,42 @@ class ParallelPackedTrainer(PackedTrainer):
         count = self.microbatches or max(
             self.dims.pp, -(-total // (fsdp * self.max_rows)) if self.max_rows else 1
         )
-        shares = self._bins(batches, fsdp)  # every rank computes every share: same checks
-        fewest = min(sum(c for _, c in share.values()) for share in shares)
-        if count < self.dims.pp or fewest < count:
+        if count < self.dims.pp:
             raise ValueError(
-                f"pipeline: {count} micro-batches, pp={self.dims.pp}, {total} rows over "
-                f"fsdp={fsdp} ranks; 1F1B needs pp <= micro-batches <= rows per rank (raise "
-                "batch sizes or lower microbatches)"
+                f"pipeline: microbatches={count} < pp={self.dims.pp}; 1F1B needs at least one "
+                "micro-batch per stage (raise microbatches or leave it unset)"
             )
-        share = shares[self.coords["fsdp"]]
+        share = self._bins(batches, fsdp)[self.coords["fsdp"]]
         start = {s: o for s, (o, _) in share.items()}
         mine = {s: batches[s][o : o + c] for s, (o, c) in share.items()}
+        # fewer rows than micro-batches (1F1B needs pp of them): the empty bins idle
         packs = [
             self._pack(
                 {s: (start[s] + o, mine[s][o : o + c]) for s, (o, c) in part.items()}, active
             )
+            if part
+            else None
             for part in self._bins(mine, count)
         ]
-        r_mb = max(pb.input_ids.shape[0] for pb, _ in packs)
-        width = max(pb.input_ids.shape[1] for pb, _ in packs)
+        r_mb = max((pb.input_ids.shape[0] for pb, _ in filter(None, packs)), default=1)
+        width = max((pb.input_ids.shape[1] for pb, _ in filter(None, packs)), default=1)
         ids = torch.full((count * r_mb, width), self.pad_id, dtype=torch.long)
         labels = torch.full((count * r_mb, width), -100, dtype=torch.long)
         routing = []
-        for k, (pb, keys) in enumerate(packs):
+        for k, packed in enumerate(packs):
+            if packed is None:
+                # idle: one pad row through an active adapter (so the stage's output needs a
+                # gradient), no target token: it adds exactly zero to every gradient and loss
+                self.idle_micro_batches += 1
+                mask = torch.zeros(r_mb, width, dtype=torch.long)
+                mask[:, 0] = 1
+                routing.append(
+                    MicroBatchRouting(
+                        attention_mask=mask.to(self.device), segments=((active[0].slot, 0, 1),)
+                    )
+                )
+                continue
+            pb, keys = packed
             r, w = pb.input_ids.shape
             ids[k * r_mb : k * r_mb + r, :w] = pb.input_ids.cpu()
             labels[k * r_mb : k * r_mb + r, :w] = pb.labels
@@ -200,7 +223,7 @@ class ParallelPackedTrainer(PackedTrainer):
 
         def loss_fn(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             loss, sums = packed_loss(
-                self._head, hidden, target, routing[len(sums_seen)].segments, denoms
+                self._head, hidden, target, routing[len(sums_seen)].segments or (), denoms
             )
             sums_seen.append(sums)
             return loss
@@ -222,7 +245,7 @@ class ParallelPackedTrainer(PackedTrainer):
             dist.all_reduce(ce, group=self.dp_group)
         last = dist.get_global_rank(self.pp_group, self.dims.pp - 1)
         dist.broadcast(ce, src=last, group=self.pp_group)
-        return [(slots, ce)], packs, ids.shape[0], ids.numel(), width
+        return [(slots, ce)], routing, ids.shape[0], ids.numel(), width
 
     def _autocast(self):
         if self.autocast_dtype is not None:
@@ -230,6 +253,24 @@ class ParallelPackedTrainer(PackedTrainer):
         return torch.autocast(self.device.type, enabled=False)
 
     # --------------------------------------------------------------- outputs
+    @property
+    def eval_model(self) -> nn.Module:
+        """What evaluation runs forwards on: under PP this rank's stage as a causal LM
+        (:class:`~plora.parallel.pp_eval.PipelinedCausalLM`, a collective per forward)."""
+        if self.stage_module is None:
+            return self.model
+        if self._pipelined is None:
+            from plora.parallel.pp_eval import PipelinedCausalLM
+
+            assert self.pp_group is not None  # pp > 1 whenever there is a stage
+            self._pipelined = PipelinedCausalLM(
+                self.stage_module,
+                head=self._head,
+                pp_group=self.pp_group,
+                vocab_size=int(cast(Any, self.model).config.vocab_size),
+            )
+        return self._pipelined
+
     def adapter_weights(self, config_id: str) -> dict[str, torch.Tensor]:
         """``config_id``'s whole PEFT-keyed weights on every rank (collective: call on all)."""
         return full_adapter_state_dict(

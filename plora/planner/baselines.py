@@ -99,7 +99,7 @@ def _widest(table: ClassTable, num_gpus: int, kind: Baseline) -> list[DegreeCost
     if not options:
         raise ConfigError(
             f"baseline {kind}: needs jobs on {d} GPUs but the cost model allows no multi-GPU "
-            "strategy; allow planner.strategies (tp or fsdp) or compare with min_gpu"
+            "strategy; allow planner.strategies (tp, fsdp or pp) or compare with min_gpu"
         )
     return options
 

@@ -42,7 +42,7 @@ def check_feasible(table: ClassTable, num_gpus: int) -> None:
         else:
             fix = (
                 "use GPUs with more memory, a smaller rank/batch_size/seq_len, "
-                "or allow multi-GPU jobs (planner.strategies: [tp] or [fsdp])"
+                "or allow multi-GPU jobs (planner.strategies: [tp], [fsdp] or [pp])"
             )
         raise NoFeasibleJobError(f"{msg}; {fix}")
 

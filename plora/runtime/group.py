@@ -8,9 +8,9 @@ GPUs are wanted by a job of another shape, when a worker died, or at the end of 
 
 A ``d > 1`` group is one job's ``d`` ranks: its workers join one torch.distributed group (NCCL
 on GPU, gloo on CPU) before they load, and each builds a
-:class:`~plora.parallel.session.ParallelPackSession` for the group's strategy (``tp`` or
-``fsdp``, :data:`RUNTIME_STRATEGIES`); rank 0 carries the job's metrics, control and outcome.
-A strategy the runtime cannot run is refused with a clear error rather than replicated silently.
+:class:`~plora.parallel.session.ParallelPackSession` for the group's strategy (``tp``,
+``fsdp`` or ``pp``, :data:`RUNTIME_STRATEGIES`); rank 0 carries the job's metrics, control and
+outcome. A strategy the runtime cannot run is refused with a clear error rather than replicated silently.
 """
 
 from __future__ import annotations

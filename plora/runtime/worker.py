@@ -126,7 +126,7 @@ class PackWorker:
             None: :class:`plora.engine.run.PackSession` for d = 1, and for d > 1
             :class:`plora.parallel.session.ParallelPackSession` on the group's process group
             with ``strategy`` -- imported in the worker (the driver need not import torch).
-        strategy: The group's strategy (``tp``, ``fsdp``) when d > 1.
+        strategy: The group's strategy (``tp``, ``fsdp``, ``pp``) when d > 1.
         spec: What the engine loads.
         threads: ``torch.set_num_threads`` on CPU (1 keeps concurrent workers from
             oversubscribing).

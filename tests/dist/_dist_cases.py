@@ -48,12 +48,15 @@ def train(trainer, *, refill: bool, rebuild=None, keep=None):
     step 2 and "e" takes its slot; with ``rebuild`` (a function making a fresh trainer), the
     run checkpoints after step 2 (``keep(state)`` sees it) and resumes in a new trainer.
 
-    Returns per-adapter losses and gradient norms per step, and the final trainer.
+    Returns per-adapter losses and gradient norms per step, the final trainer and, per step,
+    the token-balanced splits it made (``ParallelPackedTrainer.last_splits``; none on one
+    process).
     """
     for cfg in CONFIGS:
         trainer.add(cfg)
     losses: dict[str, list[float]] = {}
     norms: dict[str, list[float]] = {}
+    splits: list[list] = []  # per step: the parallel trainer's token-balanced splits
     while trainer.active:
         if rebuild is not None and trainer.global_step == 2:
             state = trainer.state_dict()
@@ -69,7 +72,29 @@ def train(trainer, *, refill: bool, rebuild=None, keep=None):
         for m in trainer.step():
             losses.setdefault(m.config_id, []).append(m.loss)
             norms.setdefault(m.config_id, []).append(m.grad_norm)
-    return losses, norms, trainer
+        splits.append(list(getattr(trainer, "last_splits", ())))
+    return losses, norms, trainer, splits
+
+
+#: Left-padded probe rows for the evaluation forward: adapters "a" (rows 0-1) and "c" (row 2).
+PROBE_IDS = [[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [0, 3, 4, 5, 6, 7]]
+PROBE_ROUTES = (("a", 0, 2), ("c", 2, 3))
+
+
+def probe_logits(model, slot_of) -> torch.Tensor:
+    """Logits of the probe rows (left padding, mask-derived position ids) through ``model``
+    as evaluation runs it: eval mode, rows routed with ``packed_segments``."""
+    from plora.engine.adapters import packed_segments
+    from plora.engine.evaluate import _device, _logits, eval_mode
+
+    ids = torch.tensor(PROBE_IDS)
+    mask = (torch.arange(ids.shape[1]) >= (ids == 0).sum(1, keepdim=True)).long()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = (t.to(_device(model)) for t in (ids, mask, pos))
+    segs = [(slot_of(cid), start, stop) for cid, start, stop in PROBE_ROUTES]
+    with eval_mode(model), packed_segments(model, segs):
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    return _logits(out).detach().float().cpu()
 
 
 def trained_ids(refill: bool) -> list[str]:
@@ -129,14 +154,17 @@ def _run_case(rank: int, case: Case, port: int, out: Path, device_type: str) -> 
             if rank == 0:
                 torch.save(state, out / f"{case.name}.state.pt")
 
-        losses, norms, trainer = train(
+        losses, norms, trainer, splits = train(
             build(), refill=case.refill, rebuild=build if case.resume else None, keep=keep
         )
         ids = trained_ids(case.refill)
         weights = {cid: trainer.adapter_weights(cid) for cid in ids}
         for cid in ids:
             trainer.export_adapter(cid, out / case.name / cid)
-        result = {"losses": losses, "norms": norms, "weights": weights, "layout": _layout(trainer)}
+        result = {"losses": losses, "norms": norms, "weights": weights, "layout": _layout(trainer),
+                  "splits": splits}  # fmt: skip
+        if not case.refill:  # the evaluation forward (under PP: the stages in turn)
+            result["probe"] = probe_logits(trainer.eval_model, trainer.slot_of)
         torch.save(result, out / f"{case.name}.rank{rank}.pt")
     except BaseException:
         # fail fast: the other ranks wait in a collective this rank will never join, and
@@ -182,9 +210,7 @@ def _held_numel(model) -> dict:
             continue
         seen.add(id(p))
         base += (p.to_local() if isinstance(p, DTensor) else p).numel()
-    lora_numel = sum(
-        layer.A.numel() + layer.Bt.numel() for layer in packed_layers(model).values()
-    )
+    lora_numel = sum(layer.A.numel() + layer.Bt.numel() for layer in packed_layers(model).values())
     return {"base_numel": base, "lora_numel": lora_numel}
 
 

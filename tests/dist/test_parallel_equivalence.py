@@ -1,21 +1,24 @@
 """Parallel packed training == single-process packed training (fp32, gloo, 2 and 4 processes).
 
 For tp=2 (also with an adapter leaving and another joining its slot), fsdp=2 (with idle
-ranks: more bins than rows; and with the base kept whole), pp=2 (1F1B, 3 micro-batches),
-fsdp=2 x tp=2, pp=2 x tp=2 and pp=2 x fsdp=2, three adapters that differ in rank, targets, lr, batch size, clipping and
-dropout train for a few steps; every step's loss and gradient norm, and the final weights
-gathered from the shards, must equal a single-process ``PackedTrainer`` run (itself tested
-equal to PEFT), and the exported adapters must reload with PEFT and hold those weights.
+ranks: more bins than rows; and with the base kept whole), pp=2 (1F1B, 8 micro-batches for 6
+rows: 2 idle ones), fsdp=2 x tp=2, pp=2 x tp=2 and pp=2 x fsdp=2, three adapters that differ
+in rank, targets, lr, batch size, clipping and dropout train for a few steps; every step's loss
+and gradient norm, and the final weights gathered from the shards, must equal a
+single-process ``PackedTrainer`` run (itself tested equal to PEFT), the exported adapters must
+reload with PEFT and hold those weights, and evaluation's forward (left-padded rows of two
+adapters) must give the single process's logits on every rank.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 
 import pytest
 import torch
-from _dist_cases import CONFIGS, JOINER, STEPS, Case, spawn, train, trained_ids
+from _dist_cases import CONFIGS, JOINER, STEPS, Case, probe_logits, spawn, train, trained_ids
 from _engine_testlib import TOKENIZER, assert_same_adapter, tiny_model, toy_dataset
 
 from plora.engine.adapters import adapter_state_dict
@@ -25,7 +28,7 @@ TWO = [
     Case(name="tp2", tp=2),
     Case(name="fsdp2", fsdp=2, microbatches=4),  # 8 bins for 6 rows: rank 1 idles twice a step
     Case(name="fsdp2-base-whole", fsdp=2, shard_base=False),
-    Case(name="pp2", pp=2, microbatches=3),
+    Case(name="pp2", pp=2, microbatches=8),  # 8 micro-batches for 6 rows: 2 idle a step
     Case(name="tp2-refill", tp=2, refill=True),  # "b" leaves after step 2, "e" takes its slot
 ]
 FOUR = [
@@ -42,7 +45,7 @@ LAYOUT = {
     "tp2": ((16, 32), 16, False, 2, (0, 0)),
     "fsdp2": ((16, 32), 32, True, 2, (0, 2 * STEPS)),
     "fsdp2-base-whole": ((32, 32), 32, False, 2, (0, 0)),
-    "pp2": ((32, 32), 32, False, 1, (0, 0)),
+    "pp2": ((32, 32), 32, False, 1, (2 * STEPS, 2 * STEPS)),
     "tp2-refill": ((16, 32), 16, False, 2, (0, 0)),
     "fsdp2xtp2": ((8, 32), 16, True, 2, (0, 0, 0, 0)),
     "pp2xtp2": ((16, 32), 16, False, 1, (0, 0, 0, 0)),
@@ -64,12 +67,14 @@ def reference():
     out = {}
     for refill in (False, True):
         trainer = PackedTrainer(copy.deepcopy(base), TOKENIZER, toy_dataset(), device="cpu")
-        losses, norms, _ = train(trainer, refill=refill)
+        losses, norms, _, _ = train(trainer, refill=refill)
         weights = {
             cid: adapter_state_dict(trainer.model, trainer.slot_of(cid))
             for cid in trained_ids(refill)
         }
         out[refill] = {"losses": losses, "norms": norms, "weights": weights}
+        if not refill:
+            out[refill]["probe"] = probe_logits(trainer.model, trainer.slot_of)
     out["base"] = base
     torch.set_num_threads(threads)
     return out
@@ -119,6 +124,73 @@ def test_parallel_equals_single_process(case, runs, reference):
             )
 
 
+def _least_heaviest(w: list[int], k: int) -> int:
+    """Least heaviest bin over every cut of ``w`` into ``k`` contiguous non-empty bins."""
+    n = len(w)
+    return min(
+        max(sum(w[b[j] : b[j + 1]]) for j in range(k))
+        for cuts in itertools.combinations(range(1, n), k - 1)
+        for b in [[0, *cuts, n]]
+    )
+
+
+@pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if c.fsdp > 1 or c.pp > 1],
+                         ids=lambda c: c.name)  # fmt: skip
+def test_rows_are_split_by_tokens_per_rank_and_per_stage(case, runs):
+    """On variable-length rows, FSDP's per-rank bins and PP's per-stage micro-batches are the
+    token-balanced split (the least heaviest bin of any contiguous cut, found by brute force),
+    not an even split of rows -- and the equivalence test above holds on these same runs, so
+    each adapter's loss normalisation is unchanged by the split."""
+    for rank in range(case.world_size):
+        steps = torch.load(runs / f"{case.name}.rank{rank}.pt")["splits"]
+        assert len(steps) == STEPS and all(steps)
+        for splits in steps:
+            assert [len(loads) for _, loads in splits] == _split_counts(case)
+            assert len(set(splits[0][0])) > 1  # the step's rows have different lengths
+            for rows, loads in splits:
+                assert sum(loads) == sum(rows)  # every row in exactly one bin
+                k = len(loads)
+                if len(rows) < k:
+                    continue
+                assert max(loads) == _least_heaviest(list(rows), k), (rows, loads)
+
+
+def test_the_token_split_is_not_the_row_split(runs):
+    """The runs above are a real test of the split: on some steps the token-balanced bins are
+    lighter than cutting the rows evenly by count."""
+    beaten = 0
+    for case in [*TWO, *FOUR]:
+        for rank in range(case.world_size):
+            for splits in torch.load(runs / f"{case.name}.rank{rank}.pt")["splits"]:
+                for rows, loads in splits:
+                    k = len(loads)
+                    if 1 < k < len(rows):
+                        even = [len(rows) // k + (j < len(rows) % k) for j in range(k)]
+                        cut = list(itertools.accumulate(even, initial=0))
+                        heaviest = max(sum(rows[a:b]) for a, b in itertools.pairwise(cut))
+                        beaten += max(loads) < heaviest
+    assert beaten > 0
+
+
+def _split_counts(case: Case) -> list[int]:
+    """Bins per split of one step: FSDP ``fsdp · m`` (m per rank); PP the FSDP ranks' shares
+    (one without FSDP), then the rank's micro-batches."""
+    if case.pp == 1:
+        return [case.fsdp * (case.microbatches or 1)]
+    return [case.fsdp, case.microbatches or case.pp]
+
+
+@pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if not c.refill], ids=lambda c: c.name)
+def test_evaluation_forward_equals_single_process(case, runs, reference):
+    """Evaluation's forward on every rank (under PP the stages in turn, the last one's logits
+    broadcast; left padding, position ids and per-row adapters) gives the logits of one process
+    holding the same adapters."""
+    want = reference[False]["probe"]
+    for rank in range(case.world_size):
+        got = torch.load(runs / f"{case.name}.rank{rank}.pt")["probe"]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", [*TWO, *FOUR], ids=lambda c: c.name)
 def test_exported_adapters_reload_with_peft(case, runs, reference):
     from peft import PeftModel, get_peft_model_state_dict
@@ -150,11 +222,18 @@ def test_parallel_checkpoint_resumes_on_one_process(runs, reference):
 
 @pytest.mark.parametrize("case", ["tp2", "fsdp2", "pp2"])
 def test_memory_model_counts_what_each_rank_holds(case, runs):
-    """The cost model's per-GPU base weights are what the ranks hold (mean over ranks: PP's
-    first and last stages differ), and under FSDP the adapters are whole on every rank, as the
-    memory model's default (``zero_stage=0``) books them."""
+    """The cost model's per-GPU base weights are what the ranks hold (PP: the busiest stage,
+    since the first and last differ; TP/FSDP: the mean, FSDP's shards of a dimension the ranks
+    do not divide differing by a row), and under FSDP the adapters are whole on every rank, as
+    the memory model's default (``zero_stage=0``) books them."""
     from plora.cost import Strategy
-    from plora.cost.memory import FULL_FP32, MemoryOptions, adapter_memory, base_memory
+    from plora.cost.memory import (
+        FULL_FP32,
+        MemoryOptions,
+        adapter_memory,
+        base_memory,
+        pp_stage_weight_bytes,
+    )
     from plora.model_spec import ModelSpec
 
     spec = ModelSpec.from_hf_config(tiny_model("qwen2").config)
@@ -162,7 +241,12 @@ def test_memory_model_counts_what_each_rank_holds(case, runs):
     got = [torch.load(runs / f"{case}.rank{r}.pt")["layout"] for r in range(2)]
     fp32 = MemoryOptions(precision=FULL_FP32)
     want = base_memory(spec, d=2, strategy=strategy, options=fp32).components["base_weights"]
-    assert sum(4.0 * g["base_numel"] for g in got) / 2 == pytest.approx(want, rel=1e-12)
+    held = [4.0 * g["base_numel"] for g in got]  # FSDP: shards of uneven dims differ by a row
+    booked = max(held) if strategy is Strategy.PP else sum(held) / len(held)
+    assert booked == pytest.approx(want, rel=1e-12)
+    if strategy is Strategy.PP:  # every stage, not only the busiest
+        stages = pp_stage_weight_bytes(spec, FULL_FP32, 2)
+        assert [4.0 * g["base_numel"] for g in got] == pytest.approx(stages, rel=1e-12)
     if strategy is Strategy.FSDP:
         trainer = PackedTrainer(tiny_model("qwen2"), TOKENIZER, toy_dataset(), device="cpu")
         for cfg in CONFIGS:

@@ -1,7 +1,8 @@
 """The resident engine of a d-GPU job (``ParallelPackSession``) equals the one-GPU engine.
 
-Two gloo processes each build a session on the built-in tiny model (tp=2, then fsdp=2) and
-serve the same requests a resident worker group gets:
+Two gloo processes each build a session on the built-in tiny model (tp=2, fsdp=2, then pp=2:
+rank 0 is the first pipeline stage, the losses it reports and decides on are the last
+stage's) and serve the same requests a resident worker group gets:
 
 1. a pack of two configs; rank 0's hooks (the only ones: the coordinator talks to rank 0)
    stop "b" after its 2nd step and abort the job after the 3rd -- the other rank must follow
@@ -9,8 +10,9 @@ serve the same requests a resident worker group gets:
 2. the same job again with ``resume``: it continues from the checkpoint;
 3. a second job ("c") on the same resident model (no reload).
 
-The exported PEFT adapters, the steps and the eval losses must equal ``run_pack`` on one
-process with the same control (stop "b" after step 2), itself tested equal to PEFT.
+The exported PEFT adapters, the steps, the final train losses, the eval losses and exact-match
+scores must equal ``run_pack`` on one process with the same control (stop "b" after step 2),
+itself tested equal to PEFT.
 """
 
 from __future__ import annotations
@@ -108,6 +110,12 @@ def _rank(rank: int, strategy: str, port: int, out: str, backend: str = "gloo") 
         dist.destroy_process_group()
 
 
+def _ranks(rank: int, strategies: list[str], ports: list[int], out: str) -> None:
+    """One spawned process serving every strategy's session in turn (one start-up for all)."""
+    for strategy, port in zip(strategies, ports, strict=True):
+        _rank(rank, strategy, port, out)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -133,11 +141,22 @@ def reference(tmp_path_factory):
     return out, results
 
 
-@pytest.mark.parametrize("strategy", ["tp", "fsdp"])
-def test_parallel_session_equals_one_process(strategy, tmp_path, reference) -> None:
+STRATEGIES = ["tp", "fsdp", "pp"]
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory) -> Path:
+    """Every strategy's two ranks, run by one pair of spawned processes."""
+    out = tmp_path_factory.mktemp("sessions")
+    ports = [_free_port() for _ in STRATEGIES]
+    mp.spawn(_ranks, args=(STRATEGIES, ports, str(out)), nprocs=2, join=True)
+    return out
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_parallel_session_equals_one_process(strategy, sessions, reference) -> None:
     ref_dir, ref = reference
-    mp.spawn(_rank, args=(strategy, _free_port(), str(tmp_path)), nprocs=2, join=True)
-    root = tmp_path / strategy
+    root = sessions / strategy
     outcomes = json.loads((root / "outcomes.json").read_text())
     first, again = outcomes["first"], outcomes["again"]
     # the abort after 3 steps reached both ranks: "b" was stopped at 2, "a" is aborted at 3
@@ -154,5 +173,7 @@ def test_parallel_session_equals_one_process(strategy, tmp_path, reference) -> N
         assert_same_adapter(got_w, want_w)  # ‖Δθ‖/‖θ‖ <= 1e-5 over the adapter
         assert any(v.abs().max() > 1e-4 for k, v in got_w.items() if "lora_B" in k)
         assert got["final_train_loss"] == pytest.approx(ref[cid].final_train_loss, rel=1e-5)
+        assert (got["eval_loss"] is None) == (ref[cid].eval_loss is None)
         if ref[cid].eval_loss is not None:
             assert got["eval_loss"] == pytest.approx(ref[cid].eval_loss, rel=1e-5)
+        assert got["eval_metric"] == ref[cid].eval_metric

@@ -59,7 +59,7 @@ def reference():
     out = {}
     for refill in (False, True):
         trainer = PackedTrainer(copy.deepcopy(base), TOKENIZER, toy_dataset(), device="cuda:0")
-        losses, _, _ = train(trainer, refill=refill)
+        losses, _, _, _ = train(trainer, refill=refill)
         weights = {
             cid: {k: v.detach().float().cpu() for k, v in
                   adapter_state_dict(trainer.model, trainer.slot_of(cid)).items()}

@@ -1,4 +1,4 @@
-"""A d = 2 job's resident engine on two GPUs with NCCL (tp, fsdp): the same requests as
+"""A d = 2 job's resident engine on two GPUs with NCCL (tp, fsdp, pp): the same requests as
 ``tests/dist/test_parallel_session.py`` (rank 0's control, abort, resume, a second job), in
 bf16 autocast, against the one-GPU engine. Needs two CUDA devices."""
 
@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("strategy", ["tp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["tp", "fsdp", "pp"])
 def test_parallel_session_on_two_gpus(strategy, tmp_path) -> None:
     from plora.engine.api import EngineSpec
     from plora.engine.run import PackSession

@@ -52,8 +52,13 @@ def test_multi_gpu_groups_are_refused_loudly() -> None:
     from plora.engine.api import EngineSpec
 
     spec = EngineSpec(model=tiny_sweep().model, dataset=tiny_sweep().dataset)
-    with pytest.raises(UnsupportedJobError, match="d=2 GPUs"):
-        start_group((0, 1), strategy="pp", relay=None, engine=PackFnEngine, spec=spec, name="g")
+    for strategy in (None, "zero3"):  # none, or one the runtime does not run (tp, fsdp, pp)
+        with pytest.raises(
+            UnsupportedJobError, match=r"d=2 GPUs.*runs d > 1 jobs with fsdp, pp, tp"
+        ):
+            start_group(
+                (0, 1), strategy=strategy, relay=None, engine=PackFnEngine, spec=spec, name="g"
+            )
 
 
 def test_stop_one_adapter_of_a_running_job(ray_cluster, tmp_path) -> None:

@@ -38,7 +38,9 @@ def _plan(tmp_path: Path, sweep: dict) -> tuple[object, dict]:
     return result, (json.loads(out.read_text()) if out.is_file() else {})
 
 
-@pytest.mark.parametrize("strategies", [["tp"], ["fsdp"], ["tp", "fsdp"]])
+@pytest.mark.parametrize(
+    "strategies", [["tp"], ["fsdp"], ["pp"], ["tp", "fsdp"], ["tp", "fsdp", "pp"]]
+)
 def test_plan_uses_the_sweeps_strategies_and_shows_them(tmp_path, strategies) -> None:
     result, plan = _plan(tmp_path, {**BIG, "planner": {"strategies": strategies}})
     assert result.exit_code == 0, result.output
@@ -76,6 +78,17 @@ def test_tp_degrees_the_heads_cannot_split_never_fit() -> None:
     assert big.base_memory(8, Strategy.TP) < big.base_memory(4, Strategy.TP)
 
 
+def test_pp_degrees_beyond_the_layers_never_fit() -> None:
+    """tiny-qwen2 has 2 decoder layers: ``apply_pp`` makes 2 stages of it, never 4."""
+    sweep = SweepConfig.from_dict(
+        {**BIG, "model": "tiny-qwen2", "hardware": {"gpu_type": "cpu", "num_gpus": 4},
+         "planner": {"strategies": ["pp"]}}
+    )  # fmt: skip
+    cost = build_cost_model(sweep, use_profile=False)
+    assert math.isfinite(cost.base_memory(2, Strategy.PP))
+    assert cost.base_memory(4, Strategy.PP) == math.inf
+
+
 def test_step_time_charges_the_bytes_plora_parallel_sends() -> None:
     """Each communication feature of the step-time model is :mod:`plora.cost.parallel`'s byte
     count over the link (the fitted efficiency multiplies it)."""
@@ -104,10 +117,12 @@ def test_step_time_charges_the_bytes_plora_parallel_sends() -> None:
                                              fsdp=d) / link)  # fmt: skip
 
 
-def test_the_runtime_runs_tp_and_fsdp_and_refuses_pp_before_starting() -> None:
+def test_the_runtime_runs_every_strategy_and_refuses_others_before_starting() -> None:
     from plora.config import ConfigError
     from plora.runtime.group import check_strategies
 
-    check_strategies([Strategy.TP, Strategy.FSDP])
-    with pytest.raises(ConfigError, match=r"planner.strategies: pp cannot run yet.*fsdp, tp"):
-        check_strategies([Strategy.TP, Strategy.PP])
+    check_strategies(list(Strategy))
+    with pytest.raises(
+        ConfigError, match=r"planner.strategies: zero3 cannot run yet.*fsdp, pp, tp"
+    ):
+        check_strategies([Strategy.TP, "zero3"])
