@@ -67,11 +67,13 @@ def fmt_duration(seconds: float) -> str:
 
 def torchao_first() -> None:
     """Import torchao quietly (:func:`import_torchao_quietly`) when it is installed and not yet
-    imported: modules that import transformers or peft call this first."""
+    imported: modules that import transformers or peft call this first. A torchao that does not
+    import is left to transformers / peft to report."""
     import importlib.util
 
     if "torchao" not in sys.modules and importlib.util.find_spec("torchao") is not None:
-        import_torchao_quietly()
+        with contextlib.suppress(ImportError):
+            import_torchao_quietly()
 
 
 def import_torchao_quietly() -> Any:

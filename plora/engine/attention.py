@@ -30,9 +30,4 @@ def engine_attention(model: nn.Module) -> contextlib.AbstractContextManager[None
     return sdpa_kernel(_BACKENDS)
 
 
-def allowed_backends() -> list[SDPBackend]:
-    """The SDPA backends :func:`engine_attention` leaves on (for tests and benchmarks)."""
-    return list(_BACKENDS)
-
-
-__all__ = ["allowed_backends", "engine_attention"]
+__all__ = ["engine_attention"]

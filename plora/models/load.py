@@ -16,9 +16,7 @@ bit-identically -- the ``base_model_name_or_path`` that exported PEFT adapters p
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib.util
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,9 +25,9 @@ import torch
 from transformers import PretrainedConfig
 
 from plora.config import ConfigError
-from plora.models.quantize import import_torchao_quietly, quantize_model
+from plora.models.quantize import quantize_model
 from plora.models.tiny import TINY_MODELS, tiny_config, tiny_model_dir
-from plora.utils import atomic_path
+from plora.utils import atomic_path, torchao_first
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -103,9 +101,7 @@ def load_model(
             value=name,
             fix="point to a directory written by save_pretrained",
         )
-    if importlib.util.find_spec("torchao") is not None:
-        with contextlib.suppress(ImportError):
-            import_torchao_quietly()  # transformers imports it below, with a page of warnings
+    torchao_first()  # transformers imports it below, with a page of warnings
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch_dtype, trust_remote_code=trust

@@ -114,8 +114,8 @@ class Measurements:
         so a later sweep with another metric plans from the right parts.
         """
         t = outcome.timings
+        first = self._first_steps.pop(outcome.job_id, [])  # needed by this outcome only
         if t.load_s > 0 and self._pending_starts:  # the first job of a cold worker group
-            first = self._first_steps.get(outcome.job_id, [])
             compile_s = max(0.0, first[0] - first[1]) if len(first) >= 2 else 0.0
             self._add(OverheadKind.WORKER_START, self._pending_starts.pop(0) + compile_s)
         self._add(OverheadKind.JOB_START, t.start_s)
