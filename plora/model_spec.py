@@ -134,7 +134,8 @@ class ModelSpec:
         """All seven ``name -> (in, out)`` in layer order."""
         return {p: self.projection_shape(p) for p in PROJECTIONS}
 
-    def _has_bias(self, name: str) -> bool:
+    def has_bias(self, name: str) -> bool:
+        """Whether projection ``name`` carries a bias."""
         if name in ("q_proj", "k_proj", "v_proj"):
             return self.attention_bias
         if name == "o_proj":
@@ -151,7 +152,7 @@ class ModelSpec:
     def projection_params(self, name: str) -> int:
         """Parameters of one projection in one layer: ``in·out`` (+ ``out`` with a bias)."""
         fan_in, fan_out = self.projection_shape(name)
-        return fan_in * fan_out + (fan_out if self._has_bias(name) else 0)
+        return fan_in * fan_out + (fan_out if self.has_bias(name) else 0)
 
     @property
     def layer_params(self) -> int:

@@ -30,6 +30,10 @@ from plora.engine.api import (
     StepReport,
 )
 
+#: Longest wait, after the model loaded, for the first job's kernel warm-up process to finish
+#: (it compiles what the first step would compile anyway; a stuck one is stopped).
+WARMUP_WAIT_S = 60.0
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerInfo:
@@ -151,6 +155,9 @@ class PackWorker:
         self.relay = relay
         self._engine_cls = engine
         self._spec = spec
+        self._default_engine = engine is None  # a PackSession: its kernels can be warmed up
+        self.warmup: Any = None
+        """The first job's kernel warm-up (:func:`plora.engine.warmup.warm_for_request`)."""
         self.engine: PackEngine | None = None
         self._loaded = threading.Event()  # calls run on two threads: ``run`` waits for ``load``
         self._running = threading.Lock()  # one job at a time, even when the next one is queued
@@ -239,7 +246,9 @@ class PackWorker:
         out, control in: the engine hands its control to the other ranks), and rank 0's
         outcome is the job's.
         """
+        warming = None if self._loaded.is_set() else self._warm_up(request)
         self._loaded.wait()
+        self._finish_warm_up(warming, request.job_id)  # never longer than compiling here
         if self.engine is None:
             raise RuntimeError(f"the worker could not load the base model: {self._load_error}")
         with self._running:
@@ -250,6 +259,23 @@ class PackWorker:
                 return self.engine.run(request, hooks)
             finally:
                 hooks.flush(wait=True)
+
+    def _warm_up(self, request: PackRequest) -> Any:
+        """Compile the first job's packed kernels in a child process while ``load`` still runs
+        (one GPU, the default engine): its first step then reads them from Triton's disk cache."""
+        if not (self.cuda and self._default_engine and self.world_size == 1 and self._spec):
+            return None
+        from plora.engine.warmup import start_warmup
+
+        return start_warmup(self._spec, request)
+
+    def _finish_warm_up(self, proc: Any, job_id: str) -> None:
+        if proc is None:
+            return
+        from plora.engine.warmup import finish_warmup
+
+        self.warmup = finish_warmup(proc, timeout_s=WARMUP_WAIT_S)
+        logging.getLogger(__name__).info("kernel warm-up, %s: %s", job_id, self.warmup)
 
 
 __all__ = ["PackWorker", "RelayHooks", "WorkerInfo"]

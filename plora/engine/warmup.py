@@ -1,0 +1,212 @@
+"""Compile a pack's Triton kernels before its first step, while the base model still loads.
+
+A cold worker process JIT-compiles every packed-LoRA kernel variant its first step launches:
+5-8 s on the lent H100 and H200 (``ptxas`` runs per variant), all of it on the sweep's
+critical path after the model has loaded. Which variants a step needs depends only on things
+known before the model is: the projections' ``(in, out)`` and bias (from the model's config,
+:class:`plora.model_spec.ModelSpec`), the compute dtype, the pack's ranks, slot count and
+dropout, and the step's token count (the measured fused/unfused mode is chosen per shape).
+
+:func:`warm_pack_kernels` runs one forward and backward of a stand-in
+:class:`~plora.engine.lora.PackedLoRALinear` per distinct projection shape, with the pack's
+slots and a step's rows, through the same code path as the trainer
+(:func:`plora.engine.fused.fused_forward`). The resident worker runs it for its first job in a child
+process (:func:`start_warmup`) while its own load (mostly importing transformers) goes on; the
+first step then finds the kernels in Triton's on-disk cache. It never changes results: the stand-in layers are thrown
+away, and a variant it missed is simply compiled at the first step, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from plora.config import LoRAConfig
+from plora.engine.api import EngineSpec, PackRequest
+from plora.model_spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+#: Rows per packed-evaluation forward (``plora.engine.evaluate_packed``'s default batch).
+EVAL_ROWS = 32
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WarmupReport:
+    """What :func:`warm_pack_kernels` did."""
+
+    shapes: tuple[tuple[int, int, bool], ...] = ()
+    """``(in, out, bias)`` of each stand-in layer run forward and backward."""
+    tokens: int = 0
+    """Tokens of the stand-in step (rows x sequence length)."""
+    seconds: float = 0.0
+    skipped: str | None = None
+    """Why nothing ran (no CUDA, no kernels, an unsupported model), else None."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WarmupReport:
+        shapes = tuple(tuple(s) for s in data.get("shapes", ()))
+        return cls(**{**data, "shapes": shapes})
+
+
+def warm_pack_kernels(
+    spec: ModelSpec,
+    configs: Sequence[LoRAConfig],
+    *,
+    seq_len: int,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    max_rows: int | None = None,
+    eval_rows: int = EVAL_ROWS,
+) -> WarmupReport:
+    """Compile the packed-LoRA kernels one training step (and one packed-evaluation forward) of
+    ``configs`` launches.
+
+    Args:
+        spec: the base model's shapes (its config; no weights needed).
+        configs: the pack, in slot order (slot ``i`` = ``configs[i]``, as the trainer adds them).
+        seq_len: the step's padded sequence length (the dataset's ``max_seq_len``).
+        device: the CUDA device the pack trains on; anything else returns at once.
+        dtype: the base model's compute dtype.
+        max_rows: the trainer's micro-batch row limit (None: one micro-batch).
+        eval_rows: rows of one packed-evaluation forward to warm as well (0: none).
+
+    Returns:
+        A :class:`WarmupReport`; failures are logged and reported, never raised (the first step
+        compiles whatever is missing).
+    """
+    from plora.engine.fused import kernel
+    from plora.engine.lora import PackedLoRALinear, Routing, module_key
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available() or not configs:
+        return WarmupReport(skipped="not a CUDA pack")
+    if dtype not in (torch.bfloat16, torch.float16) or kernel() is None:
+        return WarmupReport(skipped="no Triton kernels for this dtype")
+    t0 = time.perf_counter()
+    rows = [c.batch_size for c in configs]
+    total = sum(rows)
+    rows_per_step = min(max_rows or total, total)
+    targets = {t for c in configs for t in c.target_modules}
+    shapes: dict[tuple[int, int, bool], str] = {}  # one stand-in per distinct shape
+    for name in spec.projection_shapes:
+        if name in targets:
+            shapes.setdefault((*spec.projection_shape(name), spec.has_bias(name)), name)
+    try:
+        for (fan_in, fan_out, bias), name in shapes.items():
+            base = nn.Linear(fan_in, fan_out, bias=bias, device=device, dtype=dtype)
+            layer = PackedLoRALinear(base, key=module_key(0, name))
+            segments, start = [], 0
+            for slot, (cfg, n) in enumerate(zip(configs, rows, strict=True)):
+                layer.add_slot(
+                    slot, rank=cfg.rank, scale=cfg.scale, dropout=cfg.dropout, seed=cfg.seed
+                )
+                take = max(0, min(n, rows_per_step - start))
+                segments.append((slot, start, start + take))
+                start += take
+            layer.routing = Routing(
+                segments=tuple(s for s in segments if s[2] > s[1]),
+                dropout_keys={s: (0, 0) for s in range(len(configs))},
+            )
+            x = torch.randn(rows_per_step, seq_len, fan_in, device=device, dtype=dtype)
+            x.requires_grad_(True)
+            y = layer(x)
+            y.backward(torch.randn_like(y))
+            if eval_rows:  # packed evaluation: forward only, eval mode (no dropout)
+                layer.eval()
+                half = eval_rows // 2 if len(configs) > 1 else eval_rows  # two slots' rows
+                pieces = ((0, 0, half), (1, half, eval_rows)) if half < eval_rows else ()
+                layer.routing = Routing(segments=pieces or ((0, 0, eval_rows),))
+                with torch.no_grad():
+                    layer(torch.randn(eval_rows, seq_len, fan_in, device=device, dtype=dtype))
+            del x, y, layer, base
+        torch.cuda.synchronize(device)
+    except Exception as e:  # never fatal: the first step compiles what is missing
+        log.warning("kernel warm-up skipped: %s", f"{type(e).__name__}: {e}".splitlines()[0])
+        return WarmupReport(skipped=f"{type(e).__name__}: {e}".splitlines()[0][:200])
+    return WarmupReport(
+        shapes=tuple(shapes),
+        tokens=rows_per_step * seq_len,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def start_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Popen[str] | None:
+    """Start :func:`warm_pack_kernels` for ``request``'s pack in a child process (None off CUDA).
+
+    A child, not a thread: Triton's compiler holds the GIL for much of its work, so a thread
+    slowed the parent's imports as much as it saved (measured on the lent H100). The child
+    compiles on its own core into Triton's on-disk cache, which the parent's first step reads.
+    The caller owns the process (:func:`finish_warmup`).
+    """
+    on_cuda = (spec.device or "cuda").startswith("cuda") and torch.cuda.is_available()
+    if not on_cuda or not request.configs:
+        return None
+    job = {
+        "model": spec.model.name_or_path,
+        "configs": [c.to_dict() for c in request.configs],
+        "seq_len": spec.dataset.max_seq_len,
+        "max_rows": spec.max_rows,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plora.engine.warmup"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(job))
+    proc.stdin.close()
+    return proc
+
+
+def finish_warmup(proc: subprocess.Popen[str] | None, timeout_s: float = 0.0) -> WarmupReport:
+    """The child's report: waits up to ``timeout_s``, then stops a child still compiling (what
+    it has not cached yet, the first step compiles)."""
+    if proc is None:
+        return WarmupReport(skipped="no warm-up process")
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return WarmupReport(skipped="still compiling when the first step began")
+    try:
+        return WarmupReport.from_dict(json.loads(out.strip().splitlines()[-1]))
+    except (ValueError, IndexError, TypeError):
+        return WarmupReport(skipped=f"warm-up process exited with {proc.returncode}")
+
+
+def _main() -> None:
+    """``python -m plora.engine.warmup``: one :func:`start_warmup` job (JSON on stdin)."""
+    job = json.loads(sys.stdin.read())
+    try:
+        model = ModelSpec.from_hf_config(job["model"])
+    except Exception as e:  # an architecture plora cannot read ahead: the first step compiles
+        report = WarmupReport(skipped=f"{type(e).__name__}: {e}".splitlines()[0][:200])
+    else:
+        configs = [LoRAConfig.from_dict(c) for c in job["configs"]]
+        report = warm_pack_kernels(
+            model, configs, seq_len=job["seq_len"], device="cuda", max_rows=job["max_rows"]
+        )
+    print(json.dumps(report.to_dict()), flush=True)
+
+
+if __name__ == "__main__":
+    _main()
+
+
+__all__ = ["WarmupReport", "finish_warmup", "start_warmup", "warm_pack_kernels"]

@@ -1,0 +1,49 @@
+"""The kernel warm-up's process protocol on a machine without CUDA (the compile itself:
+tests/gpu/test_warmup_gpu.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from plora.config import DatasetSpec, LoRAConfig, ModelRef
+from plora.engine.api import EngineSpec, PackRequest
+from plora.engine.warmup import WarmupReport, finish_warmup, start_warmup, warm_pack_kernels
+from plora.model_spec import ModelSpec
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA paths")
+CFG = LoRAConfig(config_id="a", rank=8, alpha=16, lr=1e-3, batch_size=4, max_steps=3)
+
+
+def test_report_round_trips_through_json():
+    report = WarmupReport(
+        shapes=((1536, 256, True), (8960, 1536, False)), tokens=30720, seconds=4.5
+    )
+    assert WarmupReport.from_dict(json.loads(json.dumps(report.to_dict()))) == report
+
+
+@no_cuda
+def test_nothing_is_started_or_compiled_without_cuda(tmp_path):
+    spec = EngineSpec(
+        model=ModelRef(name_or_path="tiny-qwen2"), dataset=DatasetSpec(path="x.jsonl")
+    )
+    request = PackRequest(job_id="j1", configs=(CFG,), out_dir=str(tmp_path))
+    assert start_warmup(spec, request) is None
+    assert finish_warmup(None).skipped == "no warm-up process"
+    model = ModelSpec.from_hf_config("tiny-qwen2")
+    assert warm_pack_kernels(model, [CFG], seq_len=40, device="cpu").skipped == "not a CUDA pack"
+
+
+@no_cuda
+def test_the_child_reports_one_json_line():
+    job = {"model": "tiny-qwen2", "configs": [CFG.to_dict()], "seq_len": 40, "max_rows": None}
+    out = subprocess.run(
+        [sys.executable, "-m", "plora.engine.warmup"],
+        input=json.dumps(job), capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    report = WarmupReport.from_dict(json.loads(out.stdout.splitlines()[-1]))
+    assert report.skipped == "not a CUDA pack" and report.shapes == ()
