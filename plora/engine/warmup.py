@@ -160,6 +160,12 @@ def start_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Popen[str
         "seq_len": spec.dataset.max_seq_len,
         "max_rows": spec.max_rows,
     }
+    return spawn_warmup(job)
+
+
+def spawn_warmup(job: dict[str, Any]) -> subprocess.Popen[str]:
+    """``python -m plora.engine.warmup`` with ``job`` (model, configs as dicts, seq_len,
+    max_rows) on its stdin."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "plora.engine.warmup"],
         stdin=subprocess.PIPE,
@@ -167,9 +173,10 @@ def start_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Popen[str
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps(job))
-    proc.stdin.close()
+    stdin, proc.stdin = proc.stdin, None  # written here, so communicate() only reads
+    assert stdin is not None
+    with stdin:
+        stdin.write(json.dumps(job))
     return proc
 
 
@@ -184,6 +191,8 @@ def finish_warmup(proc: subprocess.Popen[str] | None, timeout_s: float = 0.0) ->
         proc.kill()
         proc.communicate()
         return WarmupReport(skipped="still compiling when the first step began")
+    except Exception as e:  # never the job's failure: its first step compiles instead
+        return WarmupReport(skipped=f"{type(e).__name__}: {e}".splitlines()[0][:200])
     try:
         return WarmupReport.from_dict(json.loads(out.strip().splitlines()[-1]))
     except (ValueError, IndexError, TypeError):
@@ -209,4 +218,10 @@ if __name__ == "__main__":
     _main()
 
 
-__all__ = ["WarmupReport", "finish_warmup", "start_warmup", "warm_pack_kernels"]
+__all__ = [
+    "WarmupReport",
+    "finish_warmup",
+    "spawn_warmup",
+    "start_warmup",
+    "warm_pack_kernels",
+]

@@ -267,7 +267,11 @@ class PackWorker:
             return None
         from plora.engine.warmup import start_warmup
 
-        return start_warmup(self._spec, request)
+        try:
+            return start_warmup(self._spec, request)
+        except Exception as e:  # an optimization only: the first step compiles instead
+            logging.getLogger(__name__).warning("kernel warm-up not started: %s", e)
+            return None
 
     def _finish_warm_up(self, proc: Any, job_id: str) -> None:
         if proc is None:

@@ -16,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 from _engine_testlib import tiny_model
 
+from plora.config import LoRAConfig
+
 pytestmark = pytest.mark.gpu
 
 UNIT = Path(__file__).resolve().parents[1] / "unit"
@@ -67,7 +69,8 @@ def test_warm_up_process_compiles_what_the_first_step_and_evaluation_launch(tmp_
 
     model_dir = tmp_path / "model"
     tiny_model(hidden=HIDDEN, intermediate=INTERMEDIATE).config.save_pretrained(model_dir)
-    job = {"model": str(model_dir), "configs": CONFIGS, "seq_len": SEQ, "max_rows": None}
+    configs = [LoRAConfig(**c).to_dict() for c in CONFIGS]
+    job = {"model": str(model_dir), "configs": configs, "seq_len": SEQ, "max_rows": None}
     warm = tmp_path / "warm"
     report = json.loads(_run(["-m", "plora.engine.warmup"], warm, json.dumps(job)).splitlines()[-1])
     # q, k/v, o, gate/up, down of the tiny Qwen2: 5 distinct (in, out, bias)

@@ -4,15 +4,19 @@ tests/gpu/test_warmup_gpu.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from plora.config import DatasetSpec, LoRAConfig, ModelRef
 from plora.engine.api import EngineSpec, PackRequest
-from plora.engine.warmup import WarmupReport, finish_warmup, start_warmup, warm_pack_kernels
+from plora.engine.warmup import (
+    WarmupReport,
+    finish_warmup,
+    spawn_warmup,
+    start_warmup,
+    warm_pack_kernels,
+)
 from plora.model_spec import ModelSpec
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA paths")
@@ -39,11 +43,13 @@ def test_nothing_is_started_or_compiled_without_cuda(tmp_path):
 
 
 @no_cuda
-def test_the_child_reports_one_json_line():
+def test_the_child_reports_through_finish_warmup():
     job = {"model": "tiny-qwen2", "configs": [CFG.to_dict()], "seq_len": 40, "max_rows": None}
-    out = subprocess.run(
-        [sys.executable, "-m", "plora.engine.warmup"],
-        input=json.dumps(job), capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    report = WarmupReport.from_dict(json.loads(out.stdout.splitlines()[-1]))
+    report = finish_warmup(spawn_warmup(job), timeout_s=120)
     assert report.skipped == "not a CUDA pack" and report.shapes == ()
+
+
+def test_a_child_that_fails_is_reported_not_raised():
+    proc = spawn_warmup({"model": "tiny-qwen2"})  # no configs: the child raises KeyError
+    report = finish_warmup(proc, timeout_s=120)
+    assert report.skipped is not None and "exited with 1" in report.skipped
