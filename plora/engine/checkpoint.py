@@ -3,7 +3,10 @@
 * :func:`export_peft_adapter` writes ``adapter_config.json`` (a ``peft.LoraConfig`` saved by
   peft itself) and ``adapter_model.safetensors`` with PEFT's key names
   (``base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight``), so the directory
-  reloads with ``PeftModel.from_pretrained(base, path)``.
+  reloads with ``PeftModel.from_pretrained(base, path)``. It is two halves that a job runs
+  apart: :func:`snapshot_weights` (the device->host copy, a few transfers, on the job's thread)
+  and :func:`write_peft_adapter` (the files, on a background thread:
+  :class:`plora.engine.export_writer.ExportWriter`).
 * :func:`save_train_state` / :func:`load_train_state` store ``PackedTrainer.state_dict()``
   (adapter weights, AdamW and schedule state, data-stream positions, RNG states, step
   counters) as one ``torch.save`` file inside a directory, written atomically, with the
@@ -95,24 +98,89 @@ def export_peft_adapter(
     weights: Mapping[str, torch.Tensor],
     base_model_name_or_path: str | None = None,
 ) -> Path:
-    """Write one adapter as a PEFT directory at ``path`` (atomically, replacing it).
+    """Write one adapter as a PEFT directory at ``path`` (atomically, replacing it):
+    :func:`snapshot_weights`, then :func:`write_peft_adapter`.
 
     Args:
         config: the adapter's config (rank, alpha, targets, dropout, rsLoRA).
         weights: PEFT-keyed tensors (``plora.engine.adapters.adapter_state_dict``).
         base_model_name_or_path: recorded in ``adapter_config.json``.
     """
-    path = Path(path)
+    return write_peft_adapter(
+        path,
+        config=config,
+        tensors=snapshot_weights(weights),
+        base_model_name_or_path=base_model_name_or_path,
+    )
+
+
+#: Most bytes of one device->host transfer of :func:`snapshot_weights` (bounds the temporary
+#: float32 buffer it concatenates on the device).
+SNAPSHOT_CHUNK_BYTES = 256 * 2**20
+
+
+def snapshot_weights(
+    weights: Mapping[str, torch.Tensor], *, chunk_bytes: int = SNAPSHOT_CHUNK_BYTES
+) -> dict[str, torch.Tensor]:
+    """float32 CPU copies of PEFT-keyed ``weights`` (same keys, order and shapes), taken now.
+
+    The tensors of one device are flattened and concatenated there and cross to the host in one
+    transfer per ``chunk_bytes`` (into pinned memory from CUDA) instead of one synchronising copy
+    per tensor; the result's tensors are views of that host buffer. They never alias ``weights``,
+    so the slot may be trained, removed or reused while they are written
+    (:func:`write_peft_adapter`).
+
+    Raises:
+        ValueError: ``weights`` is empty or not PEFT-keyed.
+    """
     bad = [k for k in weights if not k.startswith("base_model.model.")]
     if bad or not weights:
         raise ValueError(f"not PEFT-keyed adapter weights: {bad[:2] or 'empty'}")
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in weights.items()}
+    chunks: list[list[str]] = []  # consecutive keys of one device, <= chunk_bytes each
+    nbytes = 0
+    for key, value in weights.items():
+        same = bool(chunks) and weights[chunks[-1][0]].device == value.device
+        if same and nbytes + 4 * value.numel() <= chunk_bytes:
+            chunks[-1].append(key)
+            nbytes += 4 * value.numel()
+        else:
+            chunks.append([key])
+            nbytes = 4 * value.numel()
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for keys in chunks:
+            parts = [weights[k].detach().reshape(-1).to(torch.float32) for k in keys]
+            flat = torch.cat(parts)  # a new buffer, on the weights' device
+            if flat.device.type != "cpu":
+                host = torch.empty(flat.numel(), dtype=torch.float32, pin_memory=True)
+                host.copy_(flat, non_blocking=True)
+                torch.cuda.current_stream(flat.device).synchronize()  # the one sync
+                flat = host
+            offset = 0
+            for k in keys:
+                n = weights[k].numel()
+                out[k] = flat[offset : offset + n].view(weights[k].shape)
+                offset += n
+    return {k: out[k] for k in weights}
+
+
+def write_peft_adapter(
+    path: str | os.PathLike[str],
+    *,
+    config: LoRAConfig,
+    tensors: Mapping[str, torch.Tensor],
+    base_model_name_or_path: str | None = None,
+) -> Path:
+    """Write a PEFT directory at ``path`` (atomically, replacing it) from CPU float32
+    ``tensors`` (:func:`snapshot_weights`): ``adapter_config.json``,
+    ``adapter_model.safetensors`` and ``plora_config.json``. Safe on a background thread."""
+    path = Path(path)
     with atomic_path(path) as tmp:
         tmp.mkdir()
         peft_lora_config(config, base_model_name_or_path=base_model_name_or_path).save_pretrained(
             str(tmp)
         )
-        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        save_file(dict(tensors), str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         (tmp / "plora_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     return path
 
@@ -342,6 +410,8 @@ __all__ = [
     "load_train_state",
     "peft_lora_config",
     "save_train_state",
+    "snapshot_weights",
     "verify_train_state",
     "write_checkpoint",
+    "write_peft_adapter",
 ]
