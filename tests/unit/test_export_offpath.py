@@ -139,8 +139,8 @@ def test_outcome_waits_for_writes_that_overlap_the_evaluation(tmp_path, monkeypa
     t = out.timings
     assert t.exports == 2
     assert t.export_s == pytest.approx(sum(r.export_s for r in out.results.values()), abs=1e-3)
-    assert 0 < t.export_critical_s  # the snapshots at least
-    assert t.export_critical_s < t.export_s + t.eval_s  # not the writes plus the evaluation
+    assert t.export_critical_s > 0  # the snapshots at least
+    assert t.export_critical_s < t.export_s  # the writes' seconds during the evaluation are not
 
 
 def test_checkpoint_results_name_written_adapters(tmp_path, monkeypatch):
