@@ -149,13 +149,16 @@ def snapshot_weights(
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for keys in chunks:
-            parts = [weights[k].detach().reshape(-1).to(torch.float32) for k in keys]
-            flat = torch.cat(parts)  # a new buffer, on the weights' device
-            if flat.device.type != "cpu":
+            # one concatenation (a new buffer: never the live weights), one conversion; exact
+            # (bf16 and fp16 widen to float32 losslessly, whichever comes first)
+            flat = torch.cat([weights[k].detach().reshape(-1) for k in keys]).to(torch.float32)
+            if flat.device.type == "cuda":
                 host = torch.empty(flat.numel(), dtype=torch.float32, pin_memory=True)
                 host.copy_(flat, non_blocking=True)
                 torch.cuda.current_stream(flat.device).synchronize()  # the one sync
                 flat = host
+            elif flat.device.type != "cpu":
+                flat = flat.to("cpu")
             offset = 0
             for k in keys:
                 n = weights[k].numel()

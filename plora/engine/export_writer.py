@@ -50,6 +50,8 @@ class ExportWriter:
         """Queue the PEFT directory of ``config_id`` at ``path`` from its snapshot ``tensors``
         (CPU tensors nothing else writes to)."""
         if self._pool is None:
+            # peft (and what it imports, quietly: plora.utils.torchao_first) on this thread
+            ckpt.peft_lora_config(config, base_model_name_or_path=base_model_name_or_path)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plora-export")
         future = self._pool.submit(
             _timed_write, Path(path), config, tensors, base_model_name_or_path

@@ -63,14 +63,16 @@ def trained():
     return trainer
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "mixed"])
 @pytest.mark.parametrize("chunk_bytes", [ckpt.SNAPSHOT_CHUNK_BYTES, 2048, 1])
 def test_snapshot_export_writes_the_reference_bytes(tmp_path, trained, dtype, chunk_bytes):
     """Snapshot (one transfer per chunk, views of one host buffer) + write gives byte for byte
     the files of the per-tensor export, in one chunk, several, or one per tensor."""
     for cfg in CFGS:
         live = adapter_state_dict(trained.model, trained.slot_of(cfg.config_id))
-        weights = {k: v.to(dtype) for k, v in live.items()}
+        kinds = [torch.bfloat16, torch.float32, torch.float16]
+        weights = {k: v.to(kinds[i % 3] if dtype == "mixed" else dtype)
+                   for i, (k, v) in enumerate(live.items())}  # fmt: skip
         snap = ckpt.snapshot_weights(weights, chunk_bytes=chunk_bytes)
         assert list(snap) == list(weights)  # same keys, same order
         new, ref = tmp_path / f"new-{cfg.config_id}", tmp_path / f"ref-{cfg.config_id}"
