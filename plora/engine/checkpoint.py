@@ -1,12 +1,7 @@
 """Adapters out in PEFT format, and train-state checkpoints that resume exactly.
 
-* :func:`export_peft_adapter` writes ``adapter_config.json`` (a ``peft.LoraConfig`` saved by
-  peft itself) and ``adapter_model.safetensors`` with PEFT's key names
-  (``base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight``), so the directory
-  reloads with ``PeftModel.from_pretrained(base, path)``. It is two halves that a job runs
-  apart: :func:`snapshot_weights` (the device->host copy, a few transfers, on the job's thread)
-  and :func:`write_peft_adapter` (the files, on a background thread:
-  :class:`plora.engine.export_writer.ExportWriter`).
+* :func:`export_peft_adapter` (PEFT directories of finished adapters) lives in
+  :mod:`plora.engine.export` and is re-exported here.
 * :func:`save_train_state` / :func:`load_train_state` store ``PackedTrainer.state_dict()``
   (adapter weights, AdamW and schedule state, data-stream positions, RNG states, step
   counters) as one ``torch.save`` file inside a directory, written atomically, with the
@@ -32,160 +27,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-from plora.config import LoRAConfig
-from plora.utils import atomic_path, atomic_write_json, torchao_first
+from plora.engine.export import (  # re-exported: adapters out in PEFT format
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    adapter_base_name,
+    export_peft_adapter,
+    peft_lora_config,
+    snapshot_weights,
+    write_peft_adapter,
+)
+from plora.utils import atomic_path, atomic_write_json
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 TRAIN_STATE = "train_state.pt"
 TRAIN_STATE_META = "meta.json"
 RESULTS_FILE = "results.json"
 #: Train-states kept per job: the newest and the one before it (the fallback).
 KEEP_CHECKPOINTS = 2
 _STATE_DIR = re.compile(r"^state-(\d+)$")
-
-
-def peft_lora_config(config: LoRAConfig, *, base_model_name_or_path: str | None = None):
-    """The ``peft.LoraConfig`` equivalent to ``config`` (task type CAUSAL_LM)."""
-    torchao_first()  # peft imports torchao (when installed) noisily: quietly first
-    from peft import LoraConfig, TaskType
-
-    return LoraConfig(
-        r=config.rank,
-        lora_alpha=config.alpha,  # type: ignore[arg-type]  # peft annotates int; alpha = ratio x rank may be fractional
-        target_modules=list(config.target_modules),
-        lora_dropout=config.dropout,
-        use_rslora=config.use_rslora,
-        bias="none",
-        task_type=TaskType.CAUSAL_LM,
-        base_model_name_or_path=base_model_name_or_path or None,
-    )
-
-
-def adapter_base_name(ref: Any, model_path: str, out_dir: str | os.PathLike[str]) -> str:
-    """What an adapter's ``adapter_config.json`` names as its base model, so that a sweep
-    directory copied elsewhere still loads with ``AutoPeftModelForCausalLM``:
-
-    * a hub id: the id (loads anywhere the hub or the HF cache is);
-    * a built-in tiny model saved in the sweep directory (``base_model/``): ``base_model``, a path
-      relative to the sweep directory -- load from there (``cd DIR``), or with
-      ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(DIR / "base_model"), ...)``;
-    * a local model directory: its absolute path, as the user gave it (not copied into the sweep).
-
-    Args:
-        ref: the sweep's :class:`~plora.config.ModelRef`.
-        model_path: where the base model was loaded from (``plora.models.resolve_model_path``).
-        out_dir: the sweep directory the adapters are written into.
-    """
-    from plora.models import is_builtin
-    from plora.sweepdir.schema import BASE_MODEL_DIR
-
-    builtin = is_builtin(ref)
-    if builtin and (Path(out_dir) / BASE_MODEL_DIR).is_dir():
-        return BASE_MODEL_DIR
-    name = ref if isinstance(ref, str) else str(getattr(ref, "name_or_path", model_path))
-    if not builtin and not Path(name).expanduser().exists():
-        return name  # a hub id
-    return str(Path(model_path).expanduser().absolute())
-
-
-def export_peft_adapter(
-    path: str | os.PathLike[str],
-    *,
-    config: LoRAConfig,
-    weights: Mapping[str, torch.Tensor],
-    base_model_name_or_path: str | None = None,
-) -> Path:
-    """Write one adapter as a PEFT directory at ``path`` (atomically, replacing it):
-    :func:`snapshot_weights`, then :func:`write_peft_adapter`.
-
-    Args:
-        config: the adapter's config (rank, alpha, targets, dropout, rsLoRA).
-        weights: PEFT-keyed tensors (``plora.engine.adapters.adapter_state_dict``).
-        base_model_name_or_path: recorded in ``adapter_config.json``.
-    """
-    return write_peft_adapter(
-        path,
-        config=config,
-        tensors=snapshot_weights(weights),
-        base_model_name_or_path=base_model_name_or_path,
-    )
-
-
-#: Most bytes of one device->host transfer of :func:`snapshot_weights` (bounds the temporary
-#: float32 buffer it concatenates on the device).
-SNAPSHOT_CHUNK_BYTES = 256 * 2**20
-
-
-def snapshot_weights(
-    weights: Mapping[str, torch.Tensor], *, chunk_bytes: int = SNAPSHOT_CHUNK_BYTES
-) -> dict[str, torch.Tensor]:
-    """float32 CPU copies of PEFT-keyed ``weights`` (same keys, order and shapes), taken now.
-
-    The tensors of one device are flattened and concatenated there and cross to the host in one
-    transfer per ``chunk_bytes`` (into pinned memory from CUDA) instead of one synchronising copy
-    per tensor; the result's tensors are views of that host buffer. They never alias ``weights``,
-    so the slot may be trained, removed or reused while they are written
-    (:func:`write_peft_adapter`).
-
-    Raises:
-        ValueError: ``weights`` is empty or not PEFT-keyed.
-    """
-    bad = [k for k in weights if not k.startswith("base_model.model.")]
-    if bad or not weights:
-        raise ValueError(f"not PEFT-keyed adapter weights: {bad[:2] or 'empty'}")
-    chunks: list[list[str]] = []  # consecutive keys of one device, <= chunk_bytes each
-    nbytes = 0
-    for key, value in weights.items():
-        same = bool(chunks) and weights[chunks[-1][0]].device == value.device
-        if same and nbytes + 4 * value.numel() <= chunk_bytes:
-            chunks[-1].append(key)
-            nbytes += 4 * value.numel()
-        else:
-            chunks.append([key])
-            nbytes = 4 * value.numel()
-    out: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for keys in chunks:
-            # one concatenation (a new buffer: never the live weights), one conversion; exact
-            # (bf16 and fp16 widen to float32 losslessly, whichever comes first)
-            flat = torch.cat([weights[k].detach().reshape(-1) for k in keys]).to(torch.float32)
-            if flat.device.type == "cuda":
-                host = torch.empty(flat.numel(), dtype=torch.float32, pin_memory=True)
-                host.copy_(flat, non_blocking=True)
-                torch.cuda.current_stream(flat.device).synchronize()  # the one sync
-                flat = host
-            elif flat.device.type != "cpu":
-                flat = flat.to("cpu")
-            offset = 0
-            for k in keys:
-                n = weights[k].numel()
-                out[k] = flat[offset : offset + n].view(weights[k].shape)
-                offset += n
-    return {k: out[k] for k in weights}
-
-
-def write_peft_adapter(
-    path: str | os.PathLike[str],
-    *,
-    config: LoRAConfig,
-    tensors: Mapping[str, torch.Tensor],
-    base_model_name_or_path: str | None = None,
-) -> Path:
-    """Write a PEFT directory at ``path`` (atomically, replacing it) from CPU float32
-    ``tensors`` (:func:`snapshot_weights`): ``adapter_config.json``,
-    ``adapter_model.safetensors`` and ``plora_config.json``. Safe on a background thread."""
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        tmp.mkdir()
-        peft_lora_config(config, base_model_name_or_path=base_model_name_or_path).save_pretrained(
-            str(tmp)
-        )
-        save_file(dict(tensors), str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        (tmp / "plora_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    return path
 
 
 def save_train_state(
@@ -404,6 +263,7 @@ __all__ = [
     "KEEP_CHECKPOINTS",
     "CheckpointError",
     "adamw_slot_state",
+    "adapter_base_name",
     "as_tuple",
     "checkpoint_dirs",
     "detached_copy",

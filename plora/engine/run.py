@@ -9,7 +9,7 @@ Loop, between steps: ``hooks.poll()`` -> stop some configs / add new ones / abor
 step; ``hooks.on_step`` (its metrics and measurements); the adapters that finished (their steps
 done, or stopped) are
 exported in PEFT format to ``out_dir/adapters/<config_id>/`` -- their weights copied to the host
-at once, the files written on a background thread (:class:`~plora.engine.export_writer.ExportWriter`)
+at once, the files written on a background thread (:class:`~plora.engine.export.ExportWriter`)
 while the same adapters are evaluated together in packed forwards -- and leave their slots; every ``checkpoint.every_steps`` steps the
 hooks are synced (``hooks.sync()`` when they have it: the runtime makes the metrics reported so
 far durable, so a resumed curve has no hole), the exports handed over so far finish, and then the
@@ -55,7 +55,7 @@ from plora.engine.api import (
     StepReport,
     SyncHooks,
 )
-from plora.engine.export_writer import ExportWriter
+from plora.engine.export import ExportWriter, snapshot_weights
 from plora.engine.liger import apply_fused_kernels
 from plora.engine.reports import Control
 from plora.engine.trainer import AdapterStatus, PackedTrainer, PackProfile
@@ -397,7 +397,7 @@ class _PackRun:
                         cid,
                         self.out_dir / "adapters" / cid,
                         config=self.trainer.adapter(cid).config,
-                        tensors=ckpt.snapshot_weights(weights),  # before the slot can change
+                        tensors=snapshot_weights(weights),  # before the slot can change
                         base_model_name_or_path=self.trainer.base_model_name_or_path,
                     )
                 export_s[cid] = time.perf_counter() - t0  # + its write's, in drain_exports

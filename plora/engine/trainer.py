@@ -383,7 +383,7 @@ class PackedTrainer:
 
     def export_adapter(self, config_id: str, path: Any) -> None:
         """Write ``config_id``'s adapter in PEFT format to directory ``path``."""
-        from plora.engine.checkpoint import export_peft_adapter
+        from plora.engine.export import export_peft_adapter
 
         export_peft_adapter(
             path,

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from torch.profiler import ProfilerActivity, profile
 
 from plora.config import LoRAConfig
-from plora.engine import checkpoint as ckpt
+from plora.engine import export as ckpt
 
 pytestmark = pytest.mark.gpu
 

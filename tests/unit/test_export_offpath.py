@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from plora.config import DatasetSpec, LoRAConfig
 from plora.engine import checkpoint as ckpt
+from plora.engine import export as export_mod
 from plora.engine import run as run_mod
 from plora.engine import run_pack
 from plora.engine.adapters import adapter_state_dict
@@ -40,8 +41,8 @@ def _reference_export(path, *, config, weights, base=None) -> None:
     """The export as it was written before snapshots: one host copy per tensor."""
     path.mkdir(parents=True)
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in weights.items()}
-    ckpt.peft_lora_config(config, base_model_name_or_path=base).save_pretrained(str(path))
-    save_file(tensors, str(path / ckpt.ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    export_mod.peft_lora_config(config, base_model_name_or_path=base).save_pretrained(str(path))
+    save_file(tensors, str(path / export_mod.ADAPTER_WEIGHTS), metadata={"format": "pt"})
     (path / "plora_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
 
 
@@ -64,7 +65,7 @@ def trained():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "mixed"])
-@pytest.mark.parametrize("chunk_bytes", [ckpt.SNAPSHOT_CHUNK_BYTES, 2048, 1])
+@pytest.mark.parametrize("chunk_bytes", [export_mod.SNAPSHOT_CHUNK_BYTES, 2048, 1])
 def test_snapshot_export_writes_the_reference_bytes(tmp_path, trained, dtype, chunk_bytes):
     """Snapshot (one transfer per chunk, views of one host buffer) + write gives byte for byte
     the files of the per-tensor export, in one chunk, several, or one per tensor."""
@@ -73,15 +74,17 @@ def test_snapshot_export_writes_the_reference_bytes(tmp_path, trained, dtype, ch
         kinds = [torch.bfloat16, torch.float32, torch.float16]
         weights = {k: v.to(kinds[i % 3] if dtype == "mixed" else dtype)
                    for i, (k, v) in enumerate(live.items())}  # fmt: skip
-        snap = ckpt.snapshot_weights(weights, chunk_bytes=chunk_bytes)
+        snap = export_mod.snapshot_weights(weights, chunk_bytes=chunk_bytes)
         assert list(snap) == list(weights)  # same keys, same order
         new, ref = tmp_path / f"new-{cfg.config_id}", tmp_path / f"ref-{cfg.config_id}"
-        ckpt.write_peft_adapter(new, config=cfg, tensors=snap, base_model_name_or_path="m")
+        export_mod.write_peft_adapter(new, config=cfg, tensors=snap, base_model_name_or_path="m")
         _reference_export(ref, config=cfg, weights=weights, base="m")
         _same_files(new, ref)
         # the one-call export is the same two halves
         one = tmp_path / f"one-{cfg.config_id}"
-        ckpt.export_peft_adapter(one, config=cfg, weights=weights, base_model_name_or_path="m")
+        export_mod.export_peft_adapter(
+            one, config=cfg, weights=weights, base_model_name_or_path="m"
+        )
         _same_files(one, ref)
 
 
@@ -89,7 +92,7 @@ def test_snapshot_is_independent_of_the_slot(trained):
     """The snapshot is taken at once: the slot changing afterwards (a step, a reuse) does not
     reach it -- even for float32 CPU weights, which the per-tensor path did not copy."""
     live = adapter_state_dict(trained.model, trained.slot_of("x"))
-    snap = ckpt.snapshot_weights(live)
+    snap = export_mod.snapshot_weights(live)
     before = {k: v.clone() for k, v in snap.items()}
     with torch.no_grad():
         for v in live.values():
@@ -103,9 +106,9 @@ def test_snapshot_is_independent_of_the_slot(trained):
             for v in live.values():
                 v.sub_(1.0)
     with pytest.raises(ValueError, match="not PEFT-keyed"):
-        ckpt.snapshot_weights({"q.weight": torch.zeros(2)})
+        export_mod.snapshot_weights({"q.weight": torch.zeros(2)})
     with pytest.raises(ValueError, match="empty"):
-        ckpt.snapshot_weights({})
+        export_mod.snapshot_weights({})
 
 
 def test_outcome_waits_for_writes_that_overlap_the_evaluation(tmp_path, monkeypatch):
@@ -114,7 +117,7 @@ def test_outcome_waits_for_writes_that_overlap_the_evaluation(tmp_path, monkeypa
     after every directory exists; the timings say what was exported and waited for."""
     eval_started = threading.Event()
     overlapped: list[bool] = []
-    write, evaluate = ckpt.write_peft_adapter, run_mod._evaluate
+    write, evaluate = export_mod.write_peft_adapter, run_mod._evaluate
 
     def slow_write(path, **kw):
         overlapped.append(eval_started.wait(timeout=10))
@@ -126,7 +129,7 @@ def test_outcome_waits_for_writes_that_overlap_the_evaluation(tmp_path, monkeypa
         assert not any((tmp_path / "adapters" / c).exists() for c in ids)  # still writing
         return evaluate(trainer, tokenizer, data, ids)
 
-    monkeypatch.setattr(ckpt, "write_peft_adapter", slow_write)
+    monkeypatch.setattr(export_mod, "write_peft_adapter", slow_write)
     monkeypatch.setattr(run_mod, "_evaluate", watched_evaluate)
     from plora.config import ModelRef
     from plora.engine import EngineSpec, PackRequest, PackSession
@@ -136,7 +139,7 @@ def test_outcome_waits_for_writes_that_overlap_the_evaluation(tmp_path, monkeypa
                                   out_dir=str(tmp_path)))  # fmt: skip
     assert overlapped == [True, True]
     for cid, r in out.results.items():
-        assert (tmp_path / "adapters" / cid / ckpt.ADAPTER_WEIGHTS).is_file()
+        assert (tmp_path / "adapters" / cid / export_mod.ADAPTER_WEIGHTS).is_file()
         assert r.export_s >= 0.2  # its snapshot and its write
     t = out.timings
     assert t.exports == 2
@@ -148,7 +151,7 @@ def test_outcome_waits_for_writes_that_overlap_the_evaluation(tmp_path, monkeypa
 def test_checkpoint_results_name_written_adapters(tmp_path, monkeypatch):
     """A checkpoint records a finished config only once its adapter directory is written (a
     resume trusts the results it saves)."""
-    write, save = ckpt.write_peft_adapter, ckpt.write_checkpoint
+    write, save = export_mod.write_peft_adapter, ckpt.write_checkpoint
     seen: list[set[str]] = []
 
     def slow_write(path, **kw):
@@ -158,11 +161,11 @@ def test_checkpoint_results_name_written_adapters(tmp_path, monkeypatch):
     def checked_save(job_dir, state, *, results, **kw):
         done = {c for c, r in results.items() if r["adapter_path"]}
         for c in done:
-            assert (tmp_path / "o" / "adapters" / c / ckpt.ADAPTER_WEIGHTS).is_file(), c
+            assert (tmp_path / "o" / "adapters" / c / export_mod.ADAPTER_WEIGHTS).is_file(), c
         seen.append(done)
         return save(job_dir, state, results=results, **kw)
 
-    monkeypatch.setattr(ckpt, "write_peft_adapter", slow_write)
+    monkeypatch.setattr(export_mod, "write_peft_adapter", slow_write)
     monkeypatch.setattr(ckpt, "write_checkpoint", checked_save)
     run_pack(model="tiny-qwen2", configs=[_cfg("s", max_steps=1), _cfg("long", max_steps=3)],
              dataset=DATA, out_dir=tmp_path / "o", checkpoint_dir=tmp_path / "c",
@@ -178,7 +181,7 @@ def test_failed_write_fails_the_job_and_leaves_nothing(tmp_path, monkeypatch, ch
     def full_disk(*a, **kw):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "save_file", full_disk)  # after adapter_config.json was written
+    monkeypatch.setattr(export_mod, "save_file", full_disk)  # after adapter_config.json was written
     kw = dict(checkpoint_dir=tmp_path / "c", checkpoint_every=1) if checkpoints else {}
     with pytest.raises(OSError, match="No space left on device"):
         run_pack(model="tiny-qwen2", configs=[_cfg("s", max_steps=1), _cfg("long")],
