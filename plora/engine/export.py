@@ -176,8 +176,8 @@ def write_peft_adapter(
 class ExportWriter:
     """Writes adapter snapshots to PEFT directories on one background thread, in order.
 
-    ``with ExportWriter() as w: ...`` waits for the writes (without raising) and stops the
-    thread on the way out; call :meth:`wait` first to get the errors.
+    :meth:`wait` collects the writes and their errors; :meth:`close` (always, at the end of a
+    job) waits for what is left and stops the thread.
     """
 
     def __init__(self) -> None:
@@ -242,12 +242,6 @@ class ExportWriter:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-
-    def __enter__(self) -> ExportWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _timed_write(
