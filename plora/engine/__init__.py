@@ -37,7 +37,7 @@ _EXPORTS = {
     "StepProfile": "plora.engine.reports",
     "PackProfile": "plora.engine.reports",
     "AdapterStatus": "plora.engine.reports",
-    "export_peft_adapter": "plora.engine.checkpoint",
+    "export_peft_adapter": "plora.engine.export",
     "save_train_state": "plora.engine.checkpoint",
     "load_train_state": "plora.engine.checkpoint",
     "run_pack": "plora.engine.run",

@@ -38,7 +38,8 @@ class ConfigResult:
     eval_s: float = 0.0
     """Wall seconds of this adapter's share of the (packed) evaluation."""
     export_s: float = 0.0
-    """Wall seconds of its PEFT export."""
+    """Wall seconds of its PEFT export: the device->host snapshot and the file write (the
+    write overlaps the job's evaluation; ``JobTimings.export_critical_s`` is what it cost)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "status": str(self.status)}
@@ -129,6 +130,14 @@ class JobTimings:
     """Packed steps."""
     eval_s: float = 0.0
     export_s: float = 0.0
+    """Seconds spent exporting adapters: their device->host snapshots plus their file writes
+    (the writes run on a background thread, overlapping evaluation and training)."""
+    export_critical_s: float = 0.0
+    """The part of the export on the job's critical path: the snapshots plus the seconds the job
+    waited for writes still running (before a checkpoint, at its end). What the cost model
+    charges for exports."""
+    exports: int = 0
+    """Adapters exported by this job."""
     checkpoint_s: float = 0.0
     checkpoints: int = 0
     model_loads: int = 0

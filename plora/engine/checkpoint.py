@@ -1,9 +1,7 @@
 """Adapters out in PEFT format, and train-state checkpoints that resume exactly.
 
-* :func:`export_peft_adapter` writes ``adapter_config.json`` (a ``peft.LoraConfig`` saved by
-  peft itself) and ``adapter_model.safetensors`` with PEFT's key names
-  (``base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight``), so the directory
-  reloads with ``PeftModel.from_pretrained(base, path)``.
+* :func:`export_peft_adapter` (PEFT directories of finished adapters) lives in
+  :mod:`plora.engine.export` and is re-exported here.
 * :func:`save_train_state` / :func:`load_train_state` store ``PackedTrainer.state_dict()``
   (adapter weights, AdamW and schedule state, data-stream positions, RNG states, step
   counters) as one ``torch.save`` file inside a directory, written atomically, with the
@@ -29,92 +27,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-from plora.config import LoRAConfig
-from plora.utils import atomic_path, atomic_write_json, torchao_first
+from plora.engine.export import (  # re-exported: adapters out in PEFT format
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    adapter_base_name,
+    export_peft_adapter,
+    peft_lora_config,
+    snapshot_weights,
+    write_peft_adapter,
+)
+from plora.utils import atomic_path, atomic_write_json
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 TRAIN_STATE = "train_state.pt"
 TRAIN_STATE_META = "meta.json"
 RESULTS_FILE = "results.json"
 #: Train-states kept per job: the newest and the one before it (the fallback).
 KEEP_CHECKPOINTS = 2
 _STATE_DIR = re.compile(r"^state-(\d+)$")
-
-
-def peft_lora_config(config: LoRAConfig, *, base_model_name_or_path: str | None = None):
-    """The ``peft.LoraConfig`` equivalent to ``config`` (task type CAUSAL_LM)."""
-    torchao_first()  # peft imports torchao (when installed) noisily: quietly first
-    from peft import LoraConfig, TaskType
-
-    return LoraConfig(
-        r=config.rank,
-        lora_alpha=config.alpha,  # type: ignore[arg-type]  # peft annotates int; alpha = ratio x rank may be fractional
-        target_modules=list(config.target_modules),
-        lora_dropout=config.dropout,
-        use_rslora=config.use_rslora,
-        bias="none",
-        task_type=TaskType.CAUSAL_LM,
-        base_model_name_or_path=base_model_name_or_path or None,
-    )
-
-
-def adapter_base_name(ref: Any, model_path: str, out_dir: str | os.PathLike[str]) -> str:
-    """What an adapter's ``adapter_config.json`` names as its base model, so that a sweep
-    directory copied elsewhere still loads with ``AutoPeftModelForCausalLM``:
-
-    * a hub id: the id (loads anywhere the hub or the HF cache is);
-    * a built-in tiny model saved in the sweep directory (``base_model/``): ``base_model``, a path
-      relative to the sweep directory -- load from there (``cd DIR``), or with
-      ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(DIR / "base_model"), ...)``;
-    * a local model directory: its absolute path, as the user gave it (not copied into the sweep).
-
-    Args:
-        ref: the sweep's :class:`~plora.config.ModelRef`.
-        model_path: where the base model was loaded from (``plora.models.resolve_model_path``).
-        out_dir: the sweep directory the adapters are written into.
-    """
-    from plora.models import is_builtin
-    from plora.sweepdir.schema import BASE_MODEL_DIR
-
-    builtin = is_builtin(ref)
-    if builtin and (Path(out_dir) / BASE_MODEL_DIR).is_dir():
-        return BASE_MODEL_DIR
-    name = ref if isinstance(ref, str) else str(getattr(ref, "name_or_path", model_path))
-    if not builtin and not Path(name).expanduser().exists():
-        return name  # a hub id
-    return str(Path(model_path).expanduser().absolute())
-
-
-def export_peft_adapter(
-    path: str | os.PathLike[str],
-    *,
-    config: LoRAConfig,
-    weights: Mapping[str, torch.Tensor],
-    base_model_name_or_path: str | None = None,
-) -> Path:
-    """Write one adapter as a PEFT directory at ``path`` (atomically, replacing it).
-
-    Args:
-        config: the adapter's config (rank, alpha, targets, dropout, rsLoRA).
-        weights: PEFT-keyed tensors (``plora.engine.adapters.adapter_state_dict``).
-        base_model_name_or_path: recorded in ``adapter_config.json``.
-    """
-    path = Path(path)
-    bad = [k for k in weights if not k.startswith("base_model.model.")]
-    if bad or not weights:
-        raise ValueError(f"not PEFT-keyed adapter weights: {bad[:2] or 'empty'}")
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in weights.items()}
-    with atomic_path(path) as tmp:
-        tmp.mkdir()
-        peft_lora_config(config, base_model_name_or_path=base_model_name_or_path).save_pretrained(
-            str(tmp)
-        )
-        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        (tmp / "plora_config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    return path
 
 
 def save_train_state(
@@ -333,6 +263,7 @@ __all__ = [
     "KEEP_CHECKPOINTS",
     "CheckpointError",
     "adamw_slot_state",
+    "adapter_base_name",
     "as_tuple",
     "checkpoint_dirs",
     "detached_copy",
@@ -342,6 +273,8 @@ __all__ = [
     "load_train_state",
     "peft_lora_config",
     "save_train_state",
+    "snapshot_weights",
     "verify_train_state",
     "write_checkpoint",
+    "write_peft_adapter",
 ]

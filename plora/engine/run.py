@@ -8,22 +8,27 @@ ends, and releases its slots, so the next pack starts on a clean base without a 
 Loop, between steps: ``hooks.poll()`` -> stop some configs / add new ones / abort; one packed
 step; ``hooks.on_step`` (its metrics and measurements); the adapters that finished (their steps
 done, or stopped) are
-exported in PEFT format to ``out_dir/adapters/<config_id>/``, the completed ones evaluated
-together in packed forwards, and leave their slots; every ``checkpoint.every_steps`` steps the
+exported in PEFT format to ``out_dir/adapters/<config_id>/`` -- their weights copied to the host
+at once, the files written on a background thread (:class:`~plora.engine.export.ExportWriter`)
+while the same adapters are evaluated together in packed forwards -- and leave their slots; every ``checkpoint.every_steps`` steps the
 hooks are synced (``hooks.sync()`` when they have it: the runtime makes the metrics reported so
-far durable, so a resumed curve has no hole) and then the train-state and the results so far are
+far durable, so a resumed curve has no hole), the exports handed over so far finish, and then the
+train-state and the results so far are
 written to ``checkpoint.dir/state-<global step>/`` with checksums
 (:func:`plora.engine.checkpoint.write_checkpoint`; the previous one is kept). With ``resume``,
 training continues from the newest checkpoint that verifies (results of adapters finalised
 before it are kept, not recomputed); a damaged one is skipped with a note in
 ``PackOutcome.notes``, and with none left the pack starts from scratch.
-:class:`~plora.engine.api.JobTimings` says where the job's seconds went.
+:class:`~plora.engine.api.JobTimings` says where the job's seconds went. The outcome (and every
+checkpoint's results) comes only once every adapter directory it names is written; a failed
+write fails the job with its error and leaves no directory behind.
 
 :func:`run_pack` is the one-shot form (load, train one pack, return), for scripts and tests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -50,6 +55,7 @@ from plora.engine.api import (
     StepReport,
     SyncHooks,
 )
+from plora.engine.export import ExportWriter, snapshot_weights
 from plora.engine.liger import apply_fused_kernels
 from plora.engine.reports import Control
 from plora.engine.trainer import AdapterStatus, PackedTrainer, PackProfile
@@ -133,6 +139,7 @@ class PackSession:
                 )  # fmt: skip
                 run.start()
             run.loop(hooks)
+            run.drain_exports()  # the outcome names adapter directories: they exist now
         except torch.OutOfMemoryError as e:
             notes = tuple(run.notes) if run is not None else ()
             return PackOutcome(
@@ -143,6 +150,8 @@ class PackSession:
                 notes=notes,
             )
         finally:
+            if run is not None:
+                run.exports.close()  # no write outlives its job (errors: raised above or moot)
             if trainer is not None:
                 for cid in list(trainer.adapters):
                     trainer.release(cid)  # the next pack starts on a clean base
@@ -237,6 +246,10 @@ class _Clock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.checkpoints = 0
+        self.exports = 0
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     def phase(self, name: str) -> _Phase:
         return _Phase(self, name)
@@ -248,7 +261,9 @@ class _Clock:
             start_s=s.get("start", 0.0),
             train_s=s.get("train", 0.0),
             eval_s=s.get("eval", 0.0),
-            export_s=s.get("export", 0.0),
+            export_s=s.get("snapshot", 0.0) + s.get("export_write", 0.0),
+            export_critical_s=s.get("snapshot", 0.0) + s.get("export_wait", 0.0),
+            exports=self.exports,
             checkpoint_s=s.get("checkpoint", 0.0),
             checkpoints=self.checkpoints,
             model_loads=model_loads,
@@ -263,8 +278,7 @@ class _Phase:
         self.t0 = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
-        dt = time.perf_counter() - self.t0
-        self.clock.seconds[self.name] = self.clock.seconds.get(self.name, 0.0) + dt
+        self.clock.add(self.name, time.perf_counter() - self.t0)
 
 
 class _PackRun:
@@ -297,6 +311,8 @@ class _PackRun:
         self.notes: list[str] = []
         """What the job should know about its start (a damaged checkpoint skipped, ...)."""
         self.hooks: PackHooks | None = None
+        self.exports = ExportWriter()
+        """Writes the finished adapters' PEFT directories in the background."""
 
     def start(self) -> None:
         if self.request.resume and self.ckpt_dir is not None:
@@ -365,16 +381,27 @@ class _PackRun:
                 pause.join(self.trainer, cfg, self.out_dir)  # a paused config continues
 
     def finalize_finished(self) -> None:
-        """Export every finished adapter, evaluate the completed ones together, free slots."""
+        """Export every finished adapter (snapshot now, files in the background), evaluate them
+        together meanwhile, free their slots."""
+        self.exports.raise_failed()  # a write that failed already fails the job now
         finished = list(self.trainer.finished)
         if not finished:
             return
         export_s: dict[str, float] = {}
-        with self.clock.phase("export"):
+        with self.clock.phase("snapshot"):
             for cid in finished:
                 t0 = time.perf_counter()
-                self.trainer.export_adapter(cid, self.out_dir / "adapters" / cid)
-                export_s[cid] = time.perf_counter() - t0
+                weights = self.trainer.adapter_weights(cid)  # a collective in a parallel job
+                if self.writer:
+                    self.exports.submit(
+                        cid,
+                        self.out_dir / "adapters" / cid,
+                        config=self.trainer.adapter(cid).config,
+                        tensors=snapshot_weights(weights),  # before the slot can change
+                        base_model_name_or_path=self.trainer.base_model_name_or_path,
+                    )
+                export_s[cid] = time.perf_counter() - t0  # + its write's, in drain_exports
+        self.clock.exports += len(finished)
         # every adapter that leaves is evaluated -- completed, stopped early or paused -- so
         # each has the eval loss it has now, packed together in one pass
         scores: dict[str, tuple[float | None, float | None, float]] = {}
@@ -400,6 +427,22 @@ class _PackRun:
             )
             self.trainer.release(cid)
 
+    def drain_exports(self) -> None:
+        """Wait for the exports handed over so far (raising the first write's error) and add
+        each one's write seconds to its result; seconds waited here are on the critical path."""
+        if not self.exports.pending:
+            return
+        t0 = time.perf_counter()
+        try:
+            written = self.exports.wait()
+        finally:
+            self.clock.add("export_wait", time.perf_counter() - t0)
+        for cid, seconds in written.items():
+            self.clock.add("export_write", seconds)
+            if cid in self.results:
+                r = self.results[cid]
+                self.results[cid] = dataclasses.replace(r, export_s=r.export_s + seconds)
+
     def abort(self) -> None:
         """Checkpoint, then report every unfinished config as aborted (nothing exported)."""
         self.checkpoint()
@@ -416,6 +459,7 @@ class _PackRun:
     def checkpoint(self) -> None:
         if self.ckpt_dir is None:
             return
+        self.drain_exports()  # the results it saves name adapter directories: written first
         with self.clock.phase("checkpoint"):
             if isinstance(self.hooks, SyncHooks):  # metrics durable before the state after them
                 self.hooks.sync()

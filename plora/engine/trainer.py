@@ -383,15 +383,18 @@ class PackedTrainer:
 
     def export_adapter(self, config_id: str, path: Any) -> None:
         """Write ``config_id``'s adapter in PEFT format to directory ``path``."""
-        from plora.engine.checkpoint import export_peft_adapter
+        from plora.engine.export import export_peft_adapter
 
-        ad = self.adapter(config_id)
         export_peft_adapter(
             path,
-            config=ad.config,
-            weights=adapters.adapter_state_dict(self.model, ad.slot),
+            config=self.adapter(config_id).config,
+            weights=self.adapter_weights(config_id),
             base_model_name_or_path=self.base_model_name_or_path,
         )
+
+    def adapter_weights(self, config_id: str) -> dict[str, torch.Tensor]:
+        """``config_id``'s PEFT-keyed weights: live views of its slot (copy before keeping)."""
+        return adapters.adapter_state_dict(self.model, self.adapter(config_id).slot)
 
     def adapter_train_state(self, config_id: str) -> dict[str, Any]:
         """One adapter's part of :meth:`state_dict` (live tensors; copy before keeping): its

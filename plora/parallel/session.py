@@ -13,8 +13,8 @@ once, parallelises it for its rank (:func:`plora.parallel.parallelize`, with the
   adapters at the same step (the collectives stay in step).
 - **Files come from rank 0.** Train-state checkpoints (gathered, layout-free: a retried job
   resumes on a fresh group of the same ``d``) and the results so far are written by rank 0;
-  adapters are gathered from the shards and exported in PEFT format by rank 0
-  (:meth:`ParallelPackedTrainer.export_adapter`).
+  adapters are gathered from the shards (:meth:`ParallelPackedTrainer.adapter_weights`, on
+  every rank) and rank 0 snapshots them and writes their PEFT directories in the background.
 - **Evaluation** runs the same packed forwards on every rank (TP and FSDP forwards are
   collectives; under PP the stages run forward one after the other and the last one's logits
   reach every stage, :class:`~plora.parallel.pp_eval.PipelinedCausalLM`); every rank gets the

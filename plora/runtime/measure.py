@@ -11,7 +11,9 @@ jobs, the two kinds of evidence the coordinator refits its cost model from:
   ``model_load`` per worker group (the start counts the first job's first-step excess over its
   second step too: the packed kernels' JIT compilation, once per worker process), ``job_start`` per job, ``eval`` (the eval-loss forward) or
   ``generate`` (what a task metric adds on top of it) per config with count = eval rows,
-  ``export`` per config, ``checkpoint`` per train-state write.
+  ``export`` per config (the seconds of it on the job's critical path,
+  ``JobTimings.export_critical_s``: snapshots and waits for background writes), ``checkpoint``
+  per train-state write.
 
 Calibration: once ``calibration_steps`` steps have been measured the coordinator refits and
 re-plans, so the plan a user watches is made from this machine's speed, not from defaults.
@@ -106,7 +108,8 @@ class Measurements:
         metric: EvalMetric | str = EvalMetric.NONE,
         eval_s_per_row: float = 0.0,
     ) -> None:
-        """A finished job's timings: its set-up, and each config's evaluation and export.
+        """A finished job's timings: its set-up, each config's evaluation, and its exports'
+        critical-path seconds (one sample per job, count = adapters exported).
 
         A config's eval seconds cover the loss forward and the task metric together: with
         ``metric`` none they are an ``eval`` sample; otherwise the loss part the cost model
@@ -127,8 +130,8 @@ class Measurements:
                     self._add(OverheadKind.GENERATE, rest, count=eval_rows)
                 else:
                     self._add(OverheadKind.EVAL, r.eval_s, count=eval_rows)
-            if r.export_s > 0:
-                self._add(OverheadKind.EXPORT, r.export_s)
+        if t.exports:  # only what the job waited for: the writes overlap its eval and steps
+            self._add(OverheadKind.EXPORT, t.export_critical_s, count=t.exports)
         if t.checkpoints:
             self._add(OverheadKind.CHECKPOINT, t.checkpoint_s, count=t.checkpoints)
 

@@ -128,6 +128,7 @@ JOB_TIMINGS: tuple[str, ...] = (
     "train_s",
     "eval_s",
     "export_s",
+    "export_critical_s",  # the part of export_s the job waited for (writes run in background)
     "checkpoint_s",
 )
 

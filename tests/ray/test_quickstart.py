@@ -202,6 +202,9 @@ def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> Non
     store = SweepStore(out)
     jobs = store.read_jobs()
     assert (jobs["status"] == "done").all() and jobs["node"].notna().all()
+    # export: the seconds spent (snapshots + background writes) and the part the job waited for
+    assert (jobs["export_s"] > 0).all() and (jobs["export_critical_s"] > 0).all()
+    assert (jobs["export_critical_s"] <= jobs["export_s"] + 0.1).all()
     n_at_once, gpus_at_once = overlap_max(jobs)
     assert n_at_once >= 2 and gpus_at_once <= 8
     for _, j in jobs.iterrows():  # booked GPU ids are distinct among overlapping jobs
