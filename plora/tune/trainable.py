@@ -163,9 +163,12 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
             # this trial runs (again): a config its scheduler paused is queued again and
             # continues where it left (a config that is not paused is left as it is)
             # (the steps a run of this trial before a pause reported are not reported again)
-            last_step = max(
-                last_step, ray.get(relay.resume_config.remote(config_id, "trial started"))
-            )
+            try:
+                resumed = ray.get(relay.resume_config.remote(config_id, "trial started"))
+            except ray.exceptions.RayActorError:  # that run of the sweep just ended: again
+                relay = None
+                continue
+            last_step = max(last_step, resumed)
         try:
             rows, result = ray.get(relay.history.remote(config_id, last_step))
         except ray.exceptions.RayActorError:  # that run of the sweep ended: register again
