@@ -9,15 +9,21 @@ dies without :func:`shutdown`, the cluster's processes (Ray's agents included) a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from plora.config import ConfigError
+
+#: The environment of every worker process of a sweep: no usage report; no tokenizers thread
+#: pool (a forked worker process would deadlock in it).
+WORKER_ENV: dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def connect(address: str | None, *, num_gpus: int, cpu: bool = False) -> bool:
@@ -30,6 +36,12 @@ def connect(address: str | None, *, num_gpus: int, cpu: bool = False) -> bool:
     Otherwise connect to ``address`` (``auto``, ``ray://...`` or ``host:port``). Call
     :func:`shutdown` when done.
 
+    The workers get :data:`WORKER_ENV`: a local cluster started here through its processes'
+    environment (``os.environ`` holds it while ``ray.init`` runs, as it was afterwards but for
+    ``RAY_USAGE_STATS_ENABLED=0``, which Ray sets itself for a cluster it starts), so the
+    sweep's actors can use the workers Ray prestarts; a ``ray start`` cluster of this machine
+    through the job's ``runtime_env``.
+
     Raises:
         ConfigError: the address cannot be reached.
     """
@@ -37,7 +49,7 @@ def connect(address: str | None, *, num_gpus: int, cpu: bool = False) -> bool:
         return False
     where = "--address" if address else "RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS") or None
-    runtime_env = {"env_vars": {"RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}}
+    runtime_env = {"env_vars": dict(WORKER_ENV)}
     if address is None or address == "local":
         kwargs: dict[str, Any] = {"address": address}
         if not cpu and not _has_cuda():
@@ -47,13 +59,24 @@ def connect(address: str | None, *, num_gpus: int, cpu: bool = False) -> bool:
         # the embedded cluster starts quietly, later warnings of Ray still show.
         quiet: dict[str, Any] = {"logging_level": logging.ERROR}
         try:
-            ray.init(
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env=runtime_env,
-                **quiet,
-                **kwargs,
-            )
+            if starts_local(address):
+                # The raylet started here and every worker it forks inherit this process's
+                # environment, so the workers Ray prestarts at init already have WORKER_ENV and
+                # the sweep's actors can use them; with a job runtime_env each actor would need a
+                # fresh worker process started for it (seconds: the resident worker's start).
+                # (ray.init sets RAY_USAGE_STATS_ENABLED=0 here itself for a cluster it starts;
+                # the driver's other settings are its user's and come back after it)
+                os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+                with _environ(WORKER_ENV):
+                    ray.init(include_dashboard=False, log_to_driver=False, **quiet, **kwargs)
+            else:  # a `ray start` cluster of this machine: its workers need the runtime_env
+                ray.init(
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    runtime_env=runtime_env,
+                    **quiet,
+                    **kwargs,
+                )
         except ValueError:  # a `ray start` cluster on this machine was found: use it as it is
             if "num_gpus" not in kwargs:
                 raise
@@ -76,6 +99,37 @@ def connect(address: str | None, *, num_gpus: int, cpu: bool = False) -> bool:
             "`ray start --head` or drop --address to run locally"
         ) from None
     return False
+
+
+def starts_local(address: str | None) -> bool:
+    """Whether ``ray.init(address=address)`` starts a new local cluster, rather than joining the
+    ``ray start`` cluster of this machine that Ray finds for ``address`` None (as Ray decides it:
+    ``RAY_ADDRESS``, then the last ``ray start``'s address file)."""
+    if address == "local":
+        return True
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        # Ray annotates `addr: str` but documents and handles None (find a running cluster)
+        return canonicalize_bootstrap_address(address) is None  # type: ignore[arg-type]
+    except Exception:  # Ray's internals moved or the lookup failed: the runtime_env works anywhere
+        return False
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` updated with ``values`` inside the block, as it was after it (the user's
+    process, a notebook calling :func:`plora.api.run`, keeps its own settings)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 _REAPER: Any = None  # the watchdog of the local cluster this process started
@@ -185,6 +239,7 @@ def _has_cuda() -> bool:
 
 __all__ = [
     "RAY_JOB_ENV",
+    "WORKER_ENV",
     "check_address",
     "check_gpus",
     "check_job_out",
@@ -192,5 +247,6 @@ __all__ = [
     "cpus_per_worker",
     "in_ray_job",
     "shutdown",
+    "starts_local",
     "worker_resources",
 ]

@@ -7,6 +7,7 @@ Nothing here starts Ray or writes to disk; every problem a user can fix is a
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from plora.config import ConfigError, SweepConfig
@@ -46,6 +47,9 @@ def prepare(
     check_strategies(cost.strategies())
     if source is None:
         source = config_source(sweep)
+    # The sweep directory's tables need pandas (and pyarrow), which the driver no longer imports
+    # before Ray's start: load them here, on the prepare thread, so the first write finds them.
+    importlib.import_module("pandas")
     return cost, source, data.metric, data.report
 
 

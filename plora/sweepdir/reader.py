@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from plora.config import ConfigError
 from plora.sweepdir import schema
+
+if TYPE_CHECKING:  # pandas (and pyarrow) load where a frame is built: the driver never waits
+    import pandas as pd
 
 #: Files of which a sweep directory holds at least one.
 SWEEP_FILES: tuple[str, ...] = (
@@ -182,6 +183,8 @@ def _damaged(path: Path, exc: BaseException, missing: Missing, fix: str) -> None
 
 
 def _read_parquet(path: Path, columns: tuple[str, ...], missing: Missing = None) -> pd.DataFrame:
+    import pandas as pd
+
     empty = pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
     if _absent(path, missing):
         return empty
@@ -221,6 +224,8 @@ def _read_sweep(path: Path, missing: Missing = None) -> dict[str, Any]:
 
 
 def _read_decisions(path: Path, missing: Missing = None) -> pd.DataFrame:
+    import pandas as pd
+
     if (path / "decisions.parquet").exists():
         return _read_parquet(path / "decisions.parquet", (), missing)
     jl = path / schema.DECISIONS_JSONL
@@ -246,6 +251,8 @@ def _as_dict(value: Any) -> dict[str, Any]:
 
 def _normalize_results(df: pd.DataFrame) -> pd.DataFrame:
     """Flatten a ``hyperparameters`` column and make list-valued cells hashable strings."""
+    import pandas as pd
+
     df = df.copy()
     if "hyperparameters" in df.columns:
         hp = pd.DataFrame([_as_dict(v) for v in df["hyperparameters"]], index=df.index)
@@ -270,6 +277,8 @@ def _modules_str(value: Any) -> Any:
 
 
 def _normalize_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
+
     if df.empty:
         return df
     df = df.copy()
@@ -281,6 +290,8 @@ def _normalize_metrics(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _to_seconds(col: pd.Series) -> pd.Series:
+    import pandas as pd
+
     if pd.api.types.is_datetime64_any_dtype(col):
         return (col - col.min()).dt.total_seconds()
     return pd.to_numeric(col, errors="coerce")
@@ -288,6 +299,8 @@ def _to_seconds(col: pd.Series) -> pd.Series:
 
 def _normalize_jobs(df: pd.DataFrame) -> pd.DataFrame:
     """Times to seconds since the first start; ``config_ids`` to lists; add ``num_gpus``."""
+    import pandas as pd
+
     if df.empty:
         return df.assign(num_gpus=pd.Series(dtype="int64"))
     df = df.copy()

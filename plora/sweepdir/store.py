@@ -20,15 +20,16 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from plora.config import ConfigError
 from plora.sweepdir import schema
 from plora.sweepdir.lock import SweepLock, check_not_locked
 from plora.sweepdir.schema import JOB_COLUMNS, METRIC_COLUMNS
 from plora.utils import atomic_path, atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:  # pandas (and pyarrow) load on the first table written or read, not with the
+    import pandas as pd  # driver: its prepare thread imports them beside Ray's start
 
 
 class SweepStore:
@@ -122,6 +123,8 @@ class SweepStore:
 
     def flush_metrics(self) -> None:
         """Rewrite ``metrics.parquet`` with every row so far (atomic)."""
+        import pandas as pd
+
         if self._metrics is None:  # rows already on disk (a resumed sweep appends to them)
             self._metrics = (
                 pd.read_parquet(self.metrics_parquet)
@@ -139,10 +142,14 @@ class SweepStore:
 
     def write_jobs(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Replace ``jobs.parquet`` with ``rows`` (one per job, :data:`JOB_COLUMNS`)."""
+        import pandas as pd
+
         _write_parquet(self.jobs_parquet, pd.DataFrame(list(rows), columns=list(JOB_COLUMNS)))
 
     def write_results(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Replace ``results.parquet`` with ``rows`` (one per config)."""
+        import pandas as pd
+
         rows = list(rows)
         _write_parquet(self.results_parquet, pd.DataFrame(rows))
 
@@ -178,6 +185,8 @@ class SweepStore:
 
     def read_metrics(self) -> pd.DataFrame:
         """Every metric row so far (empty frame with the columns when there are none)."""
+        import pandas as pd
+
         rows = pd.DataFrame(self._metrics_buffer, columns=list(METRIC_COLUMNS))
         on_disk = self._metrics
         if on_disk is None and self.metrics_parquet.is_file():
@@ -186,11 +195,15 @@ class SweepStore:
         return pd.concat(frames, ignore_index=True) if frames else rows
 
     def read_jobs(self) -> pd.DataFrame:
+        import pandas as pd
+
         if not self.jobs_parquet.is_file():
             return pd.DataFrame(columns=list(JOB_COLUMNS))
         return pd.read_parquet(self.jobs_parquet)
 
     def read_results(self) -> pd.DataFrame:
+        import pandas as pd
+
         if not self.results_parquet.is_file():
             return pd.DataFrame()
         return pd.read_parquet(self.results_parquet)

@@ -89,3 +89,65 @@ def test_worker_group_bundles_have_no_gpu_on_cpu(monkeypatch) -> None:
     group.start_group((1,), cpus_per_worker=1.0, **kw)
     assert bundles == [[{"CPU": 0.5}], [{"CPU": 1.0, "GPU": 1}]]
     assert [o["num_gpus"] for o in options] == [0, 1]
+
+
+@pytest.fixture
+def fake_init(monkeypatch):
+    """``ray.init`` recorded (its kwargs and the worker env vars ``os.environ`` held then)."""
+    calls: list[dict[str, Any]] = []
+    for key in cluster.WORKER_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(cluster, "_has_cuda", lambda: False)
+    monkeypatch.setattr("plora.runtime.reaper.start_reaper", lambda: None)
+
+    def init(**kwargs: Any) -> None:
+        env = {k: cluster.os.environ.get(k) for k in cluster.WORKER_ENV}
+        calls.append({"kwargs": kwargs, "env": env})
+
+    monkeypatch.setattr(cluster.ray, "init", init)
+    return calls
+
+
+def test_a_local_cluster_gets_the_worker_env_from_the_environment(fake_init, monkeypatch):
+    monkeypatch.setattr(cluster, "starts_local", lambda address: True)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")  # the user's own, kept for the driver
+    assert cluster.connect(None, num_gpus=1, cpu=True) is True
+    (call,) = fake_init
+    assert "runtime_env" not in call["kwargs"]  # actors may use the workers Ray prestarts
+    assert call["env"] == cluster.WORKER_ENV  # the raylet and its workers inherit these
+    assert cluster.os.environ["TOKENIZERS_PARALLELISM"] == "true"
+    assert cluster.os.environ["RAY_USAGE_STATS_ENABLED"] == "0"  # the driver's, as before
+
+
+def test_a_ray_start_cluster_gets_the_worker_env_as_runtime_env(fake_init, monkeypatch):
+    monkeypatch.setattr(cluster, "starts_local", lambda address: False)
+    cluster.connect(None, num_gpus=1, cpu=True)
+    (call,) = fake_init
+    assert call["kwargs"]["runtime_env"] == {"env_vars": cluster.WORKER_ENV}
+    assert "TOKENIZERS_PARALLELISM" not in cluster.os.environ
+
+
+def test_the_value_error_fallback_keeps_the_runtime_env(fake_init, monkeypatch):
+    """``num_gpus`` given while Ray finds a `ray start` cluster: ValueError, then join it."""
+    monkeypatch.setattr(cluster, "starts_local", lambda address: True)
+    first: list[bool] = []
+
+    def init(**kwargs: Any) -> None:
+        fake_init.append({"kwargs": kwargs})
+        if not first:
+            first.append(True)
+            raise ValueError("When connecting to an existing cluster, num_gpus must not be given")
+
+    monkeypatch.setattr(cluster.ray, "init", init)
+    assert cluster.connect(None, num_gpus=2) is False
+    assert fake_init[0]["kwargs"]["num_gpus"] == 2 and "runtime_env" not in fake_init[0]["kwargs"]
+    assert fake_init[1]["kwargs"]["runtime_env"] == {"env_vars": cluster.WORKER_ENV}
+    assert "TOKENIZERS_PARALLELISM" not in cluster.os.environ  # restored after the failed init
+
+
+def test_starts_local_follows_ray(monkeypatch):
+    assert cluster.starts_local("local")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # Ray would join that one
+    assert not cluster.starts_local(None)
