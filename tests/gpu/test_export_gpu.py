@@ -67,7 +67,15 @@ def test_snapshot_is_a_few_transfers_with_the_per_tensor_bytes(tmp_path) -> None
         timings[name] = time.perf_counter() - t0
     print(f"\n{len(weights)} tensors, {nbytes / 1e6:.0f} MB fp32: " + ", ".join(
         f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()))  # fmt: skip
-    cfg = LoRAConfig(config_id="g", rank=RANK, alpha=2 * RANK, target_modules="all")
+    cfg = LoRAConfig(
+        config_id="g",
+        rank=RANK,
+        alpha=2 * RANK,
+        target_modules="all",
+        lr=1e-4,
+        batch_size=1,
+        max_steps=1,
+    )
     new = ckpt.export_peft_adapter(tmp_path / "new", config=cfg, weights=weights)
     ref = tmp_path / "ref"
     ref.mkdir()
