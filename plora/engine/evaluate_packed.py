@@ -61,6 +61,11 @@ from plora.engine.evaluate import (
 Slot = int | None
 
 
+#: Rows per packed-evaluation forward (the default of every function here; the kernel
+#: warm-up compiles for it, :mod:`plora.engine.warmup`).
+EVAL_BATCH_ROWS = 32
+
+
 @dataclass(frozen=True, slots=True)
 class _Row:
     """One row of a packed forward.
@@ -88,7 +93,7 @@ def evaluate_packed(
     *,
     metric: str,
     labels: Sequence[str] | None,
-    batch_size: int = 32,
+    batch_size: int = EVAL_BATCH_ROWS,
     max_new_tokens: int = 8,
     max_tokens: int | None = None,
 ) -> dict[Slot, EvalResult]:
@@ -148,7 +153,7 @@ def packed_loss(
     slots: Sequence[Slot],
     *,
     pad_id: int,
-    batch_size: int = 32,
+    batch_size: int = EVAL_BATCH_ROWS,
     max_tokens: int | None = None,
 ) -> list[float]:
     """Per slot, the token-weighted mean NLL over the examples' target tokens (NaN if none)."""
@@ -183,7 +188,7 @@ def packed_accuracy(
     slots: Sequence[Slot],
     options: Sequence[str],
     *,
-    batch_size: int = 32,
+    batch_size: int = EVAL_BATCH_ROWS,
     max_tokens: int | None = None,
 ) -> list[float]:
     """Per slot, the fraction of examples whose best-scoring option is their label.
@@ -229,7 +234,7 @@ def packed_exact_match(
     examples: Sequence[Example],
     slots: Sequence[Slot],
     *,
-    batch_size: int = 32,
+    batch_size: int = EVAL_BATCH_ROWS,
     max_new_tokens: int = 8,
     max_tokens: int | None = None,
 ) -> list[float]:
@@ -348,7 +353,7 @@ def evaluate_adapters(
     dataset: TokenizedDataset,
     slots: Iterable[int | None],
     *,
-    batch_size: int = 32,
+    batch_size: int = EVAL_BATCH_ROWS,
     max_new_tokens: int = 8,
     max_examples: int | None = None,
     packed: bool = True,

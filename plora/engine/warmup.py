@@ -32,12 +32,10 @@ from torch import nn
 
 from plora.config import LoRAConfig
 from plora.engine.api import EngineSpec, PackRequest
+from plora.engine.evaluate_packed import EVAL_BATCH_ROWS
 from plora.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
-
-#: Rows per packed-evaluation forward (``plora.engine.evaluate_packed``'s default batch).
-EVAL_ROWS = 32
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,6 +54,11 @@ class WarmupReport:
         return asdict(self)
 
     @classmethod
+    def failed(cls, e: BaseException) -> WarmupReport:
+        """Skipped because of ``e`` (its first line)."""
+        return cls(skipped=f"{type(e).__name__}: {e}".splitlines()[0][:200])
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WarmupReport:
         shapes = tuple(tuple(s) for s in data.get("shapes", ()))
         return cls(**{**data, "shapes": shapes})
@@ -69,7 +72,7 @@ def warm_pack_kernels(
     device: torch.device | str,
     dtype: torch.dtype = torch.bfloat16,
     max_rows: int | None = None,
-    eval_rows: int = EVAL_ROWS,
+    eval_rows: int = EVAL_BATCH_ROWS,
 ) -> WarmupReport:
     """Compile the packed-LoRA kernels one training step (and one packed-evaluation forward) of
     ``configs`` launches.
@@ -134,8 +137,9 @@ def warm_pack_kernels(
             del x, y, layer, base
         torch.cuda.synchronize(device)
     except Exception as e:  # never fatal: the first step compiles what is missing
-        log.warning("kernel warm-up skipped: %s", f"{type(e).__name__}: {e}".splitlines()[0])
-        return WarmupReport(skipped=f"{type(e).__name__}: {e}".splitlines()[0][:200])
+        report = WarmupReport.failed(e)
+        log.warning("kernel warm-up skipped: %s", report.skipped)
+        return report
     return WarmupReport(
         shapes=tuple(shapes),
         tokens=rows_per_step * seq_len,
@@ -192,7 +196,7 @@ def finish_warmup(proc: subprocess.Popen[str] | None, timeout_s: float = 0.0) ->
         proc.communicate()
         return WarmupReport(skipped="still compiling when the first step began")
     except Exception as e:  # never the job's failure: its first step compiles instead
-        return WarmupReport(skipped=f"{type(e).__name__}: {e}".splitlines()[0][:200])
+        return WarmupReport.failed(e)
     try:
         return WarmupReport.from_dict(json.loads(out.strip().splitlines()[-1]))
     except (ValueError, IndexError, TypeError):
@@ -205,7 +209,7 @@ def _main() -> None:
     try:
         model = ModelSpec.from_hf_config(job["model"])
     except Exception as e:  # an architecture plora cannot read ahead: the first step compiles
-        report = WarmupReport(skipped=f"{type(e).__name__}: {e}".splitlines()[0][:200])
+        report = WarmupReport.failed(e)
     else:
         configs = [LoRAConfig.from_dict(c) for c in job["configs"]]
         report = warm_pack_kernels(

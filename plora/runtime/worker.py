@@ -157,7 +157,7 @@ class PackWorker:
         self._spec = spec
         self._default_engine = engine is None  # a PackSession: its kernels can be warmed up
         self.warmup: Any = None
-        """The first job's kernel warm-up (:func:`plora.engine.warmup.warm_for_request`)."""
+        """The first job's kernel warm-up report (:func:`plora.engine.warmup.finish_warmup`)."""
         self.engine: PackEngine | None = None
         self._loaded = threading.Event()  # calls run on two threads: ``run`` waits for ``load``
         self._running = threading.Lock()  # one job at a time, even when the next one is queued
