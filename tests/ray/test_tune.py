@@ -64,6 +64,19 @@ def asha_tuner(storage: Path, name: str, trainable, *, lrs: list[float] = LRS):
     )
 
 
+def searched_tuner(storage: Path, name: str, trainable, search_alg):
+    """Four trials of lr (log-uniform) x rank drawn by ``search_alg``, two at a time."""
+    from ray import tune
+
+    return tune.Tuner(
+        trainable,
+        param_space={"lr": tune.loguniform(2e-4, 6e-3), "rank": tune.choice([4, 8])},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=4,
+                                    max_concurrent_trials=2, search_alg=search_alg),
+        run_config=tune.RunConfig(storage_path=str(storage), name=name, verbose=0),
+    )  # fmt: skip
+
+
 def test_tuner_asha_over_16_configs_stops_adapters_inside_packs(ray_cluster, tmp_path) -> None:
     from ray.tune import ExperimentAnalysis
 
@@ -366,7 +379,6 @@ def test_plora_sweep_early_stop_section_stops_and_refills(ray_cluster, tmp_path)
 def test_optuna_search_in_waves_gives_one_row_per_config(ray_cluster, tmp_path) -> None:
     """OptunaSearch with 2 trials at a time: later trials register while (or after) earlier
     packs run; every trial gets its row, its adapter and its final metrics."""
-    from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
     from plora.tune.trainable import plora_trainable
@@ -376,13 +388,7 @@ def test_optuna_search_in_waves_gives_one_row_per_config(ray_cluster, tmp_path) 
         sweep, options=RunOptions(engine=PackFnEngine, calibration_steps=0), cost=cost_of(sweep),
         settle_s=0.5, linger_s=5.0,
     )  # fmt: skip
-    results = tune.Tuner(
-        trainable,
-        param_space={"lr": tune.loguniform(2e-4, 6e-3), "rank": tune.choice([4, 8])},
-        tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=4,
-                                    max_concurrent_trials=2, search_alg=OptunaSearch(seed=1)),
-        run_config=tune.RunConfig(storage_path=str(tmp_path), name="optuna", verbose=0),
-    ).fit()  # fmt: skip
+    results = searched_tuner(tmp_path, "optuna", trainable, OptunaSearch(seed=1)).fit()
     assert len(results) == 4 and not results.errors
     df = results.get_dataframe()
     assert set(df["status"]) == {"done"} and (df["adapter_step"] == MAX_STEPS).all()

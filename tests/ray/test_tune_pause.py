@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from packfn import PackFnEngine
-from test_tune import LRS, cost_of, tune_sweep
+from test_tune import LRS, cost_of, searched_tuner, tune_sweep
 
 from plora.config import SweepConfig
 from plora.engine.api import EngineSpec, PackRequest
@@ -148,7 +148,6 @@ def test_a_soft_median_rule_pauses_lagging_adapters_and_tune_resumes_them(
 def test_hyperopt_search_through_tuner_gives_one_row_per_config(ray_cluster, tmp_path) -> None:
     """``HyperOptSearch`` proposes configs (two at a time) that register as proxy trials; each
     gets its row in the ResultGrid and in results.parquet with the lr Tune gave it."""
-    from ray import tune
     from ray.tune.search.hyperopt import HyperOptSearch
 
     from plora.tune.trainable import plora_trainable
@@ -158,14 +157,8 @@ def test_hyperopt_search_through_tuner_gives_one_row_per_config(ray_cluster, tmp
         sweep, options=RunOptions(engine=PackFnEngine, calibration_steps=0), cost=cost_of(sweep),
         settle_s=0.5, linger_s=5.0,
     )  # fmt: skip
-    results = tune.Tuner(
-        trainable,
-        param_space={"lr": tune.loguniform(2e-4, 6e-3), "rank": tune.choice([4, 8])},
-        tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=4,
-                                    max_concurrent_trials=2,
-                                    search_alg=HyperOptSearch(random_state_seed=1)),
-        run_config=tune.RunConfig(storage_path=str(tmp_path), name="hyperopt", verbose=0),
-    ).fit()  # fmt: skip
+    search = HyperOptSearch(random_state_seed=1)
+    results = searched_tuner(tmp_path, "hyperopt", trainable, search).fit()
     assert len(results) == 4 and not results.errors
     df = results.get_dataframe()
     assert set(df["status"]) == {"done"} and df["config_id"].nunique() == 4
