@@ -52,7 +52,7 @@ def connect(address: str | None, *, num_gpus: int, cpu: bool = False) -> bool:
     runtime_env = {"env_vars": dict(WORKER_ENV)}
     if address is None or address == "local":
         kwargs: dict[str, Any] = {"address": address}
-        if not cpu and not _has_cuda():
+        if not cpu and not ray_finds_gpus():
             kwargs["num_gpus"] = num_gpus
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # Ray's start-up lines (local instance started, token set-up) are not the user's news:
@@ -103,17 +103,40 @@ def connect(address: str | None, *, num_gpus: int, cpu: bool = False) -> bool:
 
 def starts_local(address: str | None) -> bool:
     """Whether ``ray.init(address=address)`` starts a new local cluster, rather than joining the
-    ``ray start`` cluster of this machine that Ray finds for ``address`` None (as Ray decides it:
-    ``RAY_ADDRESS``, then the last ``ray start``'s address file)."""
+    ``ray start`` cluster of this machine that Ray finds for ``address`` None, decided as Ray
+    decides it: ``RAY_ADDRESS``, then the address file of the last ``ray start``
+    (``ray._private.services.get_ray_address_from_environment``). Ray's own lookup also scans
+    every running process for other clusters, only to warn when it finds several (0.5-1 s on a
+    slow host, and ``ray.init`` scans again): this reads the file alone."""
     if address == "local":
         return True
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is not None:  # an address (or "auto": any running cluster) is joined, never started
+        return False
     try:
-        from ray._private.services import canonicalize_bootstrap_address
+        from ray._private.utils import read_ray_address
 
-        # Ray annotates `addr: str` but documents and handles None (find a running cluster)
-        return canonicalize_bootstrap_address(address) is None  # type: ignore[arg-type]
+        return read_ray_address() is None
     except Exception:  # Ray's internals moved or the lookup failed: the runtime_env works anywhere
         return False
+
+
+def ray_finds_gpus() -> bool:
+    """Whether a Ray started on this machine finds GPUs, counted as ``ray.init`` counts them
+    (``CUDA_VISIBLE_DEVICES``, then NVML), without importing torch: ``torch.cuda.is_available()``
+    costs the driver torch's import (3-5 s on a slow host), right before ``ray.init``."""
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+
+        gpus = get_accelerator_manager_for_resource("GPU")
+        if gpus is None:
+            return _torch_has_cuda()
+        visible = gpus.get_current_process_visible_accelerator_ids()
+        if visible is not None:
+            return len(visible) > 0
+        return gpus.get_current_node_num_accelerators() > 0
+    except Exception:  # Ray's internals moved: ask torch
+        return _torch_has_cuda()
 
 
 @contextlib.contextmanager
@@ -228,7 +251,7 @@ def worker_resources(*, cpu: bool, num_slots: int) -> tuple[float, int]:
     return cpus_per_worker(), 1
 
 
-def _has_cuda() -> bool:
+def _torch_has_cuda() -> bool:
     try:
         import torch
 
@@ -246,6 +269,7 @@ __all__ = [
     "connect",
     "cpus_per_worker",
     "in_ray_job",
+    "ray_finds_gpus",
     "shutdown",
     "starts_local",
     "worker_resources",

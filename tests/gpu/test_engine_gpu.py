@@ -119,3 +119,12 @@ def test_bf16_checkpointing_dropout_runs_and_repeats():
         assert all(torch.isfinite(torch.tensor(l1[cid])))
         assert l1[cid] == l2[cid]
         assert adapter_rel_err(w1[cid], w2[cid]) < 1e-6
+
+
+def test_ray_finds_the_gpus_torch_sees():
+    """``plora.runtime.cluster.ray_finds_gpus`` (asked before ``ray.init``, without torch) agrees
+    with torch on a GPU machine, so a local cluster gets the real GPUs, never logical ones."""
+    pytest.importorskip("ray")
+    from plora.runtime.cluster import ray_finds_gpus
+
+    assert ray_finds_gpus() is torch.cuda.is_available()

@@ -4,6 +4,8 @@ refused before anything starts. The real ``ray job submit`` is tests/ray/test_jo
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -99,7 +101,7 @@ def fake_init(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(cluster.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(cluster, "_has_cuda", lambda: False)
+    monkeypatch.setattr(cluster, "ray_finds_gpus", lambda: False)
     monkeypatch.setattr("plora.runtime.reaper.start_reaper", lambda: None)
 
     def init(**kwargs: Any) -> None:
@@ -148,6 +150,37 @@ def test_the_value_error_fallback_keeps_the_runtime_env(fake_init, monkeypatch):
 
 
 def test_starts_local_follows_ray(monkeypatch):
+    from ray._private.services import canonicalize_bootstrap_address
+
     assert cluster.starts_local("local")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # on this machine, as Ray itself decides it (its lookup scans the processes too)
+    assert cluster.starts_local(None) == (canonicalize_bootstrap_address(None) is None)  # type: ignore[arg-type]
+    monkeypatch.setattr(
+        "ray._private.utils.read_ray_address", lambda temp_dir=None: "10.0.0.2:6379"
+    )
+    assert not cluster.starts_local(None)  # the last `ray start`'s cluster is joined
+    monkeypatch.setattr("ray._private.utils.read_ray_address", lambda temp_dir=None: None)
+    assert cluster.starts_local(None)
+    assert not cluster.starts_local("auto")  # any running cluster, never a new one
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # Ray would join that one
     assert not cluster.starts_local(None)
+
+
+def test_ray_finds_gpus_as_ray_counts_them_without_torch():
+    """The driver asks before ``ray.init`` whether Ray will see GPUs (else it gives Ray logical
+    ones); asking must not import torch (seconds on a slow host). The GPU machine's side:
+    ``tests/gpu/test_engine_gpu.py::test_ray_finds_the_gpus_torch_sees``."""
+    code = (
+        "import sys\n"
+        "from plora.runtime import cluster\n"
+        "from ray._private.resource_and_label_spec import ResourceAndLabelSpec\n"
+        "found = cluster.ray_finds_gpus()\n"
+        "spec = ResourceAndLabelSpec().resolve(is_head=True)\n"
+        "print(found, (spec.num_gpus or 0) > 0, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split()
+    assert out[0] == out[1]  # what ray.init's own resource detection finds
+    assert out[2] == "False"
