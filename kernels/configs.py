@@ -83,6 +83,7 @@ def reload_tuned() -> None:
     """Forget the cached tuned.json, its per-GPU entries and the mode choices made from them."""
     _tuned_file.cache_clear()
     _gpu_entry.cache_clear()
+    _config.cache_clear()
     _measured_mode.cache_clear()
 
 
@@ -91,19 +92,28 @@ CONFIG_OVERRIDES: dict[str, dict[str, int]] = {}
 
 
 def kernel_config(kind: str, device: torch.device, elem_size: int = 2) -> dict[str, int]:
-    """Tile config of ``kind`` (shrink, gemm, lora, wgrad) on ``device``.
+    """Tile config of ``kind`` (shrink, gemm, lora, wgrad) on ``device`` (a fresh dict).
 
     Configs are tuned for 2-byte operands; for float32 the reduction tile (BK / BT) is halved so
     the pipelined shared-memory buffers keep the same byte size.
     """
     if kind in CONFIG_OVERRIDES:
-        cfg = dict(CONFIG_OVERRIDES[kind])
-    elif device.type != "cuda" or _interpreting():
+        return _sized(dict(CONFIG_OVERRIDES[kind]), elem_size)
+    interpreted = device.type != "cuda" or _interpreting()
+    # Cached: every launch of every layer asks (several per packed call).
+    return dict(_config(kind, None if interpreted else (device.index or 0), elem_size))
+
+
+@lru_cache(maxsize=64)
+def _config(kind: str, device_index: int | None, elem_size: int) -> dict[str, int]:
+    """:func:`kernel_config` off the overrides; ``device_index`` None: the interpreter's."""
+    if device_index is None:
         return dict(_INTERPRETER_CONFIGS[kind])
-    else:
-        cfg = dict(
-            _gpu_entry(device.index or 0).get("configs", {}).get(kind) or DEFAULT_CONFIGS[kind]
-        )
+    entry = _gpu_entry(device_index).get("configs", {}).get(kind) or DEFAULT_CONFIGS[kind]
+    return _sized(dict(entry), elem_size)
+
+
+def _sized(cfg: dict[str, int], elem_size: int) -> dict[str, int]:
     if elem_size > 2:
         for key in ("BK", "BT"):
             if key in cfg:

@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from . import triton_kernels as tk
 from . import triton_wgrad
@@ -50,15 +51,11 @@ _STAGES_THAT_FIT: dict[tuple, int] = {}
 
 def _launch(kernel, grid, args: tuple, consts: dict, launch: dict) -> None:
     """Launch; on a shared-memory OutOfResources retry with one pipeline stage less (remembered)."""
-    from triton.runtime.errors import OutOfResources
-
-    key = (
-        kernel.fn.__name__,
-        tuple(sorted(consts.items())),
-        tuple(sorted(launch.items())),
-        next(a for a in args if isinstance(a, torch.Tensor)).device.index,
-    )
-    stages = _STAGES_THAT_FIT.get(key, launch.get("num_stages", 3))
+    stages = launch.get("num_stages", 3)
+    key = None
+    if _STAGES_THAT_FIT:  # some config ran out of shared memory before: its stages that fit
+        key = _fit_key(kernel, args, consts, launch)
+        stages = _STAGES_THAT_FIT.get(key, stages)
     while True:
         try:
             kernel[grid](*args, **consts, **{**launch, "num_stages": stages})
@@ -66,9 +63,20 @@ def _launch(kernel, grid, args: tuple, consts: dict, launch: dict) -> None:
             if stages <= 1:
                 raise
             stages -= 1
+            key = key or _fit_key(kernel, args, consts, launch)
+            _STAGES_THAT_FIT[key] = stages
             continue
-        _STAGES_THAT_FIT[key] = stages
         return
+
+
+def _fit_key(kernel, args: tuple, consts: dict, launch: dict) -> tuple:
+    """What a launch's shared-memory need depends on: kernel, constexprs, launch config, device."""
+    return (
+        kernel.fn.__name__,
+        tuple(sorted(consts.items())),
+        tuple(sorted(launch.items())),
+        next(a for a in args if isinstance(a, torch.Tensor)).device.index,
+    )
 
 
 def shrink(
@@ -91,9 +99,7 @@ def shrink(
     cfg = kernel_config("shrink", inp.device, inp.element_size())
     launch = _pop_launch(cfg)
     bm, bk, k = cfg["BM"], cfg["BK"], inp.shape[1]
-    n_tiles = sum(
-        -(-(meta.seg_starts[i + 1] - meta.seg_starts[i]) // bm) for i in range(meta.n_slots)
-    )
+    n_tiles = _row_tiles(meta, bm)
     if n_tiles == 0:
         return out
     br = tk.next_pow2(width)
@@ -120,6 +126,12 @@ def shrink(
     )  # fmt: skip
     _launch(tk._shrink_kernel, (n_tiles,), args, consts, launch)
     return out
+
+
+@lru_cache(maxsize=1024)
+def _row_tiles(meta: PackedMeta, bm: int) -> int:
+    """Row tiles of ``bm`` tokens over the slots' segments (each segment starts a tile)."""
+    return sum(-(-(meta.seg_starts[i + 1] - meta.seg_starts[i]) // bm) for i in range(meta.n_slots))
 
 
 def lora_gemm(

@@ -361,5 +361,6 @@ def _fused_tma_kernel(
 
 
 def next_pow2(n: int) -> int:
-    """Smallest power of two >= max(n, 1)."""
-    return triton.next_power_of_2(max(int(n), 1))
+    """Smallest power of two >= max(n, 1) (``triton.next_power_of_2`` in plain Python: launchers
+    call this several times per launch, and Triton's is a wrapped constexpr function)."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
