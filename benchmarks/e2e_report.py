@@ -78,6 +78,35 @@ def compare(
     }
 
 
+def report(
+    info: dict[str, Any],
+    systems: dict[str, dict],
+    keys: list[str],
+    base: float | None,
+    *,
+    rtol: float,
+    min_drop_ratio: float,
+    complete: bool,
+) -> dict[str, Any]:
+    """The JSON report: the run's ``info``, the systems' rows, plora's speedup over each other
+    system (its wall seconds over plora's), the checks (:func:`compare`) and the Markdown."""
+    plora_wall = systems.get("plora", {}).get("wall_s")
+    rep = {
+        **info,
+        "complete": complete,
+        "base_eval_loss": base,
+        "systems": systems,
+        "speedups": {
+            s: row["wall_s"] / plora_wall
+            for s, row in systems.items()
+            if s != "plora" and plora_wall
+        },
+        "agreement": compare(systems, keys, base, rtol=rtol, min_drop_ratio=min_drop_ratio),
+    }
+    rep["markdown"] = markdown(rep)
+    return rep
+
+
 def versions() -> dict[str, str | None]:
     out = {"python": sys.version.split()[0]}
     for pkg in ("torch", "transformers", "peft", "ray", "triton"):

@@ -9,6 +9,7 @@ import argparse
 import concurrent.futures
 import json
 import multiprocessing
+import os
 import random
 import shutil
 import subprocess
@@ -55,6 +56,30 @@ def gpu_type_of(name: str) -> str | None:
     if "A100" in name:
         return "A100-80GB" if "80G" in name else "A100-40GB"
     return next((t for frag, t in GPU_TYPES if frag in name), None)
+
+
+def choose_gpus(count: int, gpu_type: str | None) -> tuple[str, list[int], str, str]:
+    """``(device, GPU indices, GPU name, plora gpu_type)`` for ``--gpus count``: the first
+    ``count`` visible GPUs (in ``CUDA_VISIBLE_DEVICES`` order when it is set), or ``cpu`` without
+    ``nvidia-smi``; ``gpu_type`` (``--gpu-type``) wins over the name's."""
+    names = gpu_names()
+    device = "cuda" if names else "cpu"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    indices = (
+        [int(i) for i in visible.split(",")]
+        if visible.replace(",", "").isdigit()
+        else list(range(len(names)))
+    )
+    gpus = indices[:count] if device == "cuda" else []
+    if device == "cuda" and len(gpus) < count:
+        raise SystemExit(f"--gpus {count}: only {len(indices)} GPUs visible")
+    gpu = (names[gpus[0]] if gpus[0] < len(names) else names[0]) if gpus else "cpu"
+    gpu_type = gpu_type or (gpu_type_of(gpu) if gpus else "cpu")
+    if gpu_type is None:
+        raise SystemExit(
+            f"unknown GPU {gpu!r}: pass --gpu-type (a key of plora.config.hardware.GPU_TYPES)"
+        )
+    return device, gpus, gpu, gpu_type
 
 
 class GpuSampler:

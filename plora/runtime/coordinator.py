@@ -25,32 +25,28 @@ holds both predictions. Every
 decision is a :class:`DecisionRecord` with its inputs -- e.g. a ``refit`` record holds the cost
 model's coefficients before and after -- appended to ``decisions.jsonl``.
 
-Modules. This one handles the events; planning, launching, refill and refit decisions are
-:mod:`plora.runtime.scheduling`, the saved state for ``--resume`` :mod:`plora.runtime.resume`
-(both functions of the coordinator, typed by :class:`~plora.runtime.coordinator_state.CoordinatorState`).
+Modules. This one holds the state and handles the events; the rest are functions of the
+coordinator, typed by :class:`~plora.runtime.coordinator_state.CoordinatorState`:
+:mod:`~plora.runtime.intake` (configs from the searcher, endings told back),
+:mod:`~plora.runtime.scheduling` (plan / re-plan, launch, refill, refit),
+:mod:`~plora.runtime.endings` (a job finished or failed: results, retry, OOM split),
+:mod:`~plora.runtime.pause` (pause and resume), :mod:`~plora.runtime.recording` (the decision
+log and the sweep directory's tables), :mod:`~plora.runtime.view` (counts, snapshot, ETA) and
+:mod:`~plora.runtime.resume` (the saved state for ``--resume``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plora.config import LoRAConfig
-from plora.cost.overheads import EvalMetric
 from plora.engine.api import Control, PackOutcome, StepReport
-from plora.runtime import pause, resume, scheduling
+from plora.runtime import endings, intake, pause, recording, resume, scheduling, view
 from plora.runtime.coordinator_state import FINISHED, RunningJob
-from plora.runtime.ledger import (
-    config_status,
-    job_row,
-    metric_rows,
-    result_row,
-    tell_metrics,
-    upsert_job_row,
-)
+from plora.runtime.ledger import metric_rows, result_row, tell_metrics
 from plora.runtime.measure import Measurements
 from plora.runtime.records import (
     ConfigSource,
@@ -62,12 +58,8 @@ from plora.runtime.records import (
     JobStatus,
     StaticSource,
 )
-from plora.runtime.refill import split_halves
 from plora.runtime.residency import Residency
 from plora.sweepdir.store import SweepStore
-
-_DONE = FINISHED
-_LEFT = (*_DONE, ConfigStatus.PAUSED)
 
 
 class Coordinator:
@@ -168,13 +160,7 @@ class Coordinator:
         config_ids: Sequence[str] = (),
         **inputs: Any,
     ) -> DecisionRecord:
-        rec = DecisionRecord(
-            kind=kind, time_s=self.now(), job_id=job_id, config_ids=tuple(config_ids), inputs=inputs
-        )
-        self.decisions.append(rec)
-        if self.store is not None:
-            self.store.append_decision(rec.to_json_dict())
-        return rec
+        return recording.decide(self, kind, job_id=job_id, config_ids=config_ids, **inputs)
 
     # -- queries ----------------------------------------------------------------------------
     def queued_ids(self) -> list[str]:
@@ -187,48 +173,16 @@ class Coordinator:
             self.source.is_finished()
             and not self.running
             and not self.forced
-            and all(s in _DONE for s in self.status.values())
+            and all(s in FINISHED for s in self.status.values())
         )
 
     def counts(self) -> dict[str, int]:
         """Number of configs per :class:`ConfigStatus`, plus running jobs and busy GPUs."""
-        out = {str(s): 0 for s in ConfigStatus}
-        for s in self.status.values():
-            out[str(s)] += 1
-        out["jobs_running"] = len(self.running)
-        out["gpus_busy"] = self.num_gpus - len(self.free_gpus)
-        return out
+        return view.counts(self)
 
     def snapshot(self) -> dict[str, Any]:
-        """A small JSON-able view for the progress display."""
-        running = {
-            j: {"config_ids": list(r.config_ids), "gpus": r.spec.gpus, "started_s": r.started_s,
-                "planned_start_s": getattr(r.plan_job, "start_s", None),
-                "planned_end_s": getattr(r.plan_job, "end_s", None)}
-            for j, r in self.running.items()
-        }  # fmt: skip
-        eta = None
-        plan_end = [getattr(j, "end_s", 0.0) for j in self.pending]
-        pending_end = max(plan_end) if plan_end else None
-        plan_end += [getattr(r.plan_job, "end_s", 0.0) for r in self.running.values()]
-        if plan_end:
-            eta = max(0.0, max(plan_end) - self.now())
-        return {
-            "now_s": self.now(),
-            "num_gpus": self.num_gpus,
-            "counts": self.counts(),
-            "running": running,
-            "eta_s": eta,
-            "pending_end_s": pending_end,
-            "plan_index": self._plans,
-            "plan_trigger": self._plan_trigger,
-            "done": self.is_done(),
-            "failed": {
-                c: self.results.get(c, {}).get("error")
-                for c, s in self.status.items()
-                if s is ConfigStatus.FAILED
-            },
-        }
+        """A small JSON-able view for the progress display (:func:`plora.runtime.view.snapshot`)."""
+        return view.snapshot(self)
 
     # -- events -----------------------------------------------------------------------------
     def start(self) -> list[JobSpec]:
@@ -262,19 +216,14 @@ class Coordinator:
                     r["config_id"], r["step"], r["loss"]
                 ):
                     self.stop_config(r["config_id"], reason="early_stop", step=r["step"])
-        if self.store is not None:
-            self.store.append_metrics(out)
-            if now - self._last_flush >= self._flush_s:
-                self.store.flush_metrics()
-                self.store.write_state(self.get_state())  # fresh clock and progress for --resume
-                self._last_flush = now
+        recording.record_metrics(self, out, now=now)
         run = self.running.get(job_id)
         if run is None or not reports:
             return []
         if self.measure.add_reports(
             job_id, reports, gpus=run.spec.gpus, strategy=run.spec.strategy
         ):
-            self._refit(job_id=job_id, trigger="calibration")
+            scheduling.refit(self, job_id=job_id, trigger="calibration")
             if self._need_plan:
                 return self._schedule(trigger=f"calibrated on {job_id}")
         return []
@@ -282,9 +231,7 @@ class Coordinator:
     def flush_records(self) -> None:
         """Make every metric row received so far durable: the driver calls it when a worker is
         about to checkpoint, so no checkpoint runs ahead of the metrics of its steps."""
-        if self.store is not None:
-            self.store.flush_metrics()
-            self._last_flush = self.now()
+        recording.flush_metrics(self)
 
     def poll(self, job_id: str) -> Control:
         """Control for a running job, asked by its worker between steps (each stop and add is
@@ -298,7 +245,7 @@ class Coordinator:
             self._retime_running()
         paused = pause.deliver(self, run) if run.spec.gpus == 1 else frozenset()
         if self.refill:
-            self._refill(run)
+            scheduling.refill(self, run)
         add = tuple(self.configs[c] for c in run.add_pending)
         run.add_pending.clear()
         return Control(stop=frozenset(stop), add=add, pause=paused)
@@ -350,7 +297,7 @@ class Coordinator:
         """Stop one config: dropped from the queue, or from its running job at the next poll
         (``step``: the step its stop was decided at, for the decision record)."""
         status = self.status.get(config_id)
-        if status is None or status in _DONE:
+        if status is None or status in FINISHED:
             return
         if status is ConfigStatus.PAUSED:
             return pause.stop_paused(self, config_id, reason=reason)
@@ -366,208 +313,36 @@ class Coordinator:
             self._stop_requests.add(config_id)
 
     def on_job_finished(self, job_id: str, outcome: PackOutcome) -> list[JobSpec]:
-        """A job returned: every config's result and where its seconds went."""
-        run = self.running.pop(job_id)
-        self.free_gpus.update(run.spec.gpu_ids)
-        end = self.now()
-        per_config = {c: r.to_dict() for c, r in outcome.results.items()}
-        wall = max(end - run.started_s, 1e-9)
-        tokens = {c: float(per_config.get(c, {}).get("tokens") or 0) for c in run.config_ids}
-        total_tokens = sum(tokens.values())
-        for cid in run.config_ids:
-            r = per_config.get(cid)
-            if r is None:  # never trained (e.g. added after the job stopped): back to the queue
-                self.status[cid] = ConfigStatus.QUEUED
-                continue
-            # a stop that came after the adapter's last step stopped nothing: it is done
-            late = int(r.get("steps") or 0) >= self.cost.steps(self.configs[cid])
-            status = config_status(r.get("status"), stopped=cid in self._stop_requests and not late)
-            share = tokens[cid] / total_tokens if total_tokens > 0 else 1 / len(run.config_ids)
-            fields = {k: v for k, v in r.items() if k not in ("status", "config_id", "job_id")}
-            row = self._result_row(
-                cid, status=status, job_id=job_id, gpu_seconds=wall * run.spec.gpus * share,
-                **fields,
-            )  # fmt: skip
-            if status is ConfigStatus.PAUSED:  # not ended: the searcher is not told
-                pause.on_paused(self, cid, row, job_id=job_id)
-                continue
-            self.status[cid] = status
-            self.results[cid] = row
-            self._decide(
-                Decision.CONFIG_DONE
-                if status is not ConfigStatus.FAILED
-                else Decision.CONFIG_FAILED,
-                job_id=job_id,
-                config_ids=[cid],
-                eval_loss=r.get("eval_loss"),
-                eval_metric=r.get("eval_metric"),
-                steps=r.get("steps"),
-            )
-            self._tell(cid, tell_metrics(r, self.metric_name, status=status))
-        timings = dataclasses.asdict(outcome.timings)
-        self._decide(
-            Decision.JOB_DONE, job_id=job_id, config_ids=run.config_ids, wall_s=wall,
-            notes=list(outcome.notes), **timings,
-        )  # fmt: skip
-        self._job_row(run, status=JobStatus.DONE, end=end, timings=timings)
-        overheads = getattr(self.cost, "overheads", None)
-        self.measure.add_outcome(
-            outcome,
-            eval_rows=int(getattr(self.cost, "eval_rows", 0) or 0),
-            metric=getattr(self.cost, "eval_metric", EvalMetric.NONE),
-            eval_s_per_row=float(getattr(overheads, "eval_s_per_row", 0.0)),
-        )
-        self._refit(job_id=job_id, trigger="job done")
-        self._need_plan = True  # GPUs were freed: re-plan the remaining configs
+        """A job returned: every config's result and where its seconds went
+        (:func:`plora.runtime.endings.job_finished`); the freed GPUs are re-planned."""
+        endings.job_finished(self, job_id, outcome)
         return self._schedule(trigger=f"job {job_id} done")
 
     def on_job_failed(self, job_id: str, kind: FailureKind, message: str = "") -> list[JobSpec]:
-        """A job ended without a result: retry (DIED), split (OOM) or fail (ERROR)."""
-        run = self.running.pop(job_id)
-        self.free_gpus.update(run.spec.gpu_ids)
-        kind = FailureKind(kind)
-        pause.on_job_failed(self, job_id)
-        live = [c for c in run.config_ids if self.status.get(c) is ConfigStatus.RUNNING]
-        status = {FailureKind.DIED: JobStatus.DIED, FailureKind.OOM: JobStatus.OOM}.get(
-            kind, JobStatus.FAILED
-        )
-        self._job_row(run, status=status, end=self.now())
-        spec = run.spec
-        died = sum(r["job_id"] == job_id and r["status"] == JobStatus.DIED for r in self.job_rows)
-        if kind is FailureKind.DIED and died <= self.max_retries:
-            retry = dataclasses.replace(
-                spec,
-                configs=tuple(self.configs[c] for c in live),
-                attempt=spec.attempt + 1,
-                gpu_ids=(),
-                resume=True,
-            )
-            self._decide(
-                Decision.RETRY,
-                job_id=job_id,
-                config_ids=live,
-                attempt=retry.attempt,
-                max_retries=self.max_retries,
-                error=message,
-            )
-            self.forced.append(retry)
-            for c in live:
-                self.status[c] = ConfigStatus.QUEUED
-        elif kind is FailureKind.OOM and len(live) > 1:
-            parts = split_halves(live)
-            new_ids = []
-            for part in parts:
-                jid = self._new_job_id()
-                new_ids.append(jid)
-                self.forced.append(
-                    JobSpec(
-                        job_id=jid,
-                        configs=tuple(self.configs[c] for c in part),
-                        gpus=spec.gpus,
-                        strategy=spec.strategy,
-                    )
-                )
-            for c in live:
-                self.status[c] = ConfigStatus.QUEUED
-            self._decide(
-                Decision.SPLIT_OOM,
-                job_id=job_id,
-                config_ids=live,
-                into={j: p for j, p in zip(new_ids, parts, strict=True)},
-                error=message,
-            )
-        else:
-            reason = {
-                FailureKind.DIED: f"worker died {died} times",
-                FailureKind.OOM: "out of memory even alone",
-            }.get(kind, "error")
-            self._decide(
-                Decision.JOB_FAILED, job_id=job_id, config_ids=live, reason=reason, error=message
-            )
-            for c in live:
-                self.status[c] = ConfigStatus.FAILED
-                self._tell(c, tell_metrics({}, self.metric_name, status=ConfigStatus.FAILED))
-                self.results[c] = self._result_row(
-                    c, status=ConfigStatus.FAILED, job_id=job_id, error=f"{reason}: {message}"[:500]
-                )
-                self._decide(Decision.CONFIG_FAILED, job_id=job_id, config_ids=[c], reason=reason)
-        self._need_plan = True
+        """A job ended without a result: retry (DIED), split (OOM) or fail (ERROR)
+        (:func:`plora.runtime.endings.job_failed`); the freed GPUs are re-planned."""
+        endings.job_failed(self, job_id, kind, message)
         return self._schedule(trigger=f"job {job_id} {kind}")
 
     # -- scheduling -------------------------------------------------------------------------
     def _schedule(self, *, trigger: str) -> list[JobSpec]:
-        self._ask()
+        intake.ask(self)
         pause.settle(self)
         if self._need_plan:
-            self._plan(trigger)
-        launches = self._dispatch()
+            scheduling.plan(self, trigger)
+        launches = scheduling.dispatch(self)
         if self.is_done() and not self._done_logged:
             self._done_logged = True
             self._decide(Decision.SWEEP_DONE, counts=self.counts())
         self._persist()
         return launches
 
-    def _ask(self) -> None:
-        """New configs from the source. One whose hyperparameters equal a known config's (a
-        searcher's repeated suggestion, a random draw, an edited space's config) is not trained
-        again: the source is told the known config's result under its own id once there is one."""
-        while not self.source.is_finished():
-            want = self.ask_batch - len(self.queued_ids())
-            if want <= 0:
-                return
-            given = self.source.ask(want)
-            for c in given:  # a known id again (a restarted source): told what it knows
-                if c.config_id in self.configs and self.status[c.config_id] in _DONE:
-                    r = self.results.get(c.config_id, {})
-                    st = self.status[c.config_id]
-                    self.source.tell(c.config_id, tell_metrics(r, self.metric_name, status=st))
-            got = [c for c in given if c.config_id not in self.configs]
-            if not got:
-                return
-            new, dups = [], {}
-            for c in got:
-                first = self._by_hparams.get(c.fingerprint())
-                if first is not None and first != c.config_id:
-                    dups[c.config_id] = first
-                    self._aliases.setdefault(first, []).append(c.config_id)
-                    continue
-                self._by_hparams[c.fingerprint()] = c.config_id
-                self.configs[c.config_id] = c
-                self.status[c.config_id] = ConfigStatus.QUEUED
-                new.append(c)
-            self._decide(Decision.ASK, config_ids=[c.config_id for c in new], requested=want,
-                         duplicates=dups)  # fmt: skip
-            for first in set(dups.values()):
-                if self.status[first] in _DONE:  # a known result: the new ids are told it now
-                    r = self.results.get(first, {})
-                    metrics = tell_metrics(r, self.metric_name, status=self.status[first])
-                    for alias in self._aliases.pop(first, []):
-                        self.source.tell(alias, metrics)
-            if new:
-                self._need_plan = True
-                return
-
     def _tell(self, config_id: str, metrics: dict[str, Any]) -> None:
-        """Tell the source how ``config_id`` ended, and under each id it was suggested again."""
-        self.source.tell(config_id, metrics)
-        for alias in self._aliases.pop(config_id, []):
-            self.source.tell(alias, metrics)
+        intake.tell(self, config_id, metrics)
 
     # -- plan, dispatch, refill, refit (plora.runtime.scheduling) ---------------------------
-    def _plan(self, trigger: str) -> None:
-        scheduling.plan(self, trigger)
-
-    def _dispatch(self) -> list[JobSpec]:
-        return scheduling.dispatch(self)
-
-    def _refill(self, run: RunningJob) -> None:
-        scheduling.refill(self, run)
-
     def _drop_from_plan(self, config_id: str) -> None:
         scheduling.drop_from_plan(self, config_id)
-
-    def _refit(self, *, job_id: str, trigger: str) -> None:
-        scheduling.refit(self, job_id=job_id, trigger=trigger)
 
     def _retime_running(self) -> None:
         scheduling.retime_running(self)
@@ -594,25 +369,10 @@ class Coordinator:
         end: float | None,
         timings: Mapping[str, Any] | None = None,
     ) -> None:
-        row = job_row(
-            run.spec,
-            config_ids=run.config_ids,
-            node=run.node,
-            start=run.started_s,
-            end=end,
-            status=status,
-            timings=timings,
-        )
-        upsert_job_row(self.job_rows, row)
+        recording.record_job(self, run, status=status, end=end, timings=timings)
 
     def _persist(self) -> None:
-        if self.store is None:
-            return
-        self.store.flush_metrics()
-        self._last_flush = self.now()
-        self.store.write_jobs(self.job_rows)
-        self.store.write_results([self.results[c] for c in self.configs if c in self.results])
-        self.store.write_state(self.get_state())
+        recording.persist(self)
 
     # -- resume (plora.runtime.resume) ------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

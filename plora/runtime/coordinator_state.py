@@ -1,8 +1,11 @@
 """What the coordinator's helpers see of it: :class:`CoordinatorState`, and its running jobs.
 
-:class:`~plora.runtime.coordinator.Coordinator` handles the events; the planning and launching
-decisions (:mod:`plora.runtime.scheduling`) and its saved state (:mod:`plora.runtime.resume`) are
-functions of the coordinator typed against this protocol, so they import no coordinator.
+:class:`~plora.runtime.coordinator.Coordinator` handles the events; its helpers -- the searcher
+side (:mod:`plora.runtime.intake`), the planning and launching decisions
+(:mod:`plora.runtime.scheduling`), job ends (:mod:`plora.runtime.endings`), the records
+(:mod:`plora.runtime.recording`), the status view (:mod:`plora.runtime.view`) and its saved
+state (:mod:`plora.runtime.resume`) -- are functions of the coordinator typed against this
+protocol, so they import no coordinator.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ class CoordinatorState(Protocol):
     planner: Any
     store: SweepStore | None
     early_stop: Any
+    max_retries: int
+    ask_batch: int
+    metric_name: str | None
     configs: dict[str, LoRAConfig]
     status: dict[str, ConfigStatus]
     progress: dict[str, int]
@@ -63,9 +69,12 @@ class CoordinatorState(Protocol):
     measure: Measurements
     residency: Residency
     job_rows: list[dict[str, Any]]
+    decisions: list[DecisionRecord]
     _clock: Callable[[], float]
     _t0: float
     _offset: float
+    _flush_s: float
+    _last_flush: float
     _next_job: int
     _plans: int
     _plan_trigger: str
@@ -78,6 +87,10 @@ class CoordinatorState(Protocol):
     def now(self) -> float: ...
 
     def queued_ids(self) -> list[str]: ...
+
+    def is_done(self) -> bool: ...
+
+    def get_state(self) -> dict[str, Any]: ...
 
     def _decide(
         self,
@@ -106,6 +119,8 @@ class CoordinatorState(Protocol):
     def _persist(self) -> None: ...
 
     def _result_row(self, cid: str, *, status: ConfigStatus, **r: Any) -> dict[str, Any]: ...
+
+    def _tell(self, config_id: str, metrics: dict[str, Any]) -> None: ...
 
 
 __all__ = ["FINISHED", "CoordinatorState", "RunningJob"]

@@ -15,6 +15,15 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="module")
+def qwen():
+    """(model, tokenizer) of the built-in tiny-qwen2 (``plora.models.load_model``), once per
+    module."""
+    from plora.models import load_model
+
+    return load_model("tiny-qwen2")
+
+
 @pytest.fixture(autouse=True)
 def _plan_without_liger(monkeypatch: pytest.MonkeyPatch):
     """Plan as on a machine without Liger-Kernel, whatever this one has installed: with

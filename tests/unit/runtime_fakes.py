@@ -4,18 +4,25 @@
 the pack's tokens) with a least-squares ``refit``; ``GreedyPlanner`` packs configs first-fit by
 memory into d = 1 jobs and list-schedules them. The coordinator's logic is tested against these
 so a failure points at the coordinator, not at the ILP or the physics.
+
+The coordinator tests drive it with ``Clock`` (a fake clock), ``make`` (a coordinator on these),
+``finish`` (a job's step reports and result) and ``run_to_end`` (every job, in launch order).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plora.config import LoRAConfig
 from plora.cost import Strategy
 from plora.cost.throughput import StepSample
 from plora.planner.types import Job, Plan
+
+if TYPE_CHECKING:
+    from plora.runtime.coordinator import Coordinator
+    from plora.runtime.records import JobSpec
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -181,3 +188,76 @@ def outcome(job_id: str, results: dict[str, dict[str, Any]]) -> Any:
         return ConfigResult(config_id=cid, status=AdapterStatus(status), **fields)
 
     return PackOutcome(job_id=job_id, results={c: one(c, r) for c, r in results.items()})
+
+
+class Clock:
+    """A fake clock: ``t`` seconds, set by the test."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(configs, *, gpus=2, cost=None, store=None, **kw):
+    """A coordinator of ``configs`` on ``AffineCost`` and ``GreedyPlanner`` with a fake clock
+    (metrics flushed at every report); returns it and its clock."""
+    from plora.runtime.coordinator import Coordinator
+
+    clock = Clock()
+    coord = Coordinator(
+        cost=cost or AffineCost(),
+        num_gpus=gpus,
+        configs=configs,
+        planner=GreedyPlanner(),
+        store=store,
+        clock=clock,
+        metrics_flush_s=0.0,
+        **kw,
+    )
+    return coord, clock
+
+
+def finish(
+    coord: Coordinator,
+    spec: JobSpec,
+    *,
+    step_time: float = 0.05,
+    status="done",
+    steps: dict[str, int] | None = None,
+) -> list[JobSpec]:
+    """Three step reports of ``spec``'s configs, then its result (each config done at its last
+    step, or after one step if asked to stop); returns what the coordinator launches next."""
+    results = {
+        c.config_id: {
+            "config_id": c.config_id,
+            "status": status,
+            # a config asked to stop stopped early (after its first step) unless told otherwise
+            "steps": (steps or {}).get(
+                c.config_id, 1 if c.config_id in coord._stop_requests else c.max_steps
+            ),
+            "tokens": 100 * c.batch_size,
+            "final_train_loss": 1.0,
+            "eval_loss": 1.5 - c.rank / 100,
+            "eval_metric": c.rank / 100,
+            "adapter_path": f"adapters/{c.config_id}",
+        }
+        for c in spec.configs
+    }
+    launched = [report(*({"config_id": c, "step": 1} for c in spec.config_ids), time_s=step_time)]
+    coord.on_reports(spec.job_id, launched * 3)
+    return coord.on_job_finished(spec.job_id, outcome(spec.job_id, results))
+
+
+def run_to_end(coord: Coordinator, clock: Clock, launches: list[JobSpec], **kw) -> list[JobSpec]:
+    """Finish jobs in launch order until the sweep is done; return every launch."""
+    every = list(launches)
+    queue = list(launches)
+    while queue:
+        spec = queue.pop(0)
+        clock.t += 1.0
+        new = finish(coord, spec, **kw)
+        every += new
+        queue += new
+    return every

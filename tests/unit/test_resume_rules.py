@@ -14,8 +14,7 @@ import dataclasses
 import json
 
 import pytest
-from runtime_fakes import AffineCost, GreedyPlanner, lora
-from test_coordinator import Clock, finish, make, run_to_end
+from runtime_fakes import AffineCost, Clock, GreedyPlanner, finish, lora, make, run_to_end
 
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.records import ConfigStatus, FailureKind, StaticSource

@@ -1,0 +1,95 @@
+"""The coordinator's writes to the sweep directory, and its decision log.
+
+Functions of a :class:`~plora.runtime.coordinator_state.CoordinatorState` (the coordinator
+itself); the rows they write are :mod:`plora.runtime.ledger`'s, the files
+:class:`plora.sweepdir.store.SweepStore`'s. Without a store they only keep the records in
+memory (``decisions``, ``job_rows``).
+
+* :func:`decide` appends a :class:`~plora.runtime.records.DecisionRecord` to ``decisions`` and
+  ``decisions.jsonl``;
+* :func:`record_metrics` buffers ``metrics.parquet`` rows and flushes them -- with a fresh
+  ``state.json`` -- at most every ``metrics_flush_s``; :func:`flush_metrics` flushes now;
+* :func:`record_job` replaces or adds a job attempt's ``jobs.parquet`` row;
+* :func:`persist` writes everything: metrics, jobs, results, state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from plora.runtime.coordinator_state import CoordinatorState, RunningJob
+from plora.runtime.ledger import job_row, upsert_job_row
+from plora.runtime.records import Decision, DecisionRecord, JobStatus
+
+
+def decide(
+    coord: CoordinatorState,
+    kind: Decision,
+    *,
+    job_id: str | None = None,
+    config_ids: Sequence[str] = (),
+    **inputs: Any,
+) -> DecisionRecord:
+    """Log one decision with its inputs, at the sweep clock's now."""
+    rec = DecisionRecord(
+        kind=kind, time_s=coord.now(), job_id=job_id, config_ids=tuple(config_ids), inputs=inputs
+    )
+    coord.decisions.append(rec)
+    if coord.store is not None:
+        coord.store.append_decision(rec.to_json_dict())
+    return rec
+
+
+def record_metrics(coord: CoordinatorState, rows: list[dict[str, Any]], *, now: float) -> None:
+    """Buffer ``metrics.parquet`` rows; flush them and write ``state.json`` (a fresh clock and
+    progress for ``--resume``) when the last flush is ``metrics_flush_s`` old."""
+    if coord.store is None:
+        return
+    coord.store.append_metrics(rows)
+    if now - coord._last_flush >= coord._flush_s:
+        coord.store.flush_metrics()
+        coord.store.write_state(coord.get_state())
+        coord._last_flush = now
+
+
+def flush_metrics(coord: CoordinatorState) -> None:
+    """Make every metric row received so far durable."""
+    if coord.store is not None:
+        coord.store.flush_metrics()
+        coord._last_flush = coord.now()
+
+
+def record_job(
+    coord: CoordinatorState,
+    run: RunningJob,
+    *,
+    status: JobStatus,
+    end: float | None,
+    timings: Mapping[str, Any] | None = None,
+) -> None:
+    """The ``jobs.parquet`` row of ``run``'s attempt, as it stands (kept in ``job_rows``)."""
+    row = job_row(
+        run.spec,
+        config_ids=run.config_ids,
+        node=run.node,
+        start=run.started_s,
+        end=end,
+        status=status,
+        timings=timings,
+    )
+    upsert_job_row(coord.job_rows, row)
+
+
+def persist(coord: CoordinatorState) -> None:
+    """Write the sweep directory's tables and ``state.json`` as they stand now."""
+    if coord.store is None:
+        return
+    coord.store.flush_metrics()
+    coord._last_flush = coord.now()
+    coord.store.write_jobs(coord.job_rows)
+    coord.store.write_results([coord.results[c] for c in coord.configs if c in coord.results])
+    coord.store.write_state(coord.get_state())
+
+
+__all__ = ["decide", "flush_metrics", "persist", "record_job", "record_metrics"]

@@ -1,0 +1,130 @@
+"""The coordinator's refill: queued configs take the slots finished configs leave in running
+jobs (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+from runtime_fakes import AffineCost, finish, lora, make, outcome, report
+
+from plora.runtime.records import ConfigStatus, Decision, JobSpec
+
+
+def test_refill_adds_queued_config_into_freed_slot() -> None:
+    # capacity 4 with base 1 -> 30 rank units: long (rank 10, 100 steps) + short (rank 10, 5 steps)
+    # + rank 10 fill a job; a queued rank-10 config of 20 steps fits once the short one ends.
+    long_ = lora(0, rank=10, steps=100)
+    short = lora(1, rank=10, steps=5)
+    mid = lora(2, rank=10, steps=100)
+    late = lora(3, rank=10, steps=20)
+    coord, _clock = make([long_, short, mid, late], gpus=1)
+    (spec,) = coord.start()
+    assert set(spec.config_ids) == {"c00", "c01", "c02"}
+    assert coord.poll(spec.job_id).add == ()  # no slot free yet
+    coord.on_reports(spec.job_id, [report({"config_id": "c01", "step": 5, "loss": 1.0})])
+    coord.on_reports(spec.job_id, [report({"config_id": "c00", "step": 5, "loss": 1.0})])
+    ctl = coord.poll(spec.job_id)
+    assert [c.config_id for c in ctl.add] == ["c03"]
+    assert coord.status["c03"] is ConfigStatus.RUNNING
+    rec = next(d for d in coord.decisions if d.kind is Decision.REFILL)
+    assert rec.inputs["memory_bytes"] <= rec.inputs["capacity_bytes"]
+    assert rec.inputs["steps"] <= rec.inputs["steps_left_in_job"]
+    assert coord.poll(spec.job_id).add == ()
+    spec_now = JobSpec(job_id=spec.job_id, configs=(long_, short, mid, late), gpus=1)
+    assert finish(coord, spec_now) == []
+    assert coord.is_done()
+
+
+def test_refill_runs_a_job_on_rather_than_leave_a_slot_free() -> None:
+    """No GPU is idle: a queued config that needs more steps than the job has left still takes
+    the freed slot (on the resident worker the job runs on for it) instead of waiting for a job
+    of its own; the decision says so and the job's predicted end moves."""
+    a, b, c = lora(0, rank=10, steps=10), lora(1, rank=10, steps=5), lora(2, rank=10, steps=10)
+    late = lora(3, rank=10, steps=50)
+    coord, _ = make([a, b, c, late], gpus=1)
+    (spec,) = coord.start()
+    end_before = coord.running[spec.job_id].plan_job.end_s
+    coord.on_reports(
+        spec.job_id, [report({"config_id": "c01", "step": 5}, {"config_id": "c00", "step": 6})]
+    )
+    assert [k.config_id for k in coord.poll(spec.job_id).add] == ["c03"]  # 50 steps > 4 left
+    rec = next(d for d in coord.decisions if d.kind is Decision.REFILL)
+    assert (
+        rec.inputs["extends_job"] is True and rec.inputs["steps"] > rec.inputs["steps_left_in_job"]
+    )
+    assert coord.running[spec.job_id].plan_job.end_s > end_before
+
+
+@pytest.mark.parametrize(
+    ("active_steps", "queued", "slots", "want"),
+    [
+        # (steps of the active configs, (rank, steps) of queued configs, pack slots, chosen)
+        ([100], [(10, 50), (10, 60)], 3, ["c10", "c11"]),  # two free slots, both fit
+        ([100], [(10, 50), (10, 60)], 2, ["c10"]),  # one free slot
+        ([100], [(10, 101), (10, 90)], 3, ["c11"]),  # 101 steps would outlast the job
+        ([100], [(25, 50), (10, 50)], 3, ["c11"]),  # rank 25 + 10 = 35 > 30 rank units of memory
+        ([100, 100], [(1, 1)], 2, []),  # no free slot
+    ],
+)
+def test_choose_refills_table(active_steps, queued, slots, want) -> None:
+    from plora.runtime.refill import choose_refills
+
+    cost = AffineCost()  # capacity 4 = base 1 + 0.1 per rank unit -> 30 rank units
+    active = [lora(i, rank=10 // len(active_steps), steps=s) for i, s in enumerate(active_steps)]
+    cands = [lora(10 + i, rank=r, steps=s) for i, (r, s) in enumerate(queued)]
+    picks = choose_refills(
+        active=active, queued=cands, slots=slots, progress={}, cost=cost, gpus=1, strategy=None
+    )
+    assert [p.config_id for p in picks] == want
+    for p in picks:
+        assert p.memory_bytes <= p.capacity_bytes and p.steps <= p.steps_left
+
+
+def test_config_missing_from_a_job_result_is_planned_again() -> None:
+    """A refill the worker never picked up (the pack ended first) goes back to the queue and
+    gets its own job, even when the job reported no profile (no refit)."""
+    long_, short, mid = (
+        lora(0, rank=10, steps=100),
+        lora(1, rank=10, steps=5),
+        lora(2, rank=10, steps=100),
+    )
+    late = lora(3, rank=10, steps=20)
+    coord, clock = make([long_, short, mid, late], gpus=1)
+    (spec,) = coord.start()
+    coord.on_reports(spec.job_id, [report({"config_id": "c01", "step": 5})])
+    assert [c.config_id for c in coord.poll(spec.job_id).add] == ["c03"]
+    clock.t = 10.0
+    results = {c.config_id: {"status": "completed", "steps": c.max_steps} for c in spec.configs}
+    (again,) = coord.on_job_finished(spec.job_id, outcome(spec.job_id, results))
+    assert again.config_ids == ("c03",)
+    assert coord.status["c03"] is ConfigStatus.RUNNING
+
+
+def test_no_config_waits_for_a_new_job_while_a_slot_is_free() -> None:
+    """Mixed step counts on one GPU: the worker steps its pack, finished configs leave, and
+    at every poll a queued config takes each freed slot (memory allows: the planner's pack size
+    is the bound) -- the whole sweep runs as the first job, with no job of its own for anyone."""
+    cs = [lora(i, rank=10, steps=s) for i, s in enumerate([4, 9, 2, 7, 3, 12, 5, 6, 8, 1])]
+    coord, clock = make(cs, gpus=1)
+    (spec,) = coord.start()
+    slots = len(spec.configs)
+    assert slots < len(cs)
+    steps = {c: 0 for c in spec.config_ids}
+    maxs = {c.config_id: c.max_steps for c in cs}
+    while steps:
+        clock.t += 0.1
+        for c in steps:
+            steps[c] += 1
+        coord.on_reports(
+            spec.job_id, [report(*({"config_id": c, "step": n} for c, n in steps.items()))]
+        )
+        for c in [c for c, n in steps.items() if n >= maxs[c]]:
+            del steps[c]
+        ctl = coord.poll(spec.job_id)
+        steps.update({k.config_id: 0 for k in ctl.add})
+        if coord.queued_ids():
+            assert len(steps) == slots, "a slot stayed free while configs were queued"
+    done = {c.config_id: {"status": "done", "steps": c.max_steps} for c in cs}
+    assert coord.on_job_finished(spec.job_id, outcome(spec.job_id, done)) == []
+    assert coord.is_done() and len(coord.job_rows) == 1
+    refills = [d for d in coord.decisions if d.kind is Decision.REFILL]
+    assert len(refills) == len(cs) - slots
