@@ -22,7 +22,7 @@ from torch import nn
 
 from plora.config import PROJECTIONS, ConfigError, LoRAConfig
 from plora.engine.attention import engine_attention
-from plora.engine.lora import BASE_ONLY, PackedLoRALinear, Routing, module_key
+from plora.engine.lora import BASE_ONLY, PackedLoRALinear, Routing, SlotSpec, module_key
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -72,22 +72,35 @@ def packed_layers(model: nn.Module) -> dict[str, PackedLoRALinear]:
 
 def add_adapter(model: nn.Module, slot: int, config: LoRAConfig) -> list[torch.Tensor]:
     """Give ``slot`` factors for ``config`` in every targeted layer; return its factor views."""
-    for name, layer in packed_layers(model).items():
-        if name.rsplit(".", 1)[-1] in config.target_modules:
-            layer.add_slot(
-                slot,
-                rank=config.rank,
-                scale=config.scale,
-                dropout=config.dropout,
-                seed=config.seed,
+    return add_adapters(model, {slot: config})[slot]
+
+
+def add_adapters(
+    model: nn.Module, configs: Mapping[int, LoRAConfig]
+) -> dict[int, list[torch.Tensor]]:
+    """:func:`add_adapter` for several slots (``{slot: config}``): each layer reallocates once
+    for all of them (:meth:`PackedLoRALinear.add_slots`). Returns each slot's factor views.
+
+    Raises:
+        ConfigError: a config whose target_modules match no projection (nothing is added).
+    """
+    layers = packed_layers(model)
+    for config in configs.values():
+        if not any(name.rsplit(".", 1)[-1] in config.target_modules for name in layers):
+            raise ConfigError(
+                f"config {config.config_id}: target_modules {list(config.target_modules)} match "
+                "no projection of this model; pick from the decoder's q/k/v/o/gate/up/down_proj"
             )
-    params = adapter_parameters(model, slot)
-    if not params:
-        raise ConfigError(
-            f"config {config.config_id}: target_modules {list(config.target_modules)} match no "
-            "projection of this model; pick from the decoder's q/k/v/o/gate/up/down_proj"
+    for name, layer in layers.items():
+        kind = name.rsplit(".", 1)[-1]
+        layer.add_slots(
+            {
+                slot: SlotSpec(rank=c.rank, scale=float(c.scale), dropout=c.dropout, seed=c.seed)
+                for slot, c in configs.items()
+                if kind in c.target_modules
+            }
         )
-    return params
+    return {slot: adapter_parameters(model, slot) for slot in configs}
 
 
 def remove_adapter(model: nn.Module, slot: int) -> None:
@@ -195,6 +208,7 @@ __all__ = [
     "adapter_parameters",
     "adapter_state_dict",
     "add_adapter",
+    "add_adapters",
     "base_only",
     "inject",
     "load_adapter_state_dict",

@@ -138,15 +138,6 @@ def _padded(rank: int) -> int:
     return -(-rank // RANK_ALIGN) * RANK_ALIGN
 
 
-def _insert_rows(t: torch.Tensor, at: int, n: int) -> torch.Tensor:
-    """A copy of ``t`` (rows, w) with ``n`` zero rows inserted before row ``at``."""
-    t = t.detach()
-    out = t.new_zeros(t.shape[0] + n, t.shape[1])
-    out[:at] = t[:at]
-    out[at + n :] = t[at:]
-    return out
-
-
 class PackedLoRALinear(nn.Module):
     """A frozen ``nn.Linear`` plus the LoRA factors of every slot that targets it.
 
@@ -217,20 +208,49 @@ class PackedLoRALinear(nn.Module):
 
         Reallocates ``A`` and ``Bt`` (new parameters, old rows copied): call between steps.
         """
-        if slot in self.specs:
-            raise ValueError(f"slot {slot} already present in layer {self.key}")
-        gen = torch.Generator().manual_seed(mix(seed, self.key, 0x10A))
-        a = torch.empty(rank, self.in_features, dtype=torch.float32)
-        nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=gen)
-        if self.in_slice is not None:
-            a = a[:, self.in_slice]
-        self.specs[slot] = SlotSpec(rank=rank, scale=float(scale), dropout=dropout, seed=seed)
-        at = sum(_padded(self.specs[s].rank) for s in self._order if s < slot)
-        pad = _padded(rank)
+        self.add_slots({slot: SlotSpec(rank=rank, scale=float(scale), dropout=dropout, seed=seed)})
+
+    def add_slots(self, new: Mapping[int, SlotSpec]) -> None:
+        """:meth:`add_slot` for several slots at once: one reallocation of ``A`` and ``Bt`` and
+        one host-to-device copy of the new ``A`` rows for all of them (a pack's start adds a
+        dozen adapters to every layer: one at a time that was a synchronizing copy and two
+        reallocations per adapter and layer)."""
+        for slot in new:
+            if slot in self.specs:
+                raise ValueError(f"slot {slot} already present in layer {self.key}")
+        if not new:
+            return
+        old_a, old_bt, old_offsets = self.A.detach(), self.Bt.detach(), dict(self.offsets)
+        # the new slots' A blocks (pad rows zero), one after another, on the host
+        host = torch.zeros(sum(_padded(spec.rank) for spec in new.values()), old_a.shape[1])
+        at: dict[int, int] = {}
+        for slot, spec in new.items():
+            at[slot] = row = sum(_padded(new[s].rank) for s in at)
+            host[row : row + spec.rank] = self._init_a(spec)
+        self.specs.update(new)
+        order = sorted(self.specs)
+        rows = sum(_padded(self.specs[s].rank) for s in order)
         with torch.no_grad():
-            new_a = _insert_rows(self.A, at, pad)
-            new_a[at : at + rank] = a.to(new_a.device)
-            self._replace(new_a, _insert_rows(self.Bt, at, pad))
+            fresh = host.to(old_a.device)
+            a, bt = old_a.new_zeros(rows, old_a.shape[1]), old_bt.new_zeros(rows, old_bt.shape[1])
+            row = 0
+            for slot in order:
+                pad = _padded(self.specs[slot].rank)
+                if slot in new:
+                    a[row : row + pad] = fresh[at[slot] : at[slot] + pad]
+                else:
+                    src = slice(old_offsets[slot], old_offsets[slot] + pad)
+                    a[row : row + pad], bt[row : row + pad] = old_a[src], old_bt[src]
+                row += pad
+            self._replace(a, bt)
+
+    def _init_a(self, spec: SlotSpec) -> torch.Tensor:
+        """A fresh slot's ``A (rank, in)``: kaiming-uniform from its seed and this module's key,
+        drawn at full width (this rank's columns under row-wise TP)."""
+        gen = torch.Generator().manual_seed(mix(spec.seed, self.key, 0x10A))
+        a = torch.empty(spec.rank, self.in_features, dtype=torch.float32)
+        nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=gen)
+        return a if self.in_slice is None else a[:, self.in_slice]
 
     def remove_slot(self, slot: int) -> None:
         """Drop slot ``slot``'s factors (no-op when absent); reallocates ``A`` and ``Bt``."""

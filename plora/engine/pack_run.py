@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from plora.config import LoRAConfig
 from plora.engine import checkpoint as ckpt
 from plora.engine import pause
 from plora.engine.api import (
@@ -135,9 +136,12 @@ class PackRun:
                 for cid in self.trainer.active:  # paused after this checkpoint: it left the job
                     if cid not in asked and pause.is_paused(self.out_dir, cid):
                         self.trainer.release(cid)
-        for cfg in self.request.configs:
-            if cfg.config_id not in self.results and cfg.config_id not in self.trainer.adapters:
-                pause.join(self.trainer, cfg, self.out_dir)  # a paused config continues
+        pending = [
+            cfg
+            for cfg in self.request.configs
+            if cfg.config_id not in self.results and cfg.config_id not in self.trainer.adapters
+        ]
+        pause.join_all(self.trainer, pending, self.out_dir)  # a paused config continues
 
     def loop(self, hooks: PackHooks | None) -> None:
         trainer, policy = self.trainer, self.request.checkpoint
@@ -176,12 +180,18 @@ class PackRun:
         for cid in sorted(control.pause - control.stop):
             if cid in self.trainer.active and self.trainer.pausable:
                 pause.leave(self.trainer, cid, self.out_dir)
+        joining: list[LoRAConfig] = []
         for cfg in control.add:
             cid = cfg.config_id
             done = cid in self.results and self.results[cid].status is not AdapterStatus.PAUSED
-            if not done and cid not in self.trainer.adapters:
+            if (
+                not done
+                and cid not in self.trainer.adapters
+                and cid not in {c.config_id for c in joining}
+            ):
                 self.results.pop(cid, None)
-                pause.join(self.trainer, cfg, self.out_dir)  # a paused config continues
+                joining.append(cfg)
+        pause.join_all(self.trainer, joining, self.out_dir)  # a paused config continues
 
     def finalize_finished(self) -> None:
         """Export every finished adapter (snapshot now, files in the background), evaluate them

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +101,29 @@ def join(trainer: Any, config: LoRAConfig, out_dir: str | os.PathLike[str]) -> b
     return True
 
 
+def join_all(trainer: Any, configs: Sequence[LoRAConfig], out_dir: str | os.PathLike[str]) -> None:
+    """:func:`join` each of ``configs``; the fresh ones (no paused train-state) in one batch
+    (``trainer.add_many``: every layer reallocates once for all of them)."""
+    paused = [c for c in configs if ckpt.has_train_state(paused_dir(out_dir, c.config_id))]
+    fresh = [c for c in configs if c not in paused]
+    if fresh:
+        trainer.add_many(fresh)
+    for config in paused:
+        join(trainer, config, out_dir)
+
+
 def forget(out_dir: str | os.PathLike[str], config_id: str) -> None:
     """Drop a paused state once its config completed or stopped."""
     shutil.rmtree(paused_dir(out_dir, config_id), ignore_errors=True)
 
 
-__all__ = ["PAUSED_DIR", "forget", "is_paused", "join", "leave", "paused_dir", "paused_step"]
+__all__ = [
+    "PAUSED_DIR",
+    "forget",
+    "is_paused",
+    "join",
+    "join_all",
+    "leave",
+    "paused_dir",
+    "paused_step",
+]

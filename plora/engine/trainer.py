@@ -27,6 +27,7 @@ gradient norms stay device tensors) and synchronises once, at the end.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -169,30 +170,40 @@ class PackedTrainer:
 
     def add(self, config: LoRAConfig, *, slot: int | None = None) -> int:
         """Add ``config`` as a fresh adapter in a free slot (between steps); return the slot."""
+        if slot is not None and slot in {a.slot for a in self.adapters.values()}:
+            raise ValueError(f"slot {slot} is taken")
+        return self.add_many([config], slots=None if slot is None else [slot])[0]
+
+    def add_many(
+        self, configs: Sequence[LoRAConfig], *, slots: Sequence[int] | None = None
+    ) -> list[int]:
+        """Add ``configs`` as fresh adapters, in free slots in order (between steps); every layer
+        reallocates once for all of them (:func:`plora.engine.adapters.add_adapters`). Returns
+        their slots."""
         from plora.engine.data import AdapterStream
 
-        if config.config_id in self.adapters:
-            raise ConfigError(
-                f"config {config.config_id}: already in this pack; use a new config_id"
+        ids = [c.config_id for c in configs]
+        for cid in ids:
+            if cid in self.adapters or ids.count(cid) > 1:
+                raise ConfigError(f"config {cid}: already in this pack; use a new config_id")
+        if slots is None:
+            used = {a.slot for a in self.adapters.values()}
+            free = (i for i in itertools.count() if i not in used)
+            slots = [next(free) for _ in configs]
+        adapters.add_adapters(self.model, dict(zip(slots, configs, strict=True)))
+        for config, slot in zip(configs, slots, strict=True):
+            steps = optim.total_steps(config, len(self.train_examples))
+            self.optimizer.add_slot(
+                slot, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm
             )
-        used = {a.slot for a in self.adapters.values()}
-        if slot is None:
-            slot = next(i for i in range(len(used) + 1) if i not in used)
-        elif slot in used:
-            raise ValueError(f"slot {slot} is taken")
-        adapters.add_adapter(self.model, slot, config)
-        steps = optim.total_steps(config, len(self.train_examples))
-        self.optimizer.add_slot(
-            slot, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm
-        )
-        self.adapters[config.config_id] = _Adapter(
-            config=config,
-            slot=slot,
-            total_steps=steps,
-            stream=AdapterStream(len(self.train_examples), config.batch_size, config.seed),
-            lr_lambda=optim.lr_lambda(config, steps),
-        )
-        return slot
+            self.adapters[config.config_id] = _Adapter(
+                config=config,
+                slot=slot,
+                total_steps=steps,
+                stream=AdapterStream(len(self.train_examples), config.batch_size, config.seed),
+                lr_lambda=optim.lr_lambda(config, steps),
+            )
+        return list(slots)
 
     def remove(self, config_id: str) -> None:
         """Stop an active adapter early (its weights stay for export until :meth:`release`)."""

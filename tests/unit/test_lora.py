@@ -9,7 +9,7 @@ import torch
 from _engine_testlib import tiny_model
 from torch import nn
 
-from plora.config import PROJECTIONS, LoRAConfig
+from plora.config import PROJECTIONS, ConfigError, LoRAConfig
 from plora.engine import fused, lora
 from plora.engine.adapters import (
     adapter_parameters,
@@ -299,3 +299,59 @@ def test_inject_wraps_all_projections_and_keeps_base_outputs(family):
         torch.testing.assert_close(model(x).logits, ref)
     remove_adapter(model, 0)
     assert adapter_parameters(model, 0) == []
+
+
+def _grown(batched: bool) -> PackedLoRALinear:
+    """Slots 1 and 5 holding trained (random) values, then slots 0, 3 and 9 added."""
+    layer = _layer()
+    layer.add_slot(1, rank=8, scale=2.0, seed=1)
+    layer.add_slot(5, rank=20, scale=0.5, seed=5, dropout=0.1)
+    _randomize(layer)
+    new = {9: (4, 4.0, 9), 0: (16, 1.0, 0), 3: (1, 16.0, 3)}
+    if batched:
+        layer.add_slots(
+            {s: lora.SlotSpec(rank=r, scale=c, dropout=0.0, seed=d) for s, (r, c, d) in new.items()}
+        )
+    else:
+        for s, (r, c, d) in new.items():
+            layer.add_slot(s, rank=r, scale=c, seed=d)
+    return layer
+
+
+def test_add_slots_at_once_equals_one_at_a_time():
+    one, many = _grown(batched=False), _grown(batched=True)
+    assert many.slots == one.slots == [0, 1, 3, 5, 9]
+    assert many.offsets == one.offsets and many.specs == one.specs
+    assert torch.equal(many.A, one.A) and torch.equal(many.Bt, one.Bt)  # old rows kept, init same
+    assert many.A.requires_grad and many.Bt.requires_grad
+    version, a = many.version, many.A
+    with pytest.raises(ValueError, match="slot 3 already present"):
+        many.add_slots({2: lora.SlotSpec(rank=4, scale=1.0, dropout=0.0, seed=2),
+                        3: lora.SlotSpec(rank=4, scale=1.0, dropout=0.0, seed=3)})  # fmt: skip
+    assert many.version == version and many.A is a and 2 not in many.specs  # nothing half-added
+
+
+def test_add_adapters_at_once_equals_one_at_a_time():
+    from plora.engine.adapters import add_adapters
+
+    common = dict(lr=1e-3, batch_size=1, max_steps=2)
+    configs = {
+        0: LoRAConfig(config_id="a", rank=8, alpha=16, target_modules=("q_proj", "v_proj"),
+                      **common),
+        2: LoRAConfig(config_id="b", rank=4, alpha=4, target_modules=PROJECTIONS, seed=3, **common),
+        1: LoRAConfig(config_id="c", rank=16, alpha=8, target_modules=("down_proj",), seed=9,
+                      **common),
+    }  # fmt: skip
+    one, many = tiny_model(), tiny_model()
+    inject(one), inject(many)
+    for slot, config in configs.items():
+        add_adapter(one, slot, config)
+    views = add_adapters(many, configs)
+    for slot in configs:
+        got, want = views[slot], adapter_parameters(one, slot)
+        assert len(got) == len(want) > 0
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    inject(partial := tiny_model(), targets=("q_proj",))
+    with pytest.raises(ConfigError, match=r"config c: target_modules .* match no projection"):
+        add_adapters(partial, {0: configs[0], 1: configs[1]})  # c's down_proj is not wrapped
+    assert adapter_parameters(partial, 0) == []  # nothing half-added
