@@ -56,7 +56,7 @@ from plora.cost.memory import (
 )
 from plora.cost.overheads import EvalMetric, Overheads, OverheadSample
 from plora.cost.profile import Profile
-from plora.cost.recency import STEP_HUBER
+from plora.cost.recency import fit_by_sweep
 from plora.cost.refit import RefitReport, activation_scale
 from plora.cost.throughput import (
     DEFAULT_COEFFICIENTS,
@@ -85,8 +85,8 @@ class SweepCostModel:
         gpu: speed of the GPU; default from ``hardware.gpu_type``.
         coefficients: step-time coefficients; default the H200-derived defaults
             (``LIGER_COEFFICIENTS`` when ``memory.fused_kernels``), or the profile's when
-            ``profile`` holds samples (a Huber fit, weighted to its newest sweep:
-            :mod:`plora.cost.recency`).
+            ``profile`` holds samples (fitted sweep by sweep, the newest deciding what it
+            measured: :mod:`plora.cost.recency`).
         profile: measured steps (and overheads) of this model on this GPU type.
         memory: memory options (precision, checkpointing, loss kernel, ZeRO stage).
         strategies: strategies the runtime supports for d > 1 (empty: only d = 1).
@@ -152,9 +152,7 @@ class SweepCostModel:
         if coefficients is None and profile is not None and profile.samples:
             # Plan from the measurements: the profile's coefficients (or a fit of its samples)
             # and the activation scale its measured peaks imply.
-            fitted = self.refit(
-                profile.samples, weights=profile.step_weights(), huber=STEP_HUBER
-            )
+            fitted = self.refit(profile.samples, by_sweep=True)
             self.timer.coefficients = profile.coefficients or fitted.coefficients
             self.memory = fitted.memory
             self.last_refit = fitted.last_refit
@@ -402,11 +400,11 @@ class SweepCostModel:
         measurements: Sequence[StepSample],
         *,
         prior_weight: float = 1e-3,
-        weights: Sequence[float] | None = None,
-        huber: float | None = None,
+        by_sweep: bool = False,
     ) -> SweepCostModel:
-        """A new model fitted to ``measurements`` (this model's coefficients are the prior;
-        ``weights`` and ``huber``: :func:`~plora.cost.throughput.fit`'s).
+        """A new model fitted to ``measurements`` (this model's coefficients are the prior; with
+        ``by_sweep`` the profile store's sweeps one after another, the newest deciding what it
+        measured: :func:`~plora.cost.recency.fit_by_sweep`).
 
         Step times refit every coefficient the samples identify; measured peaks (d = 1)
         rescale the activation memory by the smallest factor that covers every measured peak
@@ -417,7 +415,10 @@ class SweepCostModel:
         samples = list(measurements)
         if not samples:
             raise ConfigError("cost-model refit: no measurements")
-        new_coef = fit(samples, self.timer, prior_weight=prior_weight, weights=weights, huber=huber)
+        if by_sweep:
+            new_coef = fit_by_sweep(samples, self.timer, prior_weight=prior_weight)
+        else:
+            new_coef = fit(samples, self.timer, prior_weight=prior_weight)
         new = self._copy(coefficients=new_coef)
         scale, mfit = activation_scale(self.spec, self.memory, samples)
         if scale is not None:

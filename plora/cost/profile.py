@@ -13,9 +13,8 @@ model and GPU plans from measurements instead of defaults.
 
 Each :meth:`ProfileStore.record` is one sweep: its samples are numbered with the next sweep
 number (files written before sweeps were numbered load as sweep 0, the oldest) and thinned to a
-bounded number per sweep, so the store keeps several sweeps. The cost model weighs the samples
-by sweep age, the newest sweep first (:mod:`plora.cost.recency`, :meth:`Profile.step_weights`,
-:meth:`Profile.overhead_weights`).
+bounded number per sweep, so the store keeps several sweeps. The cost model plans from the
+newest sweep first (:mod:`plora.cost.recency`, :meth:`Profile.overhead_weights`).
 
 :func:`fit_memory` is mLoRA's online memory model ``Mem = β0 + β1·B·L + β2·B·L²`` (B sequences
 of length L per step) fitted to measured peaks by least squares.
@@ -142,24 +141,16 @@ class Profile:
         per kind (evenly spaced, in their order), then :meth:`add` ed."""
         n = self.last_sweep + 1
         kinds = sorted({o.kind for o in overheads})
-        keep = sorted(
-            i
-            for k in kinds
-            for i in _spaced([j for j, o in enumerate(overheads) if o.kind == k],
-                             MAX_SWEEP_OVERHEADS_PER_KIND)  # fmt: skip
-        )
+        per_kind = [[j for j, o in enumerate(overheads) if o.kind == k] for k in kinds]
+        keep = sorted(i for ids in per_kind for i in _spaced(ids, MAX_SWEEP_OVERHEADS_PER_KIND))
         return self.add(
             [replace(s, sweep=n) for s in _spaced(list(samples), MAX_SWEEP_SAMPLES)],
             [replace(overheads[i], sweep=n) for i in keep],
         )
 
-    def step_weights(self) -> list[float]:
-        """Each step sample's weight in the fit: the newest sweep first
-        (:func:`plora.cost.recency.sweep_weights`)."""
-        return sweep_weights([s.sweep for s in self.samples])
-
     def overhead_weights(self) -> list[float]:
-        """Each overhead sample's weight in its kind's median: the newest sweep first."""
+        """Each overhead sample's weight in its kind's median: the newest sweep first
+        (:func:`plora.cost.recency.sweep_weights`)."""
         return sweep_weights(
             [o.sweep for o in self.overhead_samples], [o.kind for o in self.overhead_samples]
         )

@@ -5,17 +5,18 @@ samples of files written before sweeps were numbered: the oldest). A machine's s
 a test suite ran beside the last sweeps, a driver or library was upgraded, the box got less
 loaded -- so the plan should follow what this machine did lately, not its whole history:
 
-* a sweep ``k`` sweeps older than the newest one weighs :data:`SWEEP_DECAY` ``** k``, shared
-  equally by its samples (per overhead kind; all its steps for the step-time fit), so a sweep
-  that recorded many samples counts no more than one that recorded few;
-* with ``SWEEP_DECAY < 1/2`` the newest sweep always holds more than half the weight of any
-  overhead kind it measured (``1 - d`` at least, under any history), so the weighted median
-  (:func:`weighted_median`) is the newest sweep's own median, and the step-time fit, a Huber
-  fit (:func:`huber_lstsq`), follows the newest sweep to within a few per cent (its majority
-  decides; disagreeing older samples pull only linearly);
-* older sweeps still count where the newest did not measure: overhead kinds it has no sample
-  of, and step-time coefficients its steps do not identify (other ``d``, strategies, shapes);
-  then the defaults.
+* **step times**: :func:`fit_by_sweep` fits the sweeps one after another, oldest first, each
+  from the coefficients the sweeps before it gave (the defaults before the first) with the
+  weak pull to that prior of :func:`plora.cost.throughput.fit`. What the newest sweep's steps
+  identify comes from them alone; what they do not (other ``d`` or strategies, a split of the
+  per-step overhead its pack shapes cannot tell apart) keeps the older sweeps' values, and
+  their defaults where none measured it;
+* **overheads**: a sweep ``k`` sweeps older than the newest one weighs :data:`SWEEP_DECAY`
+  ``** k``, shared equally by its samples of each kind (:func:`sweep_weights`), so a sweep that
+  recorded many samples counts no more than one that recorded few. With ``SWEEP_DECAY < 1/2``
+  the newest sweep holds more than half the weight of every kind it measured, under any
+  history, so the weighted median (:func:`weighted_median`) is the newest sweep's own median;
+  kinds it did not measure come from the sweeps before it, then the defaults.
 
 One odd sweep therefore moves the next plan, and the sweep after it moves it back; it does not
 evict the history either: the store keeps a bounded number of samples per sweep
@@ -26,19 +27,17 @@ Pure numerics: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import copy
+import dataclasses
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 from plora.config import ConfigError
+from plora.cost.throughput import Coefficients, StepSample, StepTimeModel, fit
 
 #: Weight of a sweep relative to the next newer one (< 1/2: the newest sweep is a majority).
 SWEEP_DECAY = 0.4
-#: Huber threshold of the step-time fit from a profile: relative step-time error beyond which
-#: a sample pulls linearly (5 %: one sweep's steps agree far better than a loaded box's).
-STEP_HUBER = 0.05
-#: Reweighting rounds of :func:`huber_lstsq` at most (it stops once the fit settles).
-HUBER_ITERATIONS = 100
 
 
 def sweep_weights(
@@ -90,41 +89,32 @@ def weighted_median(values: Sequence[float], weights: Sequence[float] | None = N
     return float((lower + upper) / 2.0)
 
 
-def huber_lstsq(
-    solve: Callable[[np.ndarray], np.ndarray],
-    residuals: Callable[[np.ndarray], np.ndarray],
-    weights: np.ndarray,
-    threshold: float,
-) -> np.ndarray:
-    """Minimize ``Σ_i w_i·huber(r_i)`` by iteratively reweighted least squares.
+def fit_by_sweep(
+    samples: Sequence[StepSample], model: StepTimeModel, *, prior_weight: float = 1e-3
+) -> Coefficients:
+    """The step-time coefficients of ``samples`` fitted sweep by sweep, oldest first: each
+    sweep's :func:`~plora.cost.throughput.fit` starts from the coefficients of the sweeps before
+    it (``model``'s for the first), so the newest sweep decides what its steps identify.
 
-    Args:
-        solve: the weighted least-squares solution for given per-sample weights.
-        residuals: each sample's residual ``r_i`` under a solution.
-        weights: the samples' own weights ``w_i``.
-        threshold: Huber's ``c``: ``r²`` for ``|r| <= c``, ``2c|r| - c²`` beyond.
-
-    Returns:
-        The solution (the plain weighted least-squares one when every residual is within ``c``).
+    Raises:
+        ConfigError: no samples.
     """
-    if not threshold > 0:
-        raise ConfigError(f"huber fit: threshold={threshold!r} must be > 0")
-    u = solve(weights)
-    for _ in range(HUBER_ITERATIONS):
-        r = np.abs(residuals(u))
-        new = solve(weights * np.minimum(1.0, threshold / np.maximum(r, 1e-12)))
-        settled = np.max(np.abs(new - u)) <= 1e-10 * max(1.0, float(np.max(np.abs(u))))
-        u = new
-        if settled:
-            break
-    return u
+    if not samples:
+        raise ConfigError("cost-model fit: no step samples to fit")
+    timer = copy.copy(model)
+    sweeps = sorted({s.sweep for s in samples})
+    for n in sweeps:
+        timer.coefficients = fit([s for s in samples if s.sweep == n], timer,
+                                 prior_weight=prior_weight)  # fmt: skip
+    return dataclasses.replace(
+        timer.coefficients,
+        source=f"fit of {len(samples)} measured steps of {len(sweeps)} sweeps, newest last",
+    )
 
 
 __all__ = [
-    "HUBER_ITERATIONS",
-    "STEP_HUBER",
     "SWEEP_DECAY",
-    "huber_lstsq",
+    "fit_by_sweep",
     "sweep_weights",
     "weighted_median",
 ]

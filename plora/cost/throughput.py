@@ -44,7 +44,6 @@ from plora.config.hardware import GPU_TYPES, GPUSpec, gpu_spec
 from plora.cost import Strategy
 from plora.cost.memory import check_parallel
 from plora.cost.parallel import fsdp_bytes, pp_bubble_fraction, pp_bytes, tp_bytes
-from plora.cost.recency import huber_lstsq
 from plora.model_spec import ModelSpec
 
 
@@ -397,36 +396,18 @@ def fit(
     model: StepTimeModel,
     *,
     prior_weight: float = 1e-3,
-    weights: Sequence[float] | None = None,
-    huber: float | None = None,
 ) -> Coefficients:
     """Least-squares refit of the coefficients of ``model`` from measured steps.
 
-    Minimizes ``Σ_i w_i·ρ((t̂_i - t_i)/t_i) + λ·Σ_j ((θ_j - θ0_j)/θ0_j)²`` over
+    Minimizes ``Σ_i ((t̂_i - t_i)/t_i)² + λ·Σ_j ((θ_j - θ0_j)/θ0_j)²`` over
     ``θ = (o, 1/e_b, 1/e_l, a, m, 1/e_c)`` (λ = ``prior_weight``, θ0 the model's coefficients),
-    then clips efficiencies to (0, 1] and overheads to >= 0. ``ρ(r) = r²`` by default; with
-    ``huber = c`` it is Huber's loss (``r²`` for ``|r| <= c``, ``2c|r| - c²`` beyond),
-    solved by iteratively reweighted least squares: a weighted majority of samples that agree
-    decides the fit, samples off by more than ``c`` pull only linearly (a weighted median, not
-    a mean, once they disagree by much more than ``c``).
-
-    Args:
-        weights: per-sample weights ``w_i`` >= 0 (default 1 each); rescaled to mean 1, so the
-            prior keeps the pull it has against as many unweighted samples.
-        huber: Huber's threshold on the relative error (None: plain least squares).
+    then clips efficiencies to (0, 1] and overheads to >= 0.
 
     Raises:
-        ConfigError: no samples, or weights that do not match them.
+        ConfigError: no samples.
     """
     if not samples:
         raise ConfigError("cost-model fit: no step samples to fit")
-    w = np.ones(len(samples)) if weights is None else np.asarray(weights, dtype=float)
-    if w.shape != (len(samples),) or not np.all(np.isfinite(w)) or (w < 0).any() or w.sum() <= 0:
-        raise ConfigError(
-            f"cost-model fit: {len(w)} weights for {len(samples)} samples; need one finite "
-            "weight >= 0 per sample, not all 0"
-        )
-    w = w * (len(w) / w.sum())
     prior = model.coefficients._theta()
     scale = np.where(prior > 0, prior, 1.0)
     rows, rhs = [], []
@@ -434,19 +415,10 @@ def fit(
         known, feats = model.sample_terms(s)
         rows.append(feats * scale / s.step_time_s)  # solve for u = theta / scale
         rhs.append((s.step_time_s - known) / s.step_time_s)
-    x, y = np.array(rows), np.array(rhs)
     lam = math.sqrt(prior_weight)
-
-    def solve(row_weights: np.ndarray) -> np.ndarray:
-        r = np.sqrt(row_weights)
-        a = np.vstack([x * r[:, None], lam * np.eye(len(prior))])
-        b = np.concatenate([y * r, lam * np.ones(len(prior))])
-        return np.linalg.lstsq(a, b, rcond=None)[0]
-
-    if huber is None:
-        u = solve(w)
-    else:
-        u = huber_lstsq(solve, lambda u: x @ u - y, w, huber)
+    a = np.vstack([np.array(rows), lam * np.eye(len(prior))])
+    b = np.concatenate([np.array(rhs), lam * np.ones(len(prior))])
+    u, *_ = np.linalg.lstsq(a, b, rcond=None)
     return Coefficients._from_theta(u * scale, source=f"fit of {len(samples)} measured steps")
 
 
