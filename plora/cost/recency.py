@@ -5,22 +5,21 @@ samples of files written before sweeps were numbered: the oldest). A machine's s
 a test suite ran beside the last sweeps, a driver or library was upgraded, the box got less
 loaded -- so the plan should follow what this machine did lately, not its whole history:
 
-* **step times**: :func:`fit_by_sweep` fits the sweeps one after another, oldest first, each
-  from the coefficients the sweeps before it gave (the defaults before the first) with the
-  weak pull to that prior of :func:`plora.cost.throughput.fit`. What the newest sweep's steps
-  identify comes from them alone; what they do not (other ``d`` or strategies, a split of the
-  per-step overhead its pack shapes cannot tell apart) keeps the older sweeps' values, and
-  their defaults where none measured it;
-* **overheads**: a sweep ``k`` sweeps older than the newest one weighs :data:`SWEEP_DECAY`
-  ``** k``, shared equally by its samples of each kind (:func:`sweep_weights`), so a sweep that
-  recorded many samples counts no more than one that recorded few. With ``SWEEP_DECAY < 1/2``
-  the newest sweep holds more than half the weight of every kind it measured, under any
-  history, so the weighted median (:func:`weighted_median`) is the newest sweep's own median;
-  kinds it did not measure come from the sweeps before it, then the defaults.
+* a sweep ``k`` sweeps older than the newest one weighs :data:`SWEEP_DECAY` ``** k``
+  (:func:`sweep_weights`), shared equally by its samples (of each overhead kind), so a sweep
+  that recorded many samples counts no more than one that recorded few;
+* **overheads**: the weighted median per kind (:func:`weighted_median`); kinds no sweep measured
+  keep their defaults;
+* **step times**: each sweep is fitted from the ones before it (:func:`fit_by_sweep`: what its
+  steps identify comes from them, the rest from older sweeps, then the defaults), and the fit
+  closest to the others by sweep weight is used -- a weighted median of the sweeps' fits.
 
-One odd sweep therefore moves the next plan, and the sweep after it moves it back; it does not
-evict the history either: the store keeps a bounded number of samples per sweep
-(:mod:`plora.cost.profile`), so a long sweep cannot push the older ones out.
+With a decay of 0.6, the newest sweep decides alone against a history of one or two sweeps
+(a store of files written before sweeps were numbered is one sweep, the oldest: a polluted old
+store stops misleading the plan after one new sweep); against three or more consistent sweeps
+one odd sweep does not move the plan, and two agreeing new sweeps do (a machine that got faster
+is followed after two sweeps). The store keeps a bounded number of samples per sweep
+(:mod:`plora.cost.profile`), so a long odd sweep cannot evict the history either.
 
 Pure numerics: no I/O.
 """
@@ -36,8 +35,13 @@ import numpy as np
 from plora.config import ConfigError
 from plora.cost.throughput import Coefficients, StepSample, StepTimeModel, fit
 
-#: Weight of a sweep relative to the next newer one (< 1/2: the newest sweep is a majority).
-SWEEP_DECAY = 0.4
+#: Weight of a sweep relative to the next newer one. In (1/2, 1/√2): the newest sweep alone
+#: outweighs one or two sweeps before it but not three or more (``1 < 0.6 + 0.36 + 0.216``),
+#: while the newest two outweigh any history (``1 + 0.6 > Σ_{k>=2} 0.6^k = 0.9``).
+SWEEP_DECAY = 0.6
+#: Sweeps fitted apart (:func:`fit_by_sweep`); older ones weigh < 0.6^12 ≈ 0.002 and are
+#: fitted as one block before them.
+MAX_SWEEP_FITS = 12
 
 
 def sweep_weights(
@@ -90,29 +94,55 @@ def weighted_median(values: Sequence[float], weights: Sequence[float] | None = N
 
 
 def fit_by_sweep(
-    samples: Sequence[StepSample], model: StepTimeModel, *, prior_weight: float = 1e-3
+    samples: Sequence[StepSample],
+    model: StepTimeModel,
+    *,
+    prior_weight: float = 1e-3,
+    decay: float = SWEEP_DECAY,
 ) -> Coefficients:
-    """The step-time coefficients of ``samples`` fitted sweep by sweep, oldest first: each
-    sweep's :func:`~plora.cost.throughput.fit` starts from the coefficients of the sweeps before
-    it (``model``'s for the first), so the newest sweep decides what its steps identify.
+    """The step-time coefficients of ``samples``: the weighted medoid of the sweeps' own fits.
+
+    The sweeps are fitted one after another, oldest first, each by
+    :func:`~plora.cost.throughput.fit` from the coefficients of the sweeps before it (``model``'s
+    for the first; sweeps more than :data:`MAX_SWEEP_FITS` behind the newest as one block), so
+    fit ``k`` is what sweep ``k`` measured, and the older sweeps' values where its steps identify
+    nothing. Of these fits the one whose step times (on every recent sample's pack, in log) lie
+    closest to the others', each weighed by its sweep's :func:`sweep_weights`, is returned; on a
+    tie the newest.
 
     Raises:
         ConfigError: no samples.
     """
     if not samples:
         raise ConfigError("cost-model fit: no step samples to fit")
-    timer = copy.copy(model)
     sweeps = sorted({s.sweep for s in samples})
-    for n in sweeps:
+    recent = sweeps[-MAX_SWEEP_FITS:]
+    timer = copy.copy(model)
+    older = [s for s in samples if s.sweep < recent[0]]
+    if older:
+        timer.coefficients = fit(older, timer, prior_weight=prior_weight)
+    fits = []
+    for n in recent:
         timer.coefficients = fit([s for s in samples if s.sweep == n], timer,
                                  prior_weight=prior_weight)  # fmt: skip
+        fits.append(timer.coefficients)
+    terms = [model.sample_terms(s) for s in samples if s.sweep >= recent[0]]
+    known = np.array([k for k, _ in terms])
+    feats = np.array([f for _, f in terms])
+    thetas = np.array([c._theta() for c in fits])  # fit x coefficient
+    logs = np.log(np.maximum(known[None, :] + thetas @ feats.T, 1e-12))  # fit x sample
+    apart = np.abs(logs[:, None, :] - logs[None, :, :]).mean(axis=2)  # fit x fit
+    weights = np.array(sweep_weights(recent, decay=decay))
+    cost = apart @ weights
+    best = len(fits) - 1 - int(np.argmin(cost[::-1]))  # the newest of equals
     return dataclasses.replace(
-        timer.coefficients,
-        source=f"fit of {len(samples)} measured steps of {len(sweeps)} sweeps, newest last",
+        fits[best],
+        source=f"fit of {len(samples)} measured steps, {len(sweeps)} sweeps: sweep {recent[best]}",
     )
 
 
 __all__ = [
+    "MAX_SWEEP_FITS",
     "SWEEP_DECAY",
     "fit_by_sweep",
     "sweep_weights",
