@@ -85,14 +85,14 @@ class SweepCostModel:
         gpu: speed of the GPU; default from ``hardware.gpu_type``.
         coefficients: step-time coefficients; default the H200-derived defaults
             (``LIGER_COEFFICIENTS`` when ``memory.fused_kernels``), or the profile's when
-            ``profile`` holds samples (fitted sweep by sweep, the newest deciding what it
-            measured: :mod:`plora.cost.recency`).
+            ``profile`` holds samples (fitted sweep by sweep and weighed by sweep age:
+            :mod:`plora.cost.recency`).
         profile: measured steps (and overheads) of this model on this GPU type.
         memory: memory options (precision, checkpointing, loss kernel, ZeRO stage).
         strategies: strategies the runtime supports for d > 1 (empty: only d = 1).
         overheads: seconds outside steps; default :meth:`Overheads.default` for this model,
             GPU and metric, refit with the profile's overhead samples when it has some (the
-            weighted median per kind, its newest sweep first).
+            median per kind, weighed by sweep age).
         eval_rows: eval rows each config is evaluated on after training (0: no evaluation).
         eval_metric: the task metric (:class:`~plora.cost.overheads.EvalMetric`).
         checkpoint_every: train-state checkpoint every this many steps (None: at the end only).
@@ -167,7 +167,7 @@ class SweepCostModel:
                 cpu=bool(getattr(hardware, "is_cpu", False)),
             )
             measured = default
-            if profile is not None:  # the newest sweep first (plora.cost.recency)
+            if profile is not None:  # weighed by sweep age (plora.cost.recency)
                 measured = default.refit(profile.overhead_samples, profile.overhead_weights())
             self._use(replace(self.sweep_overheads, overheads=measured))
 
@@ -403,8 +403,8 @@ class SweepCostModel:
         by_sweep: bool = False,
     ) -> SweepCostModel:
         """A new model fitted to ``measurements`` (this model's coefficients are the prior; with
-        ``by_sweep`` the profile store's sweeps one after another, the newest deciding what it
-        measured: :func:`~plora.cost.recency.fit_by_sweep`).
+        ``by_sweep`` the profile store's sweeps apart, weighed by age:
+        :func:`~plora.cost.recency.fit_by_sweep`).
 
         Step times refit every coefficient the samples identify; measured peaks (d = 1)
         rescale the activation memory by the smallest factor that covers every measured peak

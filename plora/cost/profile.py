@@ -13,8 +13,8 @@ model and GPU plans from measurements instead of defaults.
 
 Each :meth:`ProfileStore.record` is one sweep: its samples are numbered with the next sweep
 number (files written before sweeps were numbered load as sweep 0, the oldest) and thinned to a
-bounded number per sweep, so the store keeps several sweeps. The cost model plans from the
-newest sweep first (:mod:`plora.cost.recency`, :meth:`Profile.overhead_weights`).
+bounded number per sweep, so the store keeps several sweeps. The cost model weighs the sweeps
+by age, the newest most (:mod:`plora.cost.recency`, :meth:`Profile.overhead_weights`).
 
 :func:`fit_memory` is mLoRA's online memory model ``Mem = β0 + β1·B·L + β2·B·L²`` (B sequences
 of length L per step) fitted to measured peaks by least squares.
@@ -149,7 +149,7 @@ class Profile:
         )
 
     def overhead_weights(self) -> list[float]:
-        """Each overhead sample's weight in its kind's median: the newest sweep first
+        """Each overhead sample's weight in its kind's median, by its sweep's age
         (:func:`plora.cost.recency.sweep_weights`)."""
         return sweep_weights(
             [o.sweep for o in self.overhead_samples], [o.kind for o in self.overhead_samples]
@@ -203,6 +203,8 @@ def _spaced(items: list[_T], k: int) -> list[_T]:
     """``k`` of ``items`` evenly spaced from the first to the last (all when they are <= k)."""
     if len(items) <= k:
         return items
+    if k < 2:
+        return items[-k:] if k else []
     return [items[round(i * (len(items) - 1) / (k - 1))] for i in range(k)]
 
 

@@ -1,4 +1,4 @@
-"""How much each stored measurement counts: the newest sweep first, older ones behind it.
+"""How much each stored measurement counts: recent sweeps most, older ones less.
 
 The profile store (:mod:`plora.cost.profile`) numbers the sweeps it records (1, 2, ...; 0 for
 samples of files written before sweeps were numbered: the oldest). A machine's speed changes --
