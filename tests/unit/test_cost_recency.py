@@ -180,8 +180,9 @@ def test_one_long_odd_sweep_neither_moves_the_plan_nor_evicts_the_history(tmp_pa
 
 
 def test_outliers_within_the_newest_sweep_do_not_move_its_median(tmp_path) -> None:
-    """One cold first call among a new sweep's 8 job starts, over a slower sweep before it."""
-    record(tmp_path, SLOW, seed=1)
+    """One cold first call among a new sweep's 8 job starts, over a slower sweep before it
+    that recorded more samples of each kind (20)."""
+    record(tmp_path, SLOW, seed=1, per_kind=20)
     cold = [OverheadSample(kind=OverheadKind.JOB_START, seconds=40.0)]
     ProfileStore(tmp_path).record(MODEL, GPU, steps(16, 1.0, 2),
                                   overheads=overheads(1.0, 2, per_kind=8) + cold)  # fmt: skip
