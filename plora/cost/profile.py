@@ -131,7 +131,8 @@ class Profile:
     @property
     def last_sweep(self) -> int:
         """The newest sweep number among the samples (0: none numbered)."""
-        return max((x.sweep for x in (*self.samples, *self.overhead_samples)), default=0)
+        steps = max((s.sweep for s in self.samples), default=0)
+        return max(steps, max((o.sweep for o in self.overhead_samples), default=0))
 
     def add_sweep(
         self, samples: Sequence[StepSample] = (), overheads: Sequence[OverheadSample] = ()
