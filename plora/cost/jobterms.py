@@ -5,15 +5,19 @@
 ``n`` steps, and a config k with ``P_k`` LoRA parameters training ``n_k`` steps::
 
     per_job(n)           = job_start_s + checkpoint_writes(n)·checkpoint_s
-    per_config(P_k, n_k) = R·(eval_s_per_row [+ generate_s_per_row, metric != none])
-                           + export_s + 4·P_k·w
+    per_config(P_k, n_k) = E_k + export_s + max(0, 4·P_k·w - E_k)
                            + active_checkpoints(n_k)·12·P_k·w
+    E_k                  = R·(eval_s_per_row [+ generate_s_per_row, metric != none])
 
 with ``R`` eval rows and ``w = write_s_per_gb / 1e9`` seconds per byte: a PEFT export writes
 fp32 weights, a train-state checkpoint fp32 weights and both AdamW moments of every config still in the pack
 (:func:`active_checkpoints`: a config is exported and leaves at its last step, before that
-step's checkpoint). The first depends only on the longest config, the second only on the
-config: a job's time stays affine in its pack.
+step's checkpoint). The export is charged for what is on the job's critical path
+(``plora.engine.export``): ``export_s``, the device->host snapshot (measured: the
+``export_critical_s`` per export that ``jobs.parquet`` records), and only the part of the file
+write that outlasts the config's evaluation -- the write runs on a background thread while the
+job evaluates the same adapters. The first depends only on the longest config, the second only
+on the config: a job's time stays affine in its pack.
 """
 
 from __future__ import annotations
@@ -95,16 +99,19 @@ class SweepOverheads:
 
     def per_config(self, lora_params: float, steps: int) -> JobTimeTerms:
         """A config with ``lora_params`` LoRA parameters training ``steps`` steps: evaluation,
-        export and its bytes in the periodic checkpoints of its job."""
+        the critical-path part of its export (the snapshot, and the write's excess over the
+        evaluation it overlaps) and its bytes in the periodic checkpoints of its job."""
         o = self.overheads
         per_row = o.eval_s_per_row
         if self.eval_metric is not EvalMetric.NONE:
             per_row += o.generate_s_per_row
         ckpts = active_checkpoints(steps, self.checkpoint_every)
         per_byte = o.write_s_per_gb / 1e9
+        eval_s = self.eval_rows * per_row
+        write_s = EXPORT_BYTES_PER_PARAM * lora_params * per_byte  # overlaps the evaluation
         return JobTimeTerms(
-            eval_s=self.eval_rows * per_row,
-            export_s=o.export_s + EXPORT_BYTES_PER_PARAM * lora_params * per_byte,
+            eval_s=eval_s,
+            export_s=o.export_s + max(0.0, write_s - eval_s),
             checkpoint_s=ckpts * STATE_BYTES_PER_PARAM * lora_params * per_byte,
         )
 

@@ -8,14 +8,16 @@
 
       job_time = fixed_time(n_max, d, s) + Σ_k config_time(k, d, s)
       fixed_time(n)  = job_start_s + n·t_fixed(d, s) + checkpoint_writes(n)·checkpoint_s
-      config_time(k) = n_k·t_k(d, s) + R·(eval_s_per_row [+ generate_s_per_row])
-                       + export_s + 4·P_k·w + active_checkpoints(n_k)·12·P_k·w
+      config_time(k) = n_k·t_k(d, s) + E_k + export_s + max(0, 4·P_k·w - E_k)
+                       + active_checkpoints(n_k)·12·P_k·w
+      E_k            = R·(eval_s_per_row [+ generate_s_per_row])
 
   with ``n_max = max_k n_k`` (steps), ``t_fixed``/``t_k`` from
   :class:`~plora.cost.throughput.StepTimeModel`, ``R`` eval rows, ``P_k`` LoRA parameters and
   ``w`` write seconds per byte: a config pays for its own tokens for the steps it trains and
-  for its evaluation and export, the job pays its start, its per-step overhead until its longest
-  config is done and its checkpoint writes. ``fixed_time`` is non-decreasing in ``n`` and
+  for its evaluation and export (its write overlaps its evaluation: only the excess counts),
+  the job pays its start, its per-step overhead until its longest config is done and its
+  checkpoint writes. ``fixed_time`` is non-decreasing in ``n`` and
   ``config_time`` depends on the config alone, so T stays affine in the pack for a fixed
   longest config (what the planner's exact ILP needs). A cold worker group first pays
   :meth:`SweepCostModel.startup_time` (worker start + model load), once per group: the
@@ -54,6 +56,7 @@ from plora.cost.memory import (
 )
 from plora.cost.overheads import EvalMetric, Overheads, OverheadSample
 from plora.cost.profile import Profile
+from plora.cost.recency import fit_by_sweep
 from plora.cost.refit import RefitReport, activation_scale
 from plora.cost.throughput import (
     DEFAULT_COEFFICIENTS,
@@ -82,12 +85,14 @@ class SweepCostModel:
         gpu: speed of the GPU; default from ``hardware.gpu_type``.
         coefficients: step-time coefficients; default the H200-derived defaults
             (``LIGER_COEFFICIENTS`` when ``memory.fused_kernels``), or the profile's when
-            ``profile`` holds samples.
+            ``profile`` holds samples (fitted sweep by sweep and weighed by sweep age:
+            :mod:`plora.cost.recency`).
         profile: measured steps (and overheads) of this model on this GPU type.
         memory: memory options (precision, checkpointing, loss kernel, ZeRO stage).
         strategies: strategies the runtime supports for d > 1 (empty: only d = 1).
         overheads: seconds outside steps; default :meth:`Overheads.default` for this model,
-            GPU and metric, refit with the profile's overhead samples when it has some.
+            GPU and metric, refit with the profile's overhead samples when it has some (the
+            median per kind, weighed by sweep age).
         eval_rows: eval rows each config is evaluated on after training (0: no evaluation).
         eval_metric: the task metric (:class:`~plora.cost.overheads.EvalMetric`).
         checkpoint_every: train-state checkpoint every this many steps (None: at the end only).
@@ -147,7 +152,7 @@ class SweepCostModel:
         if coefficients is None and profile is not None and profile.samples:
             # Plan from the measurements: the profile's coefficients (or a fit of its samples)
             # and the activation scale its measured peaks imply.
-            fitted = self.refit(profile.samples)
+            fitted = self.refit(profile.samples, by_sweep=True)
             self.timer.coefficients = profile.coefficients or fitted.coefficients
             self.memory = fitted.memory
             self.last_refit = fitted.last_refit
@@ -161,7 +166,9 @@ class SweepCostModel:
                 weight_bytes=base_weight_bytes(spec, self.memory.precision),
                 cpu=bool(getattr(hardware, "is_cpu", False)),
             )
-            measured = default.refit(profile.overhead_samples if profile is not None else ())
+            measured = default
+            if profile is not None:  # weighed by sweep age (plora.cost.recency)
+                measured = default.refit(profile.overhead_samples, profile.overhead_weights())
             self._use(replace(self.sweep_overheads, overheads=measured))
 
     def _use(self, terms: SweepOverheads) -> None:
@@ -389,9 +396,15 @@ class SweepCostModel:
         return self.with_overheads(self.overheads.refit(samples))
 
     def refit(
-        self, measurements: Sequence[StepSample], *, prior_weight: float = 1e-3
+        self,
+        measurements: Sequence[StepSample],
+        *,
+        prior_weight: float = 1e-3,
+        by_sweep: bool = False,
     ) -> SweepCostModel:
-        """A new model fitted to ``measurements`` (this model's coefficients are the prior).
+        """A new model fitted to ``measurements`` (this model's coefficients are the prior; with
+        ``by_sweep`` the profile store's sweeps apart, weighed by age:
+        :func:`~plora.cost.recency.fit_by_sweep`).
 
         Step times refit every coefficient the samples identify; measured peaks (d = 1)
         rescale the activation memory by the smallest factor that covers every measured peak
@@ -402,7 +415,10 @@ class SweepCostModel:
         samples = list(measurements)
         if not samples:
             raise ConfigError("cost-model refit: no measurements")
-        new_coef = fit(samples, self.timer, prior_weight=prior_weight)
+        if by_sweep:
+            new_coef = fit_by_sweep(samples, self.timer, prior_weight=prior_weight)
+        else:
+            new_coef = fit(samples, self.timer, prior_weight=prior_weight)
         new = self._copy(coefficients=new_coef)
         scale, mfit = activation_scale(self.spec, self.memory, samples)
         if scale is not None:

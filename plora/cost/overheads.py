@@ -9,7 +9,8 @@ job, so a sweep pays
 * per **job** on a warm group: ``job_start_s`` (trainer set-up) and ``checkpoint_s`` per
   train-state write;
 * per **config**: ``eval_s_per_row`` and ``generate_s_per_row`` per eval row, ``export_s``
-  per PEFT export, and ``write_s_per_gb`` for each GB it writes.
+  per PEFT export (its critical path), and ``write_s_per_gb`` for each GB it writes (the
+  export's bytes only where their write outlasts the evaluation it overlaps).
 
 How many units a job and a config pay is :mod:`plora.cost.jobterms`; per-job terms depend on
 the longest config's steps alone and per-config terms on the config alone, so a job's time
@@ -30,13 +31,13 @@ Pure: no I/O (the profile store in :mod:`plora.cost.profile` persists samples).
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
 from plora.config import ConfigError
+from plora.cost.recency import weighted_median
 from plora.cost.throughput import StepTimeModel
 from plora.model_spec import ModelSpec
 
@@ -161,6 +162,9 @@ class OverheadSample:
     bytes: float = 0.0
     """Bytes written (export, checkpoint): their ``write_s_per_gb`` share is not part of
     the fitted fixed seconds."""
+    sweep: int = 0
+    """The profile store's number of the sweep that measured it (see
+    :attr:`plora.cost.throughput.StepSample.sweep`; 0: not recorded yet, or an older file)."""
 
     def __post_init__(self) -> None:
         try:
@@ -176,17 +180,20 @@ class OverheadSample:
             isinstance(self.count, int | float) and math.isfinite(self.count) and self.count > 0
         ):
             raise ConfigError(f"overhead sample: count={self.count!r} must be > 0")
+        if not (isinstance(self.sweep, int) and self.sweep >= 0):
+            raise ConfigError(f"overhead sample: sweep={self.sweep!r} must be an integer >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (inverse: :meth:`from_dict`)."""
         return {"kind": str(self.kind), "seconds": self.seconds, "count": self.count,
-                "bytes": self.bytes}  # fmt: skip
+                "bytes": self.bytes, "sweep": self.sweep}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OverheadSample:
         """Inverse of :meth:`to_dict`."""
         return cls(kind=data["kind"], seconds=float(data["seconds"]),
-                   count=float(data.get("count", 1.0)), bytes=float(data.get("bytes", 0.0)))  # fmt: skip
+                   count=float(data.get("count", 1.0)), bytes=float(data.get("bytes", 0.0)),
+                   sweep=int(data.get("sweep", 0)))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -205,7 +212,10 @@ class Overheads:
     """Per config per eval row, extra for the task metric (exact-match generation or accuracy
     option scoring); not charged when the metric is ``none``."""
     export_s: float
-    """Per config: fixed part of the PEFT export (files, metadata); bytes come on top."""
+    """Per config: the PEFT export's part on the job's critical path (the device->host
+    snapshot; measured: ``export_critical_s`` per export). The file write runs in the
+    background during evaluation: only its excess over the config's evaluation comes on top
+    (:mod:`plora.cost.jobterms`)."""
     checkpoint_s: float
     """Per train-state checkpoint write of a job: fixed part; the adapters' bytes come on top."""
     write_s_per_gb: float = 1.0
@@ -306,22 +316,32 @@ class Overheads:
         )
 
     # ----------------------------------------------------------------------- fit
-    def refit(self, samples: Iterable[OverheadSample]) -> Overheads:
+    def refit(
+        self, samples: Iterable[OverheadSample], weights: Iterable[float] | None = None
+    ) -> Overheads:
         """These overheads with every measured kind replaced by its median seconds per unit.
 
         Per sample the unit cost is ``(seconds - bytes·write_s_per_gb/1e9) / count`` (clipped
         at 0); the median over a kind's samples is robust to a first-call outlier (a cold
-        cache). Kinds without samples keep this object's value. No samples: ``self``.
+        cache). With ``weights`` (one per sample, e.g. the profile store's by sweep age,
+        :func:`plora.cost.recency.sweep_weights`) it is the weighted median. Kinds without
+        samples keep this object's value. No samples: ``self``.
         """
-        per_kind: dict[OverheadKind, list[float]] = {}
-        for s in samples:
+        samples = list(samples)
+        given = [1.0] * len(samples) if weights is None else [float(w) for w in weights]
+        if len(given) != len(samples):
+            raise ConfigError(f"overheads refit: {len(given)} weights for {len(samples)} samples")
+        per_kind: dict[OverheadKind, tuple[list[float], list[float]]] = {}
+        for s, w in zip(samples, given, strict=True):
             if not isinstance(s, OverheadSample):
                 raise ConfigError(f"overheads refit: {s!r} is not an OverheadSample")
             unit = max(s.seconds - s.bytes * self.write_s_per_gb / 1e9, 0.0) / s.count
-            per_kind.setdefault(s.kind, []).append(unit)
+            units, ws = per_kind.setdefault(s.kind, ([], []))
+            units.append(unit)
+            ws.append(w)
         if not per_kind:
             return self
-        changes = {FIELD_OF[k]: float(statistics.median(v)) for k, v in per_kind.items()}
+        changes = {FIELD_OF[k]: weighted_median(u, w) for k, (u, w) in per_kind.items()}
         measured = (*self.measured, *changes)
         return replace(self, **changes, source="measured", measured=measured)
 

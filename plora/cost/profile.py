@@ -11,33 +11,47 @@ per (model, GPU type) under a directory (default ``~/.cache/plora/profiles/``, o
 :meth:`ProfileStore.save` calls (atomic, via :mod:`plora.utils`), so a second sweep on the same
 model and GPU plans from measurements instead of defaults.
 
+Each :meth:`ProfileStore.record` is one sweep: its samples are numbered with the next sweep
+number (files written before sweeps were numbered load as sweep 0, the oldest) and thinned to a
+bounded number per sweep, so the store keeps several sweeps. The cost model weighs the sweeps
+by age, the newest most (:mod:`plora.cost.recency`, :meth:`Profile.overhead_weights`).
+
 :func:`fit_memory` is mLoRA's online memory model ``Mem = β0 + β1·B·L + β2·B·L²`` (B sequences
 of length L per step) fitted to measured peaks by least squares.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from plora.config import ConfigError
 from plora.cost import Strategy
 from plora.cost.overheads import OverheadSample
+from plora.cost.recency import sweep_weights
 from plora.cost.throughput import Coefficients, StepSample
 from plora.utils import atomic_write_json
+
+_T = TypeVar("_T")
 
 PROFILE_FORMAT = 1
 #: Samples kept per profile (newest win): bounds the file and the refit's cost.
 MAX_SAMPLES = 2000
 #: Overhead samples kept per profile (newest win).
-MAX_OVERHEAD_SAMPLES = 500
+MAX_OVERHEAD_SAMPLES = 1000
+#: Step samples one sweep keeps (evenly spaced over the sweep's): one long sweep cannot push
+#: the sweeps before it out of the store (it keeps at least five sweeps).
+MAX_SWEEP_SAMPLES = MAX_SAMPLES // 5
+#: Overhead samples one sweep keeps per kind (evenly spaced): at most 7·24 = 168 per sweep.
+MAX_SWEEP_OVERHEADS_PER_KIND = 24
 
 
 def default_profile_dir() -> Path:
@@ -106,12 +120,40 @@ class Profile:
     def add(
         self, samples: Iterable[StepSample] = (), overheads: Iterable[OverheadSample] = ()
     ) -> Profile:
-        """A copy with ``samples`` and ``overheads`` appended (the newest :data:`MAX_SAMPLES`
-        and :data:`MAX_OVERHEAD_SAMPLES` kept)."""
+        """A copy with ``samples`` and ``overheads`` appended as they are (the newest
+        :data:`MAX_SAMPLES` and :data:`MAX_OVERHEAD_SAMPLES` kept)."""
         return replace(
             self,
             samples=(*self.samples, *samples)[-MAX_SAMPLES:],
             overhead_samples=(*self.overhead_samples, *overheads)[-MAX_OVERHEAD_SAMPLES:],
+        )
+
+    @property
+    def last_sweep(self) -> int:
+        """The newest sweep number among the samples (0: none numbered)."""
+        steps = max((s.sweep for s in self.samples), default=0)
+        return max(steps, max((o.sweep for o in self.overhead_samples), default=0))
+
+    def add_sweep(
+        self, samples: Sequence[StepSample] = (), overheads: Sequence[OverheadSample] = ()
+    ) -> Profile:
+        """A copy with one more sweep's samples, numbered :attr:`last_sweep` + 1 and thinned to
+        :data:`MAX_SWEEP_SAMPLES` steps and :data:`MAX_SWEEP_OVERHEADS_PER_KIND` overhead samples
+        per kind (evenly spaced, in their order), then :meth:`add` ed."""
+        n = self.last_sweep + 1
+        kinds = sorted({o.kind for o in overheads})
+        per_kind = [[j for j, o in enumerate(overheads) if o.kind == k] for k in kinds]
+        keep = sorted(i for ids in per_kind for i in _spaced(ids, MAX_SWEEP_OVERHEADS_PER_KIND))
+        return self.add(
+            [replace(s, sweep=n) for s in _spaced(list(samples), MAX_SWEEP_SAMPLES)],
+            [replace(overheads[i], sweep=n) for i in keep],
+        )
+
+    def overhead_weights(self) -> list[float]:
+        """Each overhead sample's weight in its kind's median, by its sweep's age
+        (:func:`plora.cost.recency.sweep_weights`)."""
+        return sweep_weights(
+            [o.sweep for o in self.overhead_samples], [o.kind for o in self.overhead_samples]
         )
 
     def select(self, d: int | None = None, strategy: Strategy | None = None) -> list[StepSample]:
@@ -158,6 +200,15 @@ class Profile:
             ) from None
 
 
+def _spaced(items: list[_T], k: int) -> list[_T]:
+    """``k`` of ``items`` evenly spaced from the first to the last (all when they are <= k)."""
+    if len(items) <= k:
+        return items
+    if k < 2:
+        return items[-k:] if k else []
+    return [items[round(i * (len(items) - 1) / (k - 1))] for i in range(k)]
+
+
 class ProfileStore:
     """One JSON file per (model, GPU type) under ``root``."""
 
@@ -196,15 +247,24 @@ class ProfileStore:
         *,
         overheads: Sequence[OverheadSample] = (),
     ) -> Profile:
-        """Load, append step ``samples`` and ``overheads``, save, and return the profile."""
-        profile = self.load(model, gpu_type).add(samples, overheads)
-        self.save(profile)
+        """Load, append one sweep's step ``samples`` and ``overheads``
+        (:meth:`Profile.add_sweep`), save, and return the profile. The load and save hold an
+        exclusive lock on a ``.lock`` file beside the profile, so two sweeps that end together
+        both land, under distinct sweep numbers."""
+        path = self.path(model, gpu_type)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            profile = self.load(model, gpu_type).add_sweep(samples, overheads)
+            self.save(profile)
         return profile
 
 
 __all__ = [
     "MAX_OVERHEAD_SAMPLES",
     "MAX_SAMPLES",
+    "MAX_SWEEP_OVERHEADS_PER_KIND",
+    "MAX_SWEEP_SAMPLES",
     "MemoryFit",
     "Profile",
     "ProfileStore",

@@ -196,12 +196,17 @@ class StepSample:
     step_time_s: float
     peak_memory_bytes: float | None = None
     """``torch.cuda.max_memory_allocated`` over the step, if measured."""
+    sweep: int = 0
+    """The profile store's number of the sweep that measured it (1, 2, ... in the order they
+    were recorded; 0: not recorded yet, or from a file written before sweeps were numbered)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", check_parallel(self.d, self.strategy))
         object.__setattr__(self, "adapters", tuple(self.adapters))
         if not self.step_time_s > 0:
             raise ConfigError(f"step sample: step_time_s={self.step_time_s!r} must be > 0")
+        if not (isinstance(self.sweep, int) and self.sweep >= 0):
+            raise ConfigError(f"step sample: sweep={self.sweep!r} must be an integer >= 0")
 
     @classmethod
     def from_configs(
@@ -241,6 +246,7 @@ class StepSample:
             "strategy": None if self.strategy is None else str(self.strategy),
             "step_time_s": self.step_time_s,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "sweep": self.sweep,
         }
 
     @classmethod
@@ -260,6 +266,7 @@ class StepSample:
             strategy=None if strat is None else Strategy(strat),
             step_time_s=float(data["step_time_s"]),
             peak_memory_bytes=data.get("peak_memory_bytes"),
+            sweep=int(data.get("sweep", 0)),
         )
 
 
@@ -392,17 +399,22 @@ def fit(
 ) -> Coefficients:
     """Least-squares refit of the coefficients of ``model`` from measured steps.
 
-    Minimizes ``Σ_i ((t̂_i - t_i)/t_i)² + λ·Σ_j ((θ_j - θ0_j)/θ0_j)²`` over
-    ``θ = (o, 1/e_b, 1/e_l, a, m, 1/e_c)`` (λ = ``prior_weight``, θ0 the model's coefficients),
-    then clips efficiencies to (0, 1] and overheads to >= 0.
+    Minimizes ``Σ_i ((t̂_i - t_i)/t_i)² + λ·Σ_j ((θ_j - θ0_j)/s_j)²`` over
+    ``θ = (o, 1/e_b, 1/e_l, a, m, 1/e_c)`` (λ = ``prior_weight``, θ0 the model's coefficients,
+    ``s_j = θ0_j``, or the default's where ``θ0_j`` is 0) within the physical ranges:
+    efficiencies in (0, 1], overheads >= 0 (``scipy.optimize.lsq_linear``). A bound is kept in
+    the fit, not clipped after it: a step much faster than the prior predicts moves every
+    coefficient that can still move, instead of one that is then cut off at 0.
 
     Raises:
         ConfigError: no samples.
     """
+    from scipy.optimize import lsq_linear  # lazily: planning without a profile never needs it
+
     if not samples:
         raise ConfigError("cost-model fit: no step samples to fit")
     prior = model.coefficients._theta()
-    scale = np.where(prior > 0, prior, 1.0)
+    scale = np.where(prior > 0, prior, DEFAULT_COEFFICIENTS._theta())
     rows, rhs = [], []
     for s in samples:
         known, feats = model.sample_terms(s)
@@ -410,8 +422,9 @@ def fit(
         rhs.append((s.step_time_s - known) / s.step_time_s)
     lam = math.sqrt(prior_weight)
     a = np.vstack([np.array(rows), lam * np.eye(len(prior))])
-    b = np.concatenate([np.array(rhs), lam * np.ones(len(prior))])
-    u, *_ = np.linalg.lstsq(a, b, rcond=None)
+    b = np.concatenate([np.array(rhs), lam * prior / scale])
+    inverse = np.array([0.0, 1.0, 1.0, 0.0, 0.0, 1.0])  # 1/e >= 1; overheads >= 0
+    u = lsq_linear(a, b, bounds=(inverse / scale, np.inf), method="bvls").x
     return Coefficients._from_theta(u * scale, source=f"fit of {len(samples)} measured steps")
 
 
