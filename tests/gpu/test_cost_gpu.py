@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import pytest
 import torch
@@ -113,9 +112,7 @@ def test_packed_engine_refit_covers_peaks_and_times() -> None:
         memory=MemoryOptions(loss=Loss.FUSED, reserved_bytes=0.0),
         overheads=Overheads.zero(),  # measured steps only: compare step time, no overheads
     )
-    start = time.perf_counter()
     new = cm.refit(samples)
-    assert time.perf_counter() - start < 1.0
     assert new.last_refit.error_after < 0.1
     for pack, s in zip(packs, samples, strict=True):
         assert new.pack_memory(pack, 1) >= s.peak_memory_bytes
