@@ -5,7 +5,8 @@
 * :mod:`plora.engine.data` -- load and tokenize (:mod:`.rows`, :mod:`.example`); per-adapter
   streams and a step's packed batch (:mod:`.batch`).
 * :mod:`plora.engine.trainer` -- :class:`PackedTrainer` (one forward/backward per step over
-  every active adapter, per-adapter loss, AdamW, schedule and clipping).
+  every active adapter, per-adapter loss, AdamW, schedule and clipping); its adapters'
+  running records and what a step reports (:mod:`.step_record`).
 * :mod:`plora.engine.packed_optim` -- :class:`PackedAdamW` (one AdamW step over every adapter's
   rows of the packed parameters, per-adapter lr, weight decay, step count and clipping).
 * :mod:`plora.engine.checkpoint` -- PEFT-format export, exact train-state checkpoints.

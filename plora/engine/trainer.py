@@ -29,8 +29,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -39,10 +38,11 @@ from torch import nn
 from plora.config import ConfigError, LoRAConfig
 from plora.engine import adapters, optim
 from plora.engine.batch import plan_micro_batches, target_count, truncate
-from plora.engine.device import device_name, model_device, peak_memory
+from plora.engine.device import model_device, peak_memory
 from plora.engine.loss import _to_device, packed_loss
 from plora.engine.packed_optim import PackedAdamW
 from plora.engine.reports import AdapterStatus, PackProfile, StepMetrics, StepProfile
+from plora.engine.step_record import TrainingAdapter, pack_profile, record_step
 from plora.engine.train_state import (
     TRAIN_STATE_VERSION,
     adapter_state,
@@ -50,21 +50,6 @@ from plora.engine.train_state import (
     load_trainer_state,
     trainer_state,
 )
-
-
-@dataclass(slots=True)
-class _Adapter:
-    config: LoRAConfig
-    slot: int
-    total_steps: int
-    stream: Any
-    lr_lambda: Callable[[int], float]
-    """The schedule's multiplier of ``config.lr`` at an optimizer step (0-based)."""
-    step: int = 0
-    tokens: int = 0
-    last_loss: float | None = None
-    status: AdapterStatus = AdapterStatus.ACTIVE
-    losses: list[float] = field(default_factory=list)
 
 
 class PackedTrainer:
@@ -136,7 +121,7 @@ class PackedTrainer:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._decoder = getattr(hf, hf.base_model_prefix)
         self._head = hf.get_output_embeddings()
-        self.adapters: dict[str, _Adapter] = {}
+        self.adapters: dict[str, TrainingAdapter] = {}
         self.optimizer = PackedAdamW(self.layers)
         self.global_step = 0
         self.profile_steps = profile_steps
@@ -156,7 +141,7 @@ class PackedTrainer:
         """Config ids that reached their steps or were stopped (weights still held)."""
         return [c for c, a in self.adapters.items() if a.status is not AdapterStatus.ACTIVE]
 
-    def adapter(self, config_id: str) -> _Adapter:
+    def adapter(self, config_id: str) -> TrainingAdapter:
         try:
             return self.adapters[config_id]
         except KeyError:
@@ -196,7 +181,7 @@ class PackedTrainer:
             self.optimizer.add_slot(
                 slot, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm
             )
-            self.adapters[config.config_id] = _Adapter(
+            self.adapters[config.config_id] = TrainingAdapter(
                 config=config,
                 slot=slot,
                 total_steps=steps,
@@ -223,7 +208,7 @@ class PackedTrainer:
         self.optimizer.remove_slot(ad.slot)
         adapters.remove_adapter(self.model, ad.slot)
 
-    def _retire(self, ad: _Adapter, status: AdapterStatus) -> None:
+    def _retire(self, ad: TrainingAdapter, status: AdapterStatus) -> None:
         """Stop training ``ad``: its rows freeze (no update, no state) until released."""
         ad.status = status
         self.optimizer.remove_slot(ad.slot)
@@ -266,34 +251,17 @@ class PackedTrainer:
         if cuda:
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - t0
-        values = readback.tolist()
-        ce_sums = dict.fromkeys(batches, 0.0)
-        cursor = norms.shape[0]
-        for slots, _ in ce_parts:
-            for slot in slots:
-                ce_sums[slot] += values[cursor]
-                cursor += 1
-        metrics = []
-        tokens_total = 0
+        metrics, tokens_total = record_step(
+            active,
+            batches=batches,
+            denoms=denoms,
+            lrs=lrs,
+            values=readback.tolist(),
+            num_norms=norms.shape[0],
+            ce_slots=[slots for slots, _ in ce_parts],
+            elapsed=elapsed,
+        )
         for ad in active:
-            exs = batches[ad.slot]
-            tokens = sum(len(ex.input_ids) for ex in exs)
-            tokens_total += tokens
-            ad.step += 1
-            ad.tokens += tokens
-            ad.last_loss = ce_sums[ad.slot] / denoms[ad.slot]
-            ad.losses.append(ad.last_loss)
-            metrics.append(
-                StepMetrics(
-                    config_id=ad.config.config_id,
-                    step=ad.step,
-                    loss=ad.last_loss,
-                    lr=lrs[ad.slot],
-                    tokens=tokens,
-                    grad_norm=values[ad.slot],
-                    time_s=elapsed,
-                )
-            )
             if ad.step >= ad.total_steps:
                 self._retire(ad, AdapterStatus.COMPLETED)
         self.global_step += 1
@@ -335,13 +303,13 @@ class PackedTrainer:
                 ce_parts.append((list(sums), torch.stack(list(sums.values()))))
         return ce_parts, micros, rows, padded, seq_len
 
-    def _draw(self, ad: _Adapter) -> list[Any]:
+    def _draw(self, ad: TrainingAdapter) -> list[Any]:
         exs = [self.train_examples[i] for i in ad.stream.next_batch()]
         if self.seq_len is not None:
             exs = [truncate(ex, self.seq_len) for ex in exs]
         return exs
 
-    def _pack(self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[_Adapter]):
+    def _pack(self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[TrainingAdapter]):
         from plora.engine.data import pack_batch
 
         step_of = {ad.slot: ad.step for ad in active}
@@ -378,18 +346,8 @@ class PackedTrainer:
 
     def profile(self) -> PackProfile:
         """Measurements of the first ``profile_steps`` steps."""
-        ads = sorted(self.adapters.values(), key=lambda a: a.slot)
-        return PackProfile(
-            device=str(
-                self.device
-                if self.device.index is not None or self.device.type == "cpu"
-                else torch.device(self.device.type, torch.cuda.current_device())
-            ),
-            device_name=device_name(self.device),
-            dtype=str(self.autocast_dtype or torch.float32).removeprefix("torch."),
-            ranks=tuple(a.config.rank for a in ads),
-            batch_sizes=tuple(a.config.batch_size for a in ads),
-            steps=tuple(self._profile),
+        return pack_profile(
+            self.device, self.autocast_dtype, list(self.adapters.values()), self._profile
         )
 
     def export_adapter(self, config_id: str, path: Any) -> None:
