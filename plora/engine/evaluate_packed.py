@@ -19,7 +19,8 @@ so the per-row routing holds with the KV cache.
 
 Order. Within a slot, examples run in length order -- ascending for slots at even positions,
 descending at odd ones -- so a forward straddling two slots joins rows of similar length.
-Per-slot sums do not depend on the order.
+Per-slot sums do not depend on the order. The rows and their cut into forwards are
+:mod:`plora.engine.eval_rows`.
 
 Host work. A forward's tensors (ids, mask, and for every scored token the flat index of the
 logit that predicts it, the token and the sum it goes to) are built on the host in one go and
@@ -33,11 +34,9 @@ slot's share of the rows; every slot scores the same examples, so the shares are
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -45,6 +44,13 @@ import torch.nn.functional as F
 
 from plora.engine.adapters import packed_layers, packed_segments, use_slot
 from plora.engine.data import IGNORE_INDEX, Example, TokenizedDataset
+from plora.engine.eval_rows import (
+    EvalRow,
+    Slot,
+    chunk_segments,
+    forward_chunks,
+    length_order,
+)
 from plora.engine.evaluate import (
     EvalResult,
     _device,
@@ -58,31 +64,9 @@ from plora.engine.evaluate import (
     generate_greedy,
 )
 
-Slot = int | None
-
-
 #: Rows per packed-evaluation forward (the default of every function here; the kernel
 #: warm-up compiles for it, :mod:`plora.engine.warmup`).
 EVAL_BATCH_ROWS = 32
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """One row of a packed forward.
-
-    Attributes:
-        group: position of the row's slot in the evaluated slots.
-        slot: the slot whose adapter the row goes through (``None``: base model only).
-        ids: the row's tokens (unpadded).
-        scored: positions ``p`` whose token ``ids[p]`` is scored (by the logits at ``p - 1``).
-        dest: index of the sum the row's log-probabilities are added to.
-    """
-
-    group: int
-    slot: Slot
-    ids: Sequence[int]
-    scored: Sequence[int] = ()
-    dest: int = 0
 
 
 def evaluate_packed(
@@ -168,9 +152,9 @@ def packed_loss(
     count = sum(map(len, scored))
     if not count:
         return [math.nan] * len(slots)
-    order = _length_order([len(ex.input_ids) for ex in examples])
+    order = length_order([len(ex.input_ids) for ex in examples])
     rows = [
-        _Row(group=g, slot=slot, ids=examples[i].input_ids, scored=scored[i], dest=g)
+        EvalRow(group=g, slot=slot, ids=examples[i].input_ids, scored=scored[i], dest=g)
         for g, slot in enumerate(slots)
         for i in order[g % 2]
         if scored[i]
@@ -201,9 +185,9 @@ def packed_accuracy(
     prompts = [ex.input_ids[: ex.context_len()] for ex in examples]
     seqs = [[p + o for o in encoded] for p in prompts]
     n, k = len(examples), len(options)
-    order = _length_order([len(p) for p in prompts])
+    order = length_order([len(p) for p in prompts])
     rows = [
-        _Row(
+        EvalRow(
             group=g,
             slot=slot,
             ids=seqs[i][j],
@@ -246,16 +230,16 @@ def packed_exact_match(
     stop_ids = set(_eos_ids(tokenizer)) | set(_newline_ids(tokenizer))
     prompts = [ex.input_ids[: ex.context_len()] for ex in examples]
     answers = [(ex.answer or "").strip() for ex in examples]
-    order = _length_order([len(p) for p in prompts])
+    order = length_order([len(p) for p in prompts])
     rows = [
-        _Row(group=g, slot=slot, ids=prompts[i], dest=i)
+        EvalRow(group=g, slot=slot, ids=prompts[i], dest=i)
         for g, slot in enumerate(slots)
         for i in order[g % 2]
     ]
     hits = [0] * len(slots)
     texts: dict[tuple[int, ...], str] = {}  # adapters often agree: decode each answer once
-    for chunk in _forwards(rows, batch_size, max_tokens, extra=max_new_tokens):
-        with packed_segments(model, _segments(chunk)):
+    for chunk in forward_chunks(rows, batch_size, max_tokens, extra=max_new_tokens):
+        with packed_segments(model, chunk_segments(chunk)):
             gens = generate_greedy(
                 model,
                 [r.ids for r in chunk],
@@ -276,7 +260,7 @@ def packed_exact_match(
 
 def _score_rows(
     model: Any,
-    rows: Sequence[_Row],
+    rows: Sequence[EvalRow],
     *,
     size: int,
     pad_id: int,
@@ -290,7 +274,7 @@ def _score_rows(
     """
     device = _device(model)
     sums = torch.zeros(size, dtype=torch.float64, device=device)
-    for chunk in _forwards(rows, batch_size, max_tokens):
+    for chunk in forward_chunks(rows, batch_size, max_tokens):
         width = max(len(r.ids) for r in chunk)
         ids = [list(r.ids) + [pad_id] * (width - len(r.ids)) for r in chunk]
         mask = [[1] * len(r.ids) + [0] * (width - len(r.ids)) for r in chunk]
@@ -303,48 +287,12 @@ def _score_rows(
             ],
             dtype=torch.long,
         ).to(device)
-        with packed_segments(model, _segments(chunk)):
+        with packed_segments(model, chunk_segments(chunk)):
             logits = _logits(model(input_ids=inputs[0], attention_mask=inputs[1]))
         picked = logits.reshape(-1, logits.shape[-1]).index_select(0, index[0]).float()
         nll = F.cross_entropy(picked, index[1], reduction="none")
         sums.index_add_(0, index[2], nll.double(), alpha=-1)
     return sums
-
-
-def _forwards(
-    rows: Sequence[_Row], batch_size: int, max_tokens: int | None, *, extra: int = 0
-) -> Iterator[list[_Row]]:
-    """Consecutive runs of rows, one per forward: at most ``batch_size`` rows and, when set,
-    ``rows x (longest row + extra) <= max_tokens`` (at least one row)."""
-    chunk: list[_Row] = []
-    width = 0
-    for row in rows:
-        grown = max(width, len(row.ids) + extra)
-        full = len(chunk) >= batch_size
-        if chunk and (full or (max_tokens is not None and grown * (len(chunk) + 1) > max_tokens)):
-            yield chunk
-            chunk, grown = [], len(row.ids) + extra
-        chunk.append(row)
-        width = grown
-    if chunk:
-        yield chunk
-
-
-def _segments(chunk: Sequence[_Row]) -> list[tuple[int, int, int]]:
-    """``(slot, start, stop)`` of each run of adapter rows in ``chunk`` (base rows: none)."""
-    segments, start = [], 0
-    for (_, slot), run in itertools.groupby(chunk, key=lambda r: (r.group, r.slot)):
-        stop = start + sum(1 for _ in run)
-        if slot is not None:
-            segments.append((slot, start, stop))
-        start = stop
-    return segments
-
-
-def _length_order(lengths: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Example indices by ascending and by descending length (stable)."""
-    ascending = sorted(range(len(lengths)), key=lengths.__getitem__)
-    return ascending, ascending[::-1]
 
 
 def evaluate_adapters(

@@ -145,7 +145,7 @@ def _spy_forwards(monkeypatch) -> list[list[list]]:
     from plora.engine import evaluate_packed
 
     passes: list[list[list]] = []
-    real = evaluate_packed._forwards
+    real = evaluate_packed.forward_chunks
 
     def spy(*args, **kw):
         passes.append([])
@@ -153,7 +153,7 @@ def _spy_forwards(monkeypatch) -> list[list[list]]:
             passes[-1].append(chunk)
             yield chunk
 
-    monkeypatch.setattr(evaluate_packed, "_forwards", spy)
+    monkeypatch.setattr(evaluate_packed, "forward_chunks", spy)
     return passes
 
 
@@ -292,14 +292,14 @@ def test_packed_evaluation_seconds_unknown_slot_and_bad_batch():
     ],
 )
 def test_packed_forwards_respect_row_and_token_caps(lengths, batch_size, max_tokens, extra, sizes):
-    from plora.engine.evaluate_packed import _forwards, _Row, _segments
+    from plora.engine.eval_rows import EvalRow, chunk_segments, forward_chunks
 
-    rows = [_Row(group=0, slot=1, ids=[7] * n) for n in lengths]
-    chunks = list(_forwards(rows, batch_size, max_tokens, extra=extra))
+    rows = [EvalRow(group=0, slot=1, ids=[7] * n) for n in lengths]
+    chunks = list(forward_chunks(rows, batch_size, max_tokens, extra=extra))
     assert [len(c) for c in chunks] == sizes
     assert [r for c in chunks for r in c] == rows
-    mixed = [_Row(group=g, slot=s, ids=[1]) for g, s in [(0, 4), (0, 4), (1, None), (2, 9)]]
-    assert _segments(mixed) == [(4, 0, 2), (9, 3, 4)]
+    mixed = [EvalRow(group=g, slot=s, ids=[1]) for g, s in [(0, 4), (0, 4), (1, None), (2, 9)]]
+    assert chunk_segments(mixed) == [(4, 0, 2), (9, 3, 4)]
 
 
 @pytest.mark.gpu
