@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from packfn import PackFnEngine
-from test_tune import LRS, cost_of, searched_tuner, tune_sweep
+from tune_helpers import LRS, cost_of, searched_tuner, tune_sweep
 
 from plora.config import SweepConfig
 from plora.engine.api import EngineSpec, PackRequest

@@ -1,0 +1,105 @@
+"""Ray Tune restore: a driver killed mid-sweep, then ``tune.Tuner.restore`` keeps the finished
+configs (not retrained) and ASHA's rungs and stops (``PLoRAScheduler``'s saved state).
+
+Trials train with ``packfn.PackFnEngine`` (tests/ray/packfn.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tune_helpers import HERE, ROOT, trainable_for
+
+from plora.sweepdir.store import SweepStore
+
+DRIVER = """
+import os
+import sys
+os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = "0.5"  # Tune syncs its state (and the scheduler's) often
+import ray
+ray.init(address={address!r}, runtime_env={{"env_vars": {{"PYTHONPATH": {here!r}, "PACKFN_STEP_S": "0.08"}}}})
+sys.path.insert(0, {here!r})
+from pathlib import Path
+from packfn import PackFnEngine
+from tune_helpers import LRS, asha_tuner, trainable_for
+asha_tuner(Path({storage!r}), "restore", trainable_for("restoretest"), lrs=LRS[::2]).fit()
+"""
+
+
+def _rungs(path: Path | dict) -> dict[tuple[float, str], float]:
+    """ASHA's recorded values by (milestone, trial) in a scheduler state (file or parsed)."""
+    state = (path if isinstance(path, dict) else json.loads(path.read_text()))["inner"]
+    return {(m, t): v for bracket in state["rungs"] for m, rec in bracket for t, v in rec.items()}
+
+
+def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
+    ray_cluster, tmp_path
+) -> None:
+    import ray
+    from ray import tune
+
+    from plora.tune.scheduler import STATE_FILE
+
+    exp = tmp_path / "restore"
+    address = ray.get_runtime_context().gcs_address
+    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}"}
+    code = DRIVER.format(here=str(HERE), storage=str(tmp_path), address=address)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
+    state_json = exp / "plora" / "state.json"
+    try:
+        deadline = time.time() + 150
+        while time.time() < deadline:
+            if state_json.is_file() and (exp / STATE_FILE).is_file():
+                status = set(json.loads(state_json.read_text())["status"].values())
+                ended, unended = status & {"done", "stopped"}, status & {"running", "queued"}
+                try:  # Tune's sync copies the file in place: it may be half-written right now
+                    sched = json.loads((exp / STATE_FILE).read_text())
+                except json.JSONDecodeError:
+                    time.sleep(0.05)
+                    continue
+                if ended and unended and sched["stopped"] and _rungs(sched):
+                    break  # a job ended, another runs, ASHA stopped some: kill the driver now
+            assert proc.poll() is None, "driver exited before it could be killed"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(10)
+    state = json.loads(state_json.read_text())
+    ended = {c for c, s in state["status"].items() if s in ("done", "stopped")}
+    killed_at = state["elapsed_s"]
+    rungs_before = _rungs(exp / STATE_FILE)
+    stopped_before = json.loads((exp / STATE_FILE).read_text())["stopped"]
+    assert ended and rungs_before and stopped_before
+    time.sleep(1.0)  # let Ray reap the dead driver's actors and placement groups
+
+    results = tune.Tuner.restore(
+        str(exp), trainable=trainable_for("restoretest"), resume_unfinished=True
+    ).fit()
+    assert len(results) == 8 and not results.errors
+    store = SweepStore(exp / "plora")
+    m = store.read_metrics()
+    again = m[(m["time"] >= killed_at) & m["config_id"].isin(ended)]
+    assert again.empty, f"finished configs were retrained: {sorted(set(again['config_id']))}"
+    res = store.read_results().set_index("config_id")
+    assert len(res) == 8 and set(res["status"]) <= {"done", "stopped"}
+    assert "resume" in [d["kind"] for d in store.read_decisions()]
+    # ASHA's rungs survived the restore: every value recorded before the kill is still there
+    rungs_after = _rungs(exp / STATE_FILE)
+    assert {k: rungs_after.get(k) for k in rungs_before} == rungs_before
+    # and who it stopped; the scheduler that wrote it started from the saved state (a fresh one,
+    # re-fed the replayed trials, could write the same rungs for those: restores says which)
+    after = json.loads((exp / STATE_FILE).read_text())
+    assert {t: after["stopped"].get(t) for t in stopped_before} == stopped_before
+    assert after["restores"] == 1
+    stops = [
+        c for d in store.read_decisions() if d["kind"] == "stop_config" for c in d["config_ids"]
+    ]
+    assert len(stops) == len(set(stops))  # no adapter stopped twice
+    df = results.get_dataframe()
+    assert df["early_stopped"].sum() == (res["status"] == "stopped").sum()
