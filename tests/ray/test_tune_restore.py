@@ -18,12 +18,15 @@ from tune_helpers import HERE, ROOT, trainable_for
 
 from plora.sweepdir.store import SweepStore
 
+#: The driver's sweep: steps of 0.15 s keep the moment to kill it (a job ended, another runs, ASHA
+#: stopped some) open long enough to be seen; at 0.08 s a fresh-clone CI run on an idle box saw the
+#: driver finish first ("driver exited before it could be killed").
 DRIVER = """
 import os
 import sys
 os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = "0.5"  # Tune syncs its state (and the scheduler's) often
 import ray
-ray.init(address={address!r}, runtime_env={{"env_vars": {{"PYTHONPATH": {here!r}, "PACKFN_STEP_S": "0.08"}}}})
+ray.init(address={address!r}, runtime_env={{"env_vars": {{"PYTHONPATH": {here!r}, "PACKFN_STEP_S": "0.15"}}}})
 sys.path.insert(0, {here!r})
 from pathlib import Path
 from packfn import PackFnEngine
