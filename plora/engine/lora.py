@@ -224,9 +224,11 @@ class PackedLoRALinear(nn.Module):
         # the new slots' A blocks (pad rows zero), one after another, on the host
         host = torch.zeros(sum(_padded(spec.rank) for spec in new.values()), old_a.shape[1])
         at: dict[int, int] = {}
+        row = 0
         for slot, spec in new.items():
-            at[slot] = row = sum(_padded(new[s].rank) for s in at)
+            at[slot] = row
             host[row : row + spec.rank] = self._init_a(spec)
+            row += _padded(spec.rank)
         self.specs.update(new)
         order = sorted(self.specs)
         rows = sum(_padded(self.specs[s].rank) for s in order)
