@@ -54,6 +54,13 @@ from plora.cost.memory import (
     check_parallel,
     projection_params,
 )
+from plora.cost.microbatch import (
+    ACTIVATION_PARTS,
+    MAX_MICRO_BATCHES,
+    check_micro_batches,
+    micro_batched_memory,
+    smallest_micro_batches,
+)
 from plora.cost.overheads import EvalMetric, Overheads, OverheadSample
 from plora.cost.profile import Profile
 from plora.cost.recency import fit_by_sweep
@@ -99,6 +106,8 @@ class SweepCostModel:
         early_stop: the sweep's ``early_stop:`` (ASHA): a config's rows are charged for its
             expected steps (:mod:`plora.cost.early_stop`; ``population``: the sweep's number of
             configs), a pack's per-step overhead for the longest budget.
+        max_micro_batches: the most forwards per step the planner may give a pack that does
+            not fit with every row live (:mod:`plora.cost.microbatch`); 1: never.
     """
 
     def __init__(
@@ -119,12 +128,14 @@ class SweepCostModel:
         checkpoint_every: int | None = None,
         early_stop: EarlyStopLike | None = None,
         population: int | None = None,
+        max_micro_batches: int = MAX_MICRO_BATCHES,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"cost model: seq_len={seq_len!r} must be an integer >= 1")
         if not isinstance(dataset_size, int) or dataset_size < 1:
             raise ConfigError(f"cost model: dataset_size={dataset_size!r} must be an integer >= 1")
         self.spec, self.seq_len, self.dataset_size = spec, seq_len, dataset_size
+        self.max_micro_batches = check_micro_batches(max_micro_batches)
         self.hardware = hardware
         self.early_stop, self.population = early_stop, population
         self.gpu = gpu if gpu is not None else gpu_spec(hardware.gpu_type)
@@ -257,11 +268,60 @@ class SweepCostModel:
             raise ConfigError(f"parallel degree d={d!r} must be a power of two >= 1")
         return self._capacity
 
+    def config_memory_parts(
+        self, config: LoRAConfig, d: int, strategy: Strategy | None = None
+    ) -> tuple[float, float]:
+        """``(S_k, a_k)``: the config's state bytes (LoRA params, grads, optimizer) and its
+        activation bytes per row (:mod:`plora.cost.microbatch`), per GPU."""
+        strat = self._key(d, strategy)
+        key = ("parts", config.rank, config.target_modules, config.batch_size,
+               config.dropout > 0, d, strat)  # fmt: skip
+        if key not in self._cache:
+            comps = self.config_breakdown(config, d, strat).components
+            act = sum(v for k, v in comps.items() if k in ACTIVATION_PARTS)
+            state = sum(v for k, v in comps.items() if k not in ACTIVATION_PARTS)
+            self._cache[key] = (float(state), float(act) / config.batch_size)
+        return cast(tuple[float, float], self._cache[key])
+
     def pack_memory(
-        self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy | None = None
+        self,
+        pack: Sequence[LoRAConfig],
+        d: int,
+        strategy: Strategy | None = None,
+        *,
+        micro_batches: int = 1,
     ) -> float:
-        """Per-GPU bytes of a job: base + Σ configs."""
-        return self.base_memory(d, strategy) + sum(self.config_memory(k, d, strategy) for k in pack)
+        """Per-GPU bytes of a job: base + Σ configs; with ``micro_batches`` m > 1 the states
+        of every config plus the activations of ``⌈rows/m⌉`` rows (:mod:`plora.cost.microbatch`)."""
+        if check_micro_batches(micro_batches) == 1 or not pack:
+            return self.base_memory(d, strategy) + sum(
+                self.config_memory(k, d, strategy) for k in pack
+            )
+        parts = [self.config_memory_parts(k, d, strategy) for k in pack]
+        return micro_batched_memory(
+            self.base_memory(d, strategy),
+            [s for s, _ in parts],
+            [a for _, a in parts],
+            [k.batch_size for k in pack],
+            micro_batches,
+        )
+
+    def micro_batches_to_fit(
+        self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy | None = None
+    ) -> int | None:
+        """The smallest m whose :meth:`pack_memory` fits :meth:`capacity` (1 when the pack fits
+        with every row live); None when not even one row per micro-batch fits."""
+        cap = self.capacity(d) * (1 + 1e-9)
+        if self.pack_memory(pack, d, strategy) <= cap:
+            return 1
+        parts = [self.config_memory_parts(k, d, strategy) for k in pack]
+        return smallest_micro_batches(
+            self.base_memory(d, strategy),
+            [s for s, _ in parts],
+            [a for _, a in parts],
+            [k.batch_size for k in pack],
+            cap,
+        )
 
     # ----------------------------------------------------------------- time
     def steps(self, config: LoRAConfig) -> int:
@@ -275,22 +335,32 @@ class SweepCostModel:
         """:meth:`steps` under the sweep's early stopping, in expectation (its budget without)."""
         return expected_steps(self.steps(config), self.early_stop, population=self.population)
 
-    def step_fixed_time(self, steps: int, d: int, strategy: Strategy | None = None) -> float:
-        """``steps · t_fixed(d, strategy)``: the job's per-step overhead (training steps only)."""
+    def step_fixed_time(
+        self, steps: int, d: int, strategy: Strategy | None = None, *, micro_batches: int = 1
+    ) -> float:
+        """``steps · m · t_fixed(d, strategy)``: the job's per-step overhead (training steps
+        only), paid once per forward: ``m`` times a step of ``micro_batches`` m."""
         strat = self._key(d, strategy)
         key = ("fixed", d, strat)
         if key not in self._cache:
             self._cache[key] = self.timer.fixed_step_time(d, strat)
-        return steps * cast(float, self._cache[key])
+        m = check_micro_batches(micro_batches)
+        if m == 1:
+            return steps * cast(float, self._cache[key])
+        return steps * (m * cast(float, self._cache[key]))
 
     def job_overhead_time(self, steps: int) -> float:
         """``job_start_s + checkpoint_writes(steps) · checkpoint_s``: a job's own overheads."""
         return self.sweep_overheads.per_job(steps).total_s
 
-    def fixed_time(self, steps: int, d: int, strategy: Strategy | None = None) -> float:
+    def fixed_time(
+        self, steps: int, d: int, strategy: Strategy | None = None, *, micro_batches: int = 1
+    ) -> float:
         """What a job whose longest config runs ``steps`` steps pays regardless of its pack:
         :meth:`job_overhead_time` + :meth:`step_fixed_time` (non-decreasing in ``steps``)."""
-        return self.job_overhead_time(steps) + self.step_fixed_time(steps, d, strategy)
+        return self.job_overhead_time(steps) + self.step_fixed_time(
+            steps, d, strategy, micro_batches=micro_batches
+        )
 
     def config_step_time(
         self, config: LoRAConfig, d: int, strategy: Strategy | None = None
@@ -324,24 +394,35 @@ class SweepCostModel:
         return self.config_step_time(config, d, strategy) + self.config_overhead_time(config)
 
     def job_time(
-        self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy | None = None
+        self,
+        pack: Sequence[LoRAConfig],
+        d: int,
+        strategy: Strategy | None = None,
+        *,
+        micro_batches: int = 1,
     ) -> float:
-        """``fixed_time(max steps) + Σ config_time`` on a warm group; 0 for an empty pack."""
+        """``fixed_time(max steps) + Σ config_time`` on a warm group; 0 for an empty pack
+        (``micro_batches``: forwards per step, each paying the fixed part)."""
         if not pack:
             return 0.0
         longest = max(self.steps(k) for k in pack)
-        return self.fixed_time(longest, d, strategy) + sum(
+        return self.fixed_time(longest, d, strategy, micro_batches=micro_batches) + sum(
             self.config_time(k, d, strategy) for k in pack
         )
 
     def job_terms(
-        self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy | None = None
+        self,
+        pack: Sequence[LoRAConfig],
+        d: int,
+        strategy: Strategy | None = None,
+        *,
+        micro_batches: int = 1,
     ) -> JobTimeTerms:
         """:meth:`job_time` split by kind (the terms sum to it)."""
         if not pack:
             return JobTimeTerms()
         longest = max(self.steps(k) for k in pack)
-        train = self.step_fixed_time(longest, d, strategy)
+        train = self.step_fixed_time(longest, d, strategy, micro_batches=micro_batches)
         train += sum(self.config_step_time(k, d, strategy) for k in pack)
         terms = self.sweep_overheads.per_job(longest) + JobTimeTerms(train_s=train)
         return sum((self.config_terms(k) for k in pack), terms)
@@ -375,6 +456,7 @@ class SweepCostModel:
             "checkpoint_every": self.checkpoint_every,
             "early_stop": self.early_stop,
             "population": self.population,
+            "max_micro_batches": self.max_micro_batches,
         }
         new = SweepCostModel(
             self.spec, self.seq_len, self.dataset_size, self.hardware, **{**args, **changes}

@@ -103,11 +103,29 @@ class PackRequest:
     """Evaluate every completed adapter on the eval split."""
     poll_every_s: float = 0.0
     """How often the worker asks for control (0: before every step)."""
+    max_rows: int | None = None
+    """Most rows per forward for this job (the plan's micro-batches: ``⌈rows/m⌉``); the
+    engine runs the job with the smaller of this and ``EngineSpec.max_rows``. None: the
+    engine's own limit (every row live when that is None too)."""
 
     def __post_init__(self) -> None:
         ids = [c.config_id for c in self.configs]
         if len(set(ids)) != len(ids):
             raise ConfigError("duplicate config ids in one pack", key="configs", value=ids)
+        if self.max_rows is not None and (
+            isinstance(self.max_rows, bool)
+            or not isinstance(self.max_rows, int)
+            or self.max_rows < 1
+        ):
+            raise ConfigError(
+                "must be an integer >= 1 or null", key="max_rows", value=self.max_rows
+            )
+
+    def rows_limit(self, engine_max_rows: int | None) -> int | None:
+        """The rows per forward this job runs with: the smaller of the request's and the
+        engine's limits (None when neither sets one)."""
+        limits = [r for r in (self.max_rows, engine_max_rows) if r is not None]
+        return min(limits) if limits else None
 
 
 class OutcomeStatus(StrEnum):

@@ -80,7 +80,7 @@ class PackSession:
         return dict(
             device=self.device,
             seq_len=self.spec.dataset.max_seq_len,
-            max_rows=self.spec.max_rows,
+            max_rows=request.rows_limit(self.spec.max_rows),
             gradient_checkpointing=self.spec.gradient_checkpointing,
             base_model_name_or_path=ckpt.adapter_base_name(
                 self.spec.model, self.model_path, request.out_dir

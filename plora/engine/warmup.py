@@ -162,7 +162,7 @@ def start_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Popen[str
         "model": spec.model.name_or_path,
         "configs": [c.to_dict() for c in request.configs],
         "seq_len": spec.dataset.max_seq_len,
-        "max_rows": spec.max_rows,
+        "max_rows": request.rows_limit(spec.max_rows),
     }
     return spawn_warmup(job)
 

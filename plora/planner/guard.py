@@ -178,13 +178,18 @@ def continue_plan(
             wait = groups.occupy(gpu_ids)
             s = call_strategy(job.gpus, job.strategy)
             pack = [by_id[c] for c in ids]
-            mem = cost.base_memory(job.gpus, s) + sum(
-                cost.config_memory(k, job.gpus, s) for k in pack
-            )
-            end = t + wait + float(cost.job_time(pack, job.gpus, s))
+            micro = {"micro_batches": job.micro_batches} if job.micro_batches > 1 else {}
+            if micro:  # the job keeps its micro-batches (only a micro-batching model plans them)
+                mem = float(cost.pack_memory(pack, job.gpus, s, **micro))  # type: ignore[attr-defined]
+            else:
+                mem = cost.base_memory(job.gpus, s) + sum(
+                    cost.config_memory(k, job.gpus, s) for k in pack
+                )
+            end = t + wait + float(cost.job_time(pack, job.gpus, s, **micro))
             jobs.append(Job(job_id=job.job_id, config_ids=ids, gpus=job.gpus, strategy=job.strategy,
                             start_s=t, end_s=end, memory_gib_per_gpu=mem / GIB, gpu_ids=gpu_ids,
-                            startup_s=wait))  # fmt: skip
+                            startup_s=wait, micro_batches=job.micro_batches,
+                            max_rows=job.max_rows))  # fmt: skip
             heapq.heappush(events, (end, gpu_ids))
             queue.remove((job, ids))
         if queue:

@@ -33,8 +33,10 @@ import numpy as np
 
 from plora.config import ConfigError, LoRAConfig
 from plora.cost import CostModel, Strategy
+from plora.cost.microbatch import rows_per_micro_batch
 from plora.planner import knapsack
 from plora.planner.groups import startup_times
+from plora.planner.micro import MicroCosts, micro_fit, micro_options, supports_micro_batches
 from plora.planner.types import MEM_RTOL, Objective, call_strategy
 
 SOLVERS = ("auto", "bnb", "highs", "cvxpy", "gurobi")
@@ -58,6 +60,15 @@ class DegreeCosts:
     """Whether a class fits alone: ``base + mem <= capacity``, shape (C,) bool."""
     fixed: dict[int, float]
     """``fixed_time(steps, d, s)`` per distinct step count of the configs."""
+    micro: MicroCosts | None = None
+    """Set on a micro-batched option (m > 1 forwards per step): ``base``, ``mem`` and
+    ``fixed`` above are then the linear, conservative form the knapsack needs (see
+    :class:`MicroCosts`); :func:`make_pack` prices the chosen pack exactly."""
+
+    @property
+    def micro_batches(self) -> int:
+        """Forwards per step this option allows (1: every row live at once)."""
+        return 1 if self.micro is None else self.micro.micro_batches
 
     @property
     def mem_budget(self) -> float:
@@ -121,7 +132,10 @@ def build_classes(
         times = [float(cost.config_time(cfg, d, call_strategy(d, s))) for d, s in opts]
         if not value > 0 or steps < 1:
             raise ValueError(f"cost model: config {cfg.config_id} has value {value}, steps {steps}")
-        key = (value, work, steps, *mems, *times)
+        key: tuple[float, ...] = (value, work, steps, *mems, *times)
+        if supports_micro_batches(cost):  # micro-batched options price states and rows apart
+            parts = cost.config_memory_parts(cfg, 1, call_strategy(1, None))  # type: ignore[attr-defined]
+            key += (*parts, cfg.batch_size)
         sig.setdefault(key, []).append(cfg)
         rows[key] = (value, steps, mems, times, work)
     keys = list(sig)
@@ -129,25 +143,24 @@ def build_classes(
     mem = np.array([rows[k][2] for k in keys], dtype=float).reshape(len(keys), len(opts))
     tim = np.array([rows[k][3] for k in keys], dtype=float).reshape(len(keys), len(opts))
     options = []
+    members = tuple(tuple(sig[k]) for k in keys)
     for j, (d, s) in enumerate(opts):
         base = float(cost.base_memory(d, call_strategy(d, s)))
         capacity = float(cost.capacity(d))
-        options.append(
-            DegreeCosts(
-                d=d,
-                strategy=s,
-                base=base,
-                capacity=capacity,
-                mem=mem[:, j].copy(),
-                time=tim[:, j].copy(),
-                fits=base + mem[:, j] <= capacity * (1 + MEM_RTOL),
-                fixed={
-                    t: float(cost.fixed_time(t, d, call_strategy(d, s))) for t in distinct_steps
-                },
-            )
+        option = DegreeCosts(
+            d=d,
+            strategy=s,
+            base=base,
+            capacity=capacity,
+            mem=mem[:, j].copy(),
+            time=tim[:, j].copy(),
+            fits=base + mem[:, j] <= capacity * (1 + MEM_RTOL),
+            fixed={t: float(cost.fixed_time(t, d, call_strategy(d, s))) for t in distinct_steps},
         )
+        options.append(option)
+        options.extend(micro_options(cost, option, members, distinct_steps))
     return ClassTable(
-        members=tuple(tuple(sig[k]) for k in keys),
+        members=members,
         value=np.array([rows[k][0] for k in keys], dtype=float),
         work=np.array([rows[k][4] for k in keys], dtype=float),
         steps=np.array([rows[k][1] for k in keys], dtype=np.int64),
@@ -168,7 +181,11 @@ class Pack:
     time: float
     """``T(H, d, s)`` seconds."""
     memory: float
-    """``M_base + Σ M_k`` bytes per GPU."""
+    """``M_base + Σ M_k`` bytes per GPU (micro-batched: states + the live rows' activations)."""
+    micro_batches: int = 1
+    """Forwards per optimizer step: the smallest m the pack fits with (1: every row live)."""
+    max_rows: int | None = None
+    """``⌈rows/m⌉``, the trainer's rows per forward when ``micro_batches > 1``; else None."""
 
     @property
     def ratio(self) -> float:
@@ -183,12 +200,26 @@ def make_pack(
     x = np.asarray(take, dtype=np.int64)
     if not x.any():
         return None
+    longest = int(table.steps[x > 0].max())
+    micro = option.micro
+    if micro is None:
+        return Pack(
+            option=option,
+            take=tuple(x.tolist()),
+            value=float(table.value @ x),
+            time=option.fixed[longest] + float(option.time @ x),
+            memory=option.base + float(option.mem @ x),
+        )
+    m, memory = micro_fit(micro, x, option.capacity * (1 + MEM_RTOL))
+    rows = int(micro.rows @ x)
     return Pack(
         option=option,
         take=tuple(x.tolist()),
         value=float(table.value @ x),
-        time=option.fixed[int(table.steps[x > 0].max())] + float(option.time @ x),
-        memory=option.base + float(option.mem @ x),
+        time=micro.fixed[m][longest] + float(option.time @ x),
+        memory=memory,
+        micro_batches=m,
+        max_rows=rows_per_micro_batch(rows, m) if m > 1 else None,
     )
 
 

@@ -204,6 +204,8 @@ def to_jobs(table: ClassTable, started: Sequence[Start], *, prefix: str = "j") -
                 memory_gib_per_gpu=s.pack.memory / GIB,
                 gpu_ids=s.gpu_ids,
                 startup_s=s.startup,
+                micro_batches=s.pack.micro_batches,
+                max_rows=s.pack.max_rows,
             )
         )
     return tuple(jobs)

@@ -83,6 +83,18 @@ class Job:
     startup_s: float = 0.0
     """Seconds the job first waits for its worker group to start and load the model (0 on a
     warm, resident group): ``cost.startup_time(d)`` or 0."""
+    micro_batches: int = 1
+    """Forwards per optimizer step: > 1 when the pack fits only with that many micro-batches
+    of at most ``max_rows`` rows (:mod:`plora.planner.micro`)."""
+    max_rows: int | None = None
+    """Rows per forward the trainer runs the job with (``⌈rows/micro_batches⌉``); None: all."""
+
+    def __post_init__(self) -> None:
+        if self.micro_batches < 1 or (self.max_rows is not None and self.max_rows < 1):
+            raise ConfigError(
+                f"job {self.job_id}: micro_batches={self.micro_batches!r} must be >= 1 and "
+                f"max_rows={self.max_rows!r} >= 1 or null"
+            )
 
     @property
     def duration_s(self) -> float:
@@ -101,6 +113,8 @@ class Job:
             "memory_gib_per_gpu": self.memory_gib_per_gpu,
             "gpu_ids": list(self.gpu_ids),
             "startup_s": self.startup_s,
+            "micro_batches": self.micro_batches,
+            "max_rows": self.max_rows,
         }
 
     @classmethod
@@ -117,6 +131,8 @@ class Job:
             memory_gib_per_gpu=float(data["memory_gib_per_gpu"]),
             gpu_ids=tuple(int(g) for g in data.get("gpu_ids") or ()),
             startup_s=float(data.get("startup_s") or 0.0),
+            micro_batches=int(data.get("micro_batches") or 1),
+            max_rows=None if data.get("max_rows") is None else int(data["max_rows"]),
         )
 
 

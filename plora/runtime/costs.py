@@ -35,11 +35,14 @@ def remaining_job_time(
     progress: Mapping[str, int],
     d: int,
     strategy: str | Strategy | None,
+    *,
+    micro_batches: int = 1,
 ) -> float:
     """Predicted seconds a running job still needs: its per-step overhead until its longest
     config is done, each config's own steps left, and what the cost model charges beyond the
     steps (evaluation, export, checkpoints; not the job's start, already paid) -- what
-    ``job_time`` charges, with the steps already done taken off."""
+    ``job_time`` charges, with the steps already done taken off. ``micro_batches`` > 1: the
+    per-step overhead is paid once per forward (a cost model that prices micro-batches)."""
     if not pack:
         return 0.0
     s = cost_strategy(d, strategy)
@@ -50,7 +53,10 @@ def remaining_job_time(
     config_steps = getattr(cost, "config_step_time", cost.config_time)
     stepped = [config_steps(c, d, s) for c in pack]
     longest = max(steps.values())
-    rest = cost.job_time(pack, d, s) - step_fixed(longest, d, s) - sum(stepped)
+    micro: dict[str, int] = {}
+    if micro_batches > 1 and hasattr(cost, "config_memory_parts"):
+        micro = {"micro_batches": micro_batches}
+    rest = cost.job_time(pack, d, s, **micro) - step_fixed(longest, d, s, **micro) - sum(stepped)
     terms = getattr(cost, "sweep_overheads", None)
     if terms is not None:  # the start is paid; the checkpoint writes still to come are not
         rest += terms.per_job(max(left.values())).checkpoint_s - terms.per_job(longest).total_s
@@ -61,7 +67,7 @@ def remaining_job_time(
         total, done = steps[c.config_id], progress.get(c.config_id, 0)
         still = expected_steps_left(total, done, stop, population=n)
         own += t * still / max(expected_steps(total, stop, population=n), 1e-9)
-    return float(step_fixed(max(left.values()), d, s) + own + max(0.0, rest))
+    return float(step_fixed(max(left.values()), d, s, **micro) + own + max(0.0, rest))
 
 
 def describe_cost(cost: Any) -> dict[str, Any]:

@@ -259,6 +259,7 @@ class Dispatcher:
             ),
             resume=True,
             poll_every_s=self.options.poll_every_s,
+            max_rows=spec.max_rows,
         )
 
     def _launch(self, launches: list[JobSpec]) -> None:

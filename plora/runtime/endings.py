@@ -125,6 +125,7 @@ def job_failed(coord: CoordinatorState, job_id: str, kind: FailureKind, message:
                     configs=tuple(coord.configs[c] for c in part),
                     gpus=spec.gpus,
                     strategy=spec.strategy,
+                    max_rows=spec.max_rows,
                 )
             )
         for c in live:

@@ -96,6 +96,7 @@ def job_row(
         "status": str(status),
         "attempt": spec.attempt,
         "strategy": spec.strategy,
+        "micro_batches": spec.micro_batches,
         **{k: _f(t.get(k)) for k in JOB_TIMINGS},
         "model_loads": None if "model_loads" not in t else int(t["model_loads"]),
     }
@@ -150,6 +151,7 @@ def spec_state(spec: JobSpec) -> dict[str, Any]:
         "gpus": spec.gpus,
         "strategy": spec.strategy,
         "attempt": spec.attempt,
+        "max_rows": spec.max_rows,
     }
 
 

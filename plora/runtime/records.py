@@ -111,10 +111,18 @@ class JobSpec:
     """The logical GPU slots the coordinator booked for it (for jobs.parquet / the Gantt chart)."""
     resume: bool = False
     """True when a checkpoint from an earlier attempt should be loaded."""
+    max_rows: int | None = None
+    """Rows per forward the engine runs the job with (the plan's micro-batches); None: all."""
 
     @property
     def config_ids(self) -> tuple[str, ...]:
         return tuple(c.config_id for c in self.configs)
+
+    @property
+    def micro_batches(self) -> int:
+        """Forwards per step the job starts with: ``⌈rows / max_rows⌉`` (1: every row live)."""
+        rows = sum(c.batch_size for c in self.configs)
+        return 1 if self.max_rows is None else max(1, -(-rows // self.max_rows))
 
 
 def encode_state(obj: Any) -> Any:

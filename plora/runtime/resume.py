@@ -118,6 +118,7 @@ def restore_state(
                     strategy=s["strategy"],
                     attempt=int(s["attempt"]) + 1,
                     resume=True,
+                    max_rows=s.get("max_rows"),
                 )
             )
     retried = []

@@ -94,7 +94,7 @@ def plan(coord: CoordinatorState, trigger: str) -> None:
         plan_index=index,
         free_gpus=len(coord.free_gpus),
         running_jobs=sorted(coord.running),
-        jobs=[{"job_id": j.job_id, "config_ids": list(j.config_ids), "gpus": j.gpus} for j in jobs],
+        jobs=[_job_entry(j) for j in jobs],
         makespan_s=plan.makespan_s,
         lower_bound_s=plan.lower_bound_s,
         predicted_end_s=plan.makespan_s + offset,
@@ -102,6 +102,12 @@ def plan(coord: CoordinatorState, trigger: str) -> None:
         choice=choice.to_dict() if choice is not None else None,
         cost=describe_cost(coord.cost),
     )
+
+
+def _job_entry(job: Any) -> dict[str, Any]:
+    """A planned job as the decision log shows it (its micro-batches when it has some)."""
+    return {"job_id": job.job_id, "config_ids": list(job.config_ids), "gpus": job.gpus,
+            "micro_batches": job.micro_batches, "max_rows": job.max_rows}  # fmt: skip
 
 
 def dispatch(coord: CoordinatorState) -> list[JobSpec]:
@@ -123,6 +129,7 @@ def dispatch(coord: CoordinatorState) -> list[JobSpec]:
             configs=tuple(coord.configs[c] for c in live),
             gpus=job.gpus,
             strategy=str(strategy) if strategy is not None else None,
+            max_rows=getattr(job, "max_rows", None),
         )
         launches.append(launch(coord, spec, plan_job=job))
     return launches
@@ -278,8 +285,9 @@ def retime_running(coord: CoordinatorState) -> None:
             if coord.status.get(c) is ConfigStatus.RUNNING and c not in run.stop_sent
         ]
         left = remaining_job_time(
-            coord.cost, live, coord.progress, run.spec.gpus, run.spec.strategy
-        )
+            coord.cost, live, coord.progress, run.spec.gpus, run.spec.strategy,
+            micro_batches=run.spec.micro_batches,
+        )  # fmt: skip
         begin = max(now, coord._ready_at(run.spec.gpu_ids))
         run.plan_job = dataclasses.replace(run.plan_job, end_s=begin + left)
 

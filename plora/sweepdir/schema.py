@@ -144,6 +144,7 @@ JOB_DTYPES: dict[str, str] = {
     "status": "str",  # JobStatus
     "attempt": "int64",
     "strategy": "object",  # str or None (d = 1)
+    "micro_batches": "int64",  # forwards per step at launch: ⌈rows / max_rows⌉ (1: all live)
     **dict.fromkeys(JOB_TIMINGS, "float64"),
     "model_loads": "int64",
 }

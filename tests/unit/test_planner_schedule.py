@@ -64,12 +64,22 @@ def check_plan(plan: Plan, configs, cost, num_gpus: int, *, busy=()) -> None:
         assert (job.strategy is None) == (job.gpus == 1)
         s = call_strategy(job.gpus, job.strategy)
         pack = [by_id[c] for c in job.config_ids]
-        mem = cost.base_memory(job.gpus, s) + sum(cost.config_memory(k, job.gpus, s) for k in pack)
+        # a micro-batched job (m forwards per step) fits with m, and not with fewer
+        micro = {"micro_batches": job.micro_batches} if job.micro_batches > 1 else {}
+        if micro:
+            mem = cost.pack_memory(pack, job.gpus, s, **micro)
+            assert cost.micro_batches_to_fit(pack, job.gpus, s) == job.micro_batches
+            assert job.max_rows == -(-sum(k.batch_size for k in pack) // job.micro_batches)
+        else:
+            mem = cost.base_memory(job.gpus, s) + sum(
+                cost.config_memory(k, job.gpus, s) for k in pack
+            )
+            assert job.max_rows is None
         assert mem <= cost.capacity(job.gpus) * (1 + MEM_RTOL), "memory fits per GPU"
         assert job.memory_gib_per_gpu == pytest.approx(mem / GIB, rel=1e-9)
         # a job's span is its group's start-up (0 when warm) and then its job_time
         assert job.startup_s in (0.0, pytest.approx(cost.startup_time(job.gpus)))
-        want = job.startup_s + cost.job_time(pack, job.gpus, s)
+        want = job.startup_s + cost.job_time(pack, job.gpus, s, **micro)
         assert job.duration_s == pytest.approx(want, rel=1e-9)
     # No GPU runs two jobs at once (so never more than G busy), running jobs included.
     intervals = [(j.start_s, j.end_s, g) for j in plan.jobs for g in j.gpu_ids]
