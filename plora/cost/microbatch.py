@@ -26,7 +26,7 @@ Pure functions of numbers; :class:`plora.cost.model.SweepCostModel` feeds them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from plora.config import ConfigError
 
@@ -51,25 +51,29 @@ def rows_per_micro_batch(rows: int, micro_batches: int) -> int:
     return max(1, math.ceil(rows / check_micro_batches(micro_batches)))
 
 
+def state_and_row_activation(components: Mapping[str, float], rows: int) -> tuple[float, float]:
+    """``(S_k, a_k)`` of one config from its :func:`~plora.cost.memory.adapter_memory`
+    components: the state bytes and the activation bytes per row of its ``rows`` rows."""
+    act = sum(v for k, v in components.items() if k in ACTIVATION_PARTS)
+    state = sum(v for k, v in components.items() if k not in ACTIVATION_PARTS)
+    return float(state), float(act) / rows
+
+
 def micro_batched_memory(
-    base: float,
-    states: Sequence[float],
-    row_activations: Sequence[float],
-    rows: Sequence[int],
-    micro_batches: int,
+    base: float, parts: Sequence[tuple[float, float]], rows: Sequence[int], micro_batches: int
 ) -> float:
-    """``M_base + Σ S_k + ⌈R/m⌉ · max_k a_k`` bytes per GPU (``a_k``: activation bytes per row
-    of config k; ``R = Σ rows``). For m = 1 callers keep the additive model (exactly)."""
-    if not states:
+    """``M_base + Σ S_k + ⌈R/m⌉ · max_k a_k`` bytes per GPU for configs of ``parts``
+    ``(S_k, a_k)`` and ``rows`` ``b_k`` (``R = Σ b_k``). For m = 1 callers keep the additive
+    model (exactly)."""
+    if not parts:
         return float(base)
     live = rows_per_micro_batch(int(sum(rows)), micro_batches)
-    return float(base) + float(sum(states)) + live * float(max(row_activations))
+    return float(base) + sum(s for s, _ in parts) + live * max(a for _, a in parts)
 
 
 def smallest_micro_batches(
     base: float,
-    states: Sequence[float],
-    row_activations: Sequence[float],
+    parts: Sequence[tuple[float, float]],
     rows: Sequence[int],
     capacity: float,
     *,
@@ -83,7 +87,7 @@ def smallest_micro_batches(
         # only m where ⌈R/m⌉ drops are worth a look: the memory is that of the rows alive
         if m > 2 and rows_per_micro_batch(total, m) == rows_per_micro_batch(total, m - 1):
             continue
-        if micro_batched_memory(base, states, row_activations, rows, m) <= capacity:
+        if micro_batched_memory(base, parts, rows, m) <= capacity:
             return m
     return None
 
@@ -95,4 +99,5 @@ __all__ = [
     "micro_batched_memory",
     "rows_per_micro_batch",
     "smallest_micro_batches",
+    "state_and_row_activation",
 ]

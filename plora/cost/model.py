@@ -55,11 +55,11 @@ from plora.cost.memory import (
     projection_params,
 )
 from plora.cost.microbatch import (
-    ACTIVATION_PARTS,
     MAX_MICRO_BATCHES,
     check_micro_batches,
     micro_batched_memory,
     smallest_micro_batches,
+    state_and_row_activation,
 )
 from plora.cost.overheads import EvalMetric, Overheads, OverheadSample
 from plora.cost.profile import Profile
@@ -278,9 +278,7 @@ class SweepCostModel:
                config.dropout > 0, d, strat)  # fmt: skip
         if key not in self._cache:
             comps = self.config_breakdown(config, d, strat).components
-            act = sum(v for k, v in comps.items() if k in ACTIVATION_PARTS)
-            state = sum(v for k, v in comps.items() if k not in ACTIVATION_PARTS)
-            self._cache[key] = (float(state), float(act) / config.batch_size)
+            self._cache[key] = state_and_row_activation(comps, config.batch_size)
         return cast(tuple[float, float], self._cache[key])
 
     def pack_memory(
@@ -298,13 +296,8 @@ class SweepCostModel:
                 self.config_memory(k, d, strategy) for k in pack
             )
         parts = [self.config_memory_parts(k, d, strategy) for k in pack]
-        return micro_batched_memory(
-            self.base_memory(d, strategy),
-            [s for s, _ in parts],
-            [a for _, a in parts],
-            [k.batch_size for k in pack],
-            micro_batches,
-        )
+        rows = [k.batch_size for k in pack]
+        return micro_batched_memory(self.base_memory(d, strategy), parts, rows, micro_batches)
 
     def micro_batches_to_fit(
         self, pack: Sequence[LoRAConfig], d: int, strategy: Strategy | None = None
@@ -315,13 +308,8 @@ class SweepCostModel:
         if self.pack_memory(pack, d, strategy) <= cap:
             return 1
         parts = [self.config_memory_parts(k, d, strategy) for k in pack]
-        return smallest_micro_batches(
-            self.base_memory(d, strategy),
-            [s for s, _ in parts],
-            [a for _, a in parts],
-            [k.batch_size for k in pack],
-            cap,
-        )
+        rows = [k.batch_size for k in pack]
+        return smallest_micro_batches(self.base_memory(d, strategy), parts, rows, cap)
 
     # ----------------------------------------------------------------- time
     def steps(self, config: LoRAConfig) -> int:

@@ -21,12 +21,29 @@ def cost_strategy(d: int, strategy: str | Strategy | None) -> Strategy:
 
 
 def job_memory(
-    cost: Any, pack: Sequence[LoRAConfig], d: int, strategy: str | Strategy | None
+    cost: Any,
+    pack: Sequence[LoRAConfig],
+    d: int,
+    strategy: str | Strategy | None,
+    *,
+    micro_batches: int = 1,
 ) -> tuple[float, float]:
-    """``(M_base(d) + Σ_k M_k(d), capacity(d))`` in bytes per GPU for ``pack`` on ``d`` GPUs."""
+    """``(M_base(d) + Σ_k M_k(d), capacity(d))`` in bytes per GPU for ``pack`` on ``d`` GPUs
+    (``micro_batches`` > 1: the states plus one micro-batch's rows, when the cost model
+    prices micro-batches)."""
     s = cost_strategy(d, strategy)
-    used = cost.base_memory(d, s) + sum(cost.config_memory(c, d, s) for c in pack)
+    if micro_batches > 1 and hasattr(cost, "config_memory_parts"):
+        used = cost.pack_memory(pack, d, s, micro_batches=micro_batches)
+    else:
+        used = cost.base_memory(d, s) + sum(cost.config_memory(c, d, s) for c in pack)
     return float(used), float(cost.capacity(d))
+
+
+def micro_kwargs(cost: Any, micro_batches: int) -> dict[str, int]:
+    """``{"micro_batches": m}`` for a cost model that prices micro-batches and m > 1, else {}."""
+    if micro_batches > 1 and hasattr(cost, "config_memory_parts"):
+        return {"micro_batches": micro_batches}
+    return {}
 
 
 def remaining_job_time(
@@ -53,9 +70,7 @@ def remaining_job_time(
     config_steps = getattr(cost, "config_step_time", cost.config_time)
     stepped = [config_steps(c, d, s) for c in pack]
     longest = max(steps.values())
-    micro: dict[str, int] = {}
-    if micro_batches > 1 and hasattr(cost, "config_memory_parts"):
-        micro = {"micro_batches": micro_batches}
+    micro = micro_kwargs(cost, micro_batches)
     rest = cost.job_time(pack, d, s, **micro) - step_fixed(longest, d, s, **micro) - sum(stepped)
     terms = getattr(cost, "sweep_overheads", None)
     if terms is not None:  # the start is paid; the checkpoint writes still to come are not
@@ -163,6 +178,7 @@ __all__ = [
     "cost_strategy",
     "describe_cost",
     "job_memory",
+    "micro_kwargs",
     "record_profile",
     "refit_cost",
     "remaining_job_time",

@@ -27,6 +27,7 @@ from plora.runtime.costs import (
     cost_strategy,
     describe_cost,
     job_memory,
+    micro_kwargs,
     refit_cost,
     remaining_job_time,
 )
@@ -144,16 +145,19 @@ def launch(coord: CoordinatorState, spec: JobSpec, *, plan_job: Any) -> JobSpec:
         from plora.planner import Job
 
         s = cost_strategy(spec.gpus, spec.strategy)
+        micro = micro_kwargs(coord.cost, spec.micro_batches)  # a retried micro-batched job
+        memory, _ = job_memory(coord.cost, spec.configs, spec.gpus, spec.strategy, **micro)
         plan_job = Job(
             job_id=spec.job_id,
             config_ids=spec.config_ids,
             gpus=spec.gpus,
             strategy=None if spec.gpus == 1 else s,
             start_s=now,
-            end_s=now + float(coord.cost.job_time(list(spec.configs), spec.gpus, s)),
-            memory_gib_per_gpu=job_memory(coord.cost, spec.configs, spec.gpus, spec.strategy)[0]
-            / 2**30,
+            end_s=now + float(coord.cost.job_time(list(spec.configs), spec.gpus, s, **micro)),
+            memory_gib_per_gpu=memory / 2**30,
             gpu_ids=gpu_ids,
+            micro_batches=spec.micro_batches,
+            max_rows=spec.max_rows,
         )
     else:  # on a group still starting, the job begins when the group is ready
         begin = max(now, coord._ready_at(gpu_ids))

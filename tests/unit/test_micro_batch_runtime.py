@@ -67,6 +67,7 @@ def test_a_retried_or_split_job_keeps_its_rows_per_forward():
     assert len(spec.configs) == 3 and spec.max_rows == 3
     (retry,) = coord.on_job_failed(spec.job_id, FailureKind.DIED, "worker died")
     assert retry.resume and retry.max_rows == 3
+    assert coord.running[retry.job_id].plan_job.micro_batches == 2  # its ETA's forwards
     (half, *_) = coord.on_job_failed(retry.job_id, FailureKind.OOM, "out of memory")
     assert half.max_rows == 3 and len(half.configs) < 3
 

@@ -201,3 +201,15 @@ def test_the_quickstart_fits_every_row_live():
     off = build_cost_model(sweep, use_profile=False)
     off.max_micro_batches = 1
     assert plan == plan_sweep(configs, off, sweep.hardware.num_gpus)
+
+
+def test_a_running_micro_batched_jobs_eta_pays_every_forward():
+    from plora.runtime.costs import job_memory, remaining_job_time
+
+    cost, pack = h100_fitted(), grid(16)
+    progress = {c.config_id: 10 for c in pack}
+    one = remaining_job_time(cost, pack, progress, 1, None)
+    two = remaining_job_time(cost, pack, progress, 1, None, micro_batches=2)
+    assert two - one == pytest.approx(30 * cost.timer.fixed_step_time(1), rel=1e-9)
+    used, cap = job_memory(cost, pack, 1, None, micro_batches=2)
+    assert used == cost.pack_memory(pack, 1, micro_batches=2) <= cap
