@@ -232,7 +232,8 @@ def time_terms(plan: Plan, configs: Any, cost: Any) -> dict[str, float]:
         out["startups"] += job.startup_s > 0
         out["startup_s"] += job.startup_s
         pack = [by_id[c] for c in job.config_ids]
-        terms = cost.job_terms(pack, job.gpus, call_strategy(job.gpus, job.strategy))
+        micro = {"micro_batches": job.micro_batches} if job.micro_batches > 1 else {}
+        terms = cost.job_terms(pack, job.gpus, call_strategy(job.gpus, job.strategy), **micro)
         for key in ("job_start_s", "train_s", "eval_s", "export_s", "checkpoint_s"):
             out[key] += getattr(terms, key)
     return out

@@ -29,7 +29,9 @@ def print_plan(report: PlanReport) -> None:
              f"{hw.num_gpus}x {hw.gpu_type} ({hw.gpu_memory_gib:g} GiB, load {hw.load_factor:g}), seq {sweep.seq_len}")  # fmt: skip
     rows = [
         [
-            job.job_id, str(len(job.config_ids)), str(job.gpus), str(job.strategy or "-"),
+            job.job_id,
+            str(len(job.config_ids)) + (f" ({job.micro_batches} mb)" if job.micro_batches > 1 else ""),
+            str(job.gpus), str(job.strategy or "-"),
             fmt_duration(job.start_s), fmt_duration(job.end_s), f"{job.memory_gib_per_gpu:.1f}",
             ",".join(map(str, job.gpu_ids)), " ".join(job.config_ids),
         ]

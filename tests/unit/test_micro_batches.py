@@ -213,3 +213,15 @@ def test_a_running_micro_batched_jobs_eta_pays_every_forward():
     assert two - one == pytest.approx(30 * cost.timer.fixed_step_time(1), rel=1e-9)
     used, cap = job_memory(cost, pack, 1, None, micro_batches=2)
     assert used == cost.pack_memory(pack, 1, micro_batches=2) <= cap
+
+
+def test_plan_totals_charge_the_micro_batched_steps():
+    from plora.api import time_terms
+
+    cost = h100_fitted()
+    plan = plan_sweep(grid(16), cost, 1)
+    assert plan.jobs[0].micro_batches == 2
+    totals = time_terms(plan, grid(16), cost)
+    want = cost.job_terms(grid(16), 1, micro_batches=2)
+    assert totals["train_s"] == pytest.approx(want.train_s, rel=1e-12)
+    assert totals["train_s"] > cost.job_terms(grid(16), 1).train_s
