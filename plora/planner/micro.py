@@ -15,6 +15,7 @@ more jobs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -102,12 +103,14 @@ def micro_fit(micro: MicroCosts, take: np.ndarray, cap: float) -> tuple[int, flo
     states = float(micro.state @ take)
     act = float(micro.row_act[take > 0].max())
     rows = int(micro.rows @ take)
-    memory = whole
-    for m in range(2, micro.micro_batches + 1):
+    live = math.floor((cap - micro.base - states) / act) if act > 0 else rows  # rows that fit
+    m = max(2, math.ceil(rows / live)) if live >= 1 else micro.micro_batches + 1
+    m = min(m, micro.micro_batches)
+    memory = micro.base + states + rows_per_micro_batch(rows, m) * act
+    if m > 2 and micro.base + states + rows_per_micro_batch(rows, m - 1) * act <= cap:
+        m -= 1  # float round-off at the boundary: keep the smallest m that fits
         memory = micro.base + states + rows_per_micro_batch(rows, m) * act
-        if memory <= cap:
-            return m, memory
-    return micro.micro_batches, memory
+    return m, memory
 
 
 def consolidated(table: Any) -> list[Any]:

@@ -72,6 +72,8 @@ def _with(pack: Pack, c: int, delta: int, table: ClassTable) -> Pack | None:
     new = make_pack(table, pack.option, take)
     if new is None or new.memory > new.option.capacity * (1 + MEM_RTOL):
         return None
+    if new.micro_batches > pack.micro_batches:
+        return None  # tail repair moves configs, it does not add forwards to a job's steps
     return new
 
 
