@@ -17,6 +17,7 @@ from plora.config import fused as fused_switch
 from plora.config.fused import FusedKernels, fused_profile_key, use_fused_kernels
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY, eval_defaults
 from plora.cost.memory import FULL_FP32, Loss, MemoryOptions, quantized
+from plora.cost.microbatch import MAX_MICRO_BATCHES
 from plora.cost.model import SweepCostModel
 from plora.cost.overheads import EvalMetric, Overheads
 from plora.cost.profile import ProfileStore
@@ -105,7 +106,16 @@ def build_cost_model(
         checkpoint_every=checkpoint_every,
         early_stop=getattr(sweep, "early_stop", None),
         population=sweep.num_configs if getattr(sweep, "early_stop", None) else None,
+        max_micro_batches=micro_batch_limit(hw),
     )
+
+
+def micro_batch_limit(hardware: Any) -> int:
+    """The most forwards per step a pack may be planned with on ``hardware``: on GPUs
+    :data:`~plora.cost.microbatch.MAX_MICRO_BATCHES` (a pack too big for one GPU with every
+    row live may train in micro-batches: :mod:`plora.cost.microbatch`); on the CPU 1 -- its
+    ``gpu_memory_gib`` is a packing budget, not a device whose memory the rows must fit."""
+    return 1 if getattr(hardware, "is_cpu", False) else MAX_MICRO_BATCHES
 
 
 def plan_fused_kernels(sweep: Any, spec: ModelSpec | None = None) -> bool:
@@ -131,4 +141,4 @@ def _profile_key(model: Any) -> str:
     return str(getattr(model, "profile_key", model.name_or_path))
 
 
-__all__ = ["build_cost_model", "plan_fused_kernels"]
+__all__ = ["build_cost_model", "micro_batch_limit", "plan_fused_kernels"]

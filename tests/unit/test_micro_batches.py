@@ -186,14 +186,20 @@ def test_more_jobs_when_they_are_predicted_faster():
 
 
 def test_the_quickstart_fits_every_row_live():
-    """The CPU quickstart is planned exactly as before: no micro-batched option is even built."""
+    """The CPU quickstart is planned exactly as before: even with micro-batches allowed (a CPU
+    sweep does not allow them: its memory is a packing budget) no micro-batched option is
+    built, as every config fits one job with every row live."""
     from plora.config import SweepConfig
-    from plora.cost.build import build_cost_model
+    from plora.cost.build import build_cost_model, micro_batch_limit
+    from plora.cost.microbatch import MAX_MICRO_BATCHES
     from plora.tune.space import expand
 
     sweep = SweepConfig.from_yaml("sweeps/quickstart.yaml")
     configs = expand(sweep)
     cost = build_cost_model(sweep, use_profile=False)
+    assert sweep.hardware.is_cpu and cost.max_micro_batches == 1
+    assert micro_batch_limit(h100()) == MAX_MICRO_BATCHES > 1
+    cost.max_micro_batches = MAX_MICRO_BATCHES
     table = build_classes(configs, cost, sweep.hardware.num_gpus)
     assert all(o.micro is None for o in table.options)
     plan = plan_sweep(configs, cost, sweep.hardware.num_gpus)
