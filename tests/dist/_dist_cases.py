@@ -8,10 +8,11 @@ per-step losses, gradient norms and gathered weights; every rank takes part in t
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import traceback
+import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -121,24 +122,27 @@ class Case:
         return self.pp * self.fsdp * self.tp
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: Longest a rank waits to connect or in one collective before it fails (gloo's default is 30
+#: minutes: a rank that never connects hung a CI run instead of failing it).
+COLLECTIVE_TIMEOUT = timedelta(minutes=3)
 
 
-def _run_case(rank: int, case: Case, port: int, out: Path, device_type: str) -> None:
+def _run_case(rank: int, case: Case, store: str, out: Path, device_type: str) -> None:
     from plora.parallel import ParallelDims, parallelize
     from plora.parallel.trainer import ParallelPackedTrainer
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device: str | torch.device = "cpu"
     if device_type == "cuda":  # one GPU per rank, NCCL; bf16 autocast as in the workers
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
     backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=case.world_size)
     try:
+        # a fresh file store per case: no TCP port chosen ahead of time that something else
+        # (an earlier case's gloo pairs, another test) may hold by the time the case starts
+        dist.init_process_group(
+            backend, init_method=f"file://{store}", rank=rank, world_size=case.world_size,
+            timeout=COLLECTIVE_TIMEOUT,
+        )  # fmt: skip
         dims = ParallelDims(pp=case.pp, fsdp=case.fsdp, tp=case.tp, world_size=case.world_size)
         mesh = dims.build_mesh(device_type)
 
@@ -214,10 +218,10 @@ def _held_numel(model) -> dict:
     return {"base_numel": base, "lora_numel": lora_numel}
 
 
-def _worker(rank: int, cases: list[Case], ports: list[int], out: str, device_type: str) -> None:
+def _worker(rank: int, cases: list[Case], stores: list[str], out: str, device_type: str) -> None:
     torch.set_num_threads(1)
-    for case, port in zip(cases, ports, strict=True):
-        _run_case(rank, case, port, Path(out), device_type)
+    for case, store in zip(cases, stores, strict=True):
+        _run_case(rank, case, store, Path(out), device_type)
 
 
 def spawn(cases: list[Case], out: Path, *, device_type: str = "cpu") -> None:
@@ -225,5 +229,5 @@ def spawn(cases: list[Case], out: Path, *, device_type: str = "cpu") -> None:
     gloo on the CPU, or NCCL with one GPU per rank (``device_type="cuda"``)."""
     world = {c.world_size for c in cases}
     assert len(world) == 1, world
-    ports = [free_port() for _ in cases]
-    mp.spawn(_worker, args=(cases, ports, str(out), device_type), nprocs=world.pop(), join=True)
+    stores = [str(out / f"store-{c.name}-{uuid.uuid4().hex[:8]}") for c in cases]
+    mp.spawn(_worker, args=(cases, stores, str(out), device_type), nprocs=world.pop(), join=True)
