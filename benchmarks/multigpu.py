@@ -46,12 +46,8 @@ from engine_throughput import (
 from plora.config import GPU_TYPES
 from plora.cost import Strategy
 from plora.cost import memory as mem
-from plora.cost.throughput import (
-    DEFAULT_COEFFICIENTS,
-    LIGER_COEFFICIENTS,
-    AdapterLoad,
-    StepTimeModel,
-)
+from plora.cost.priors import DEFAULT_COEFFICIENTS, LIGER_COEFFICIENTS
+from plora.cost.throughput import AdapterLoad, StepTimeModel
 from plora.engine.liger import apply_fused_kernels
 from plora.model_spec import ModelSpec, shipped_config_path
 from plora.utils import atomic_write_json

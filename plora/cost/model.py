@@ -43,6 +43,7 @@ import numpy as np
 from plora.config import ConfigError, LoRAConfig
 from plora.cost import Strategy
 from plora.cost.early_stop import EarlyStopLike, expected_steps
+from plora.cost.fit import fit, relative_errors
 from plora.cost.jobterms import JobTimeTerms, SweepOverheads
 from plora.cost.memory import (
     GIB,
@@ -62,20 +63,17 @@ from plora.cost.microbatch import (
     state_and_row_activation,
 )
 from plora.cost.overheads import EvalMetric, Overheads, OverheadSample
+from plora.cost.priors import step_prior
 from plora.cost.profile import Profile
 from plora.cost.recency import fit_by_sweep
 from plora.cost.refit import RefitReport, activation_scale
 from plora.cost.throughput import (
-    DEFAULT_COEFFICIENTS,
-    LIGER_COEFFICIENTS,
     AdapterLoad,
     Coefficients,
     GPUSpec,
     StepSample,
     StepTimeModel,
-    fit,
     gpu_spec,
-    relative_errors,
 )
 from plora.model_spec import ModelSpec
 
@@ -90,8 +88,9 @@ class SweepCostModel:
         hardware: a ``plora.config.HardwareConfig`` (``gpu_type``, ``gpu_memory_gib``,
             ``load_factor``, ``is_cpu``).
         gpu: speed of the GPU; default from ``hardware.gpu_type``.
-        coefficients: step-time coefficients; default the H200-derived defaults
-            (``LIGER_COEFFICIENTS`` when ``memory.fused_kernels``), or the profile's when
+        coefficients: step-time coefficients; default the GPU type's measured prior
+            (:func:`plora.cost.priors.step_prior`, with Liger's ops when
+            ``memory.fused_kernels``), or the profile's when
             ``profile`` holds samples (fitted sweep by sweep and weighed by sweep age:
             :mod:`plora.cost.recency`).
         profile: measured steps (and overheads) of this model on this GPU type.
@@ -146,10 +145,8 @@ class SweepCostModel:
         given = overheads if overheads is not None else Overheads.zero()  # defaults below
         self._use(SweepOverheads(overheads=given, eval_rows=eval_rows, eval_metric=cast(EvalMetric, eval_metric),  # validated by SweepOverheads
                                  checkpoint_every=checkpoint_every))  # fmt: skip
-        # the prior follows the kernels the engine runs on the base (memory.fused_kernels)
-        coef = coefficients or (
-            LIGER_COEFFICIENTS if memory.fused_kernels else DEFAULT_COEFFICIENTS
-        )
+        # the prior follows the GPU type and the kernels the engine runs on the base
+        coef = coefficients or step_prior(self.gpu.name, memory.fused_kernels)
         self.timer = StepTimeModel(
             spec,
             self.gpu,

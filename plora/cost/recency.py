@@ -33,7 +33,8 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from plora.config import ConfigError
-from plora.cost.throughput import Coefficients, StepSample, StepTimeModel, fit
+from plora.cost.fit import fit
+from plora.cost.throughput import Coefficients, StepSample, StepTimeModel
 
 #: Weight of a sweep relative to the next newer one. In (1/2, 1/√2): the newest sweep alone
 #: outweighs one or two sweeps before it but not three or more (``1 < 0.6 + 0.36 + 0.216``),
@@ -103,7 +104,7 @@ def fit_by_sweep(
     """The step-time coefficients of ``samples``: the weighted medoid of the sweeps' own fits.
 
     The sweeps are fitted one after another, oldest first, each by
-    :func:`~plora.cost.throughput.fit` from the coefficients of the sweeps before it (``model``'s
+    :func:`~plora.cost.fit.fit` from the coefficients of the sweeps before it (``model``'s
     for the first; sweeps more than :data:`MAX_SWEEP_FITS` behind the newest as one block), so
     fit ``k`` is what sweep ``k`` measured, and the older sweeps' values where its steps identify
     nothing. Of these fits the one whose step times (on every recent sample's pack, in log) lie

@@ -24,14 +24,13 @@ One optimizer step of a job ``(pack, d, strategy)`` costs (all terms per GPU):
 The sum over configs makes the step affine in the pack, so a job's time is
 ``steps_max·t_fixed + Σ_k steps_k·t_k``: exactly what the planner's ILP assumes.
 
-:func:`fit` refits ``(o, 1/e_b, 1/e_l, a, m, 1/comm_efficiency)`` by least squares on relative
-error, with a weak pull to the prior so that a coefficient the samples cannot identify (e.g.
-communication when every sample has d = 1) keeps its prior value.
+:func:`plora.cost.fit.fit` refits ``(o, 1/e_b, 1/e_l, a, m, 1/comm_efficiency)`` from measured
+steps; the coefficients a sweep starts from before anything is measured are
+:func:`plora.cost.priors.step_prior`'s (measured per GPU type).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -103,62 +102,6 @@ class Coefficients:
             comm_efficiency=1.0 / max(ic, 1.0),
             source=source,
         )
-
-
-# --- Defaults from H200 measurements -------------------------------------------------------
-# Measured on an H200, bf16, seq 1024, Qwen2.5-3B shape (random weights):
-#   PEFT, one adapter (all 7 projections), batch 1 .... 8.3k tok/s
-#   HF frozen base, 16 sequences, no adapter .......... 30.7k tok/s
-#   the same with Liger-Kernel ........................ 42.0k tok/s
-#   FLOP ceiling: measured peak bf16 GEMM (~780 TFLOP/s) / (4·P_mm + 6·s·h·L) = 61k tok/s.
-# The PEFT and HF points fix e_b and the per-layer overhead o, given m and a. m was measured
-# on an H200 too (PEFT 0.17 / transformers 5.17 / torch 2.11, random weights, see
-# tests/unit/test_cost_throughput.py): removing targeted projections from one PEFT adapter saves
-# 0.29 ms (1.5B, bs 4), 0.32 ms (3B, bs 4) and 0.29 ms (3B, bs 1) per projection and layer per
-# step. a, e_l and the communication efficiency are assumptions, refit from a job's first steps.
-H200_MEASURED = {
-    "seq_len": 1024,
-    "peft_one_adapter_tok_s": 8.3e3,
-    "hf_base_x16_tok_s": 30.7e3,
-    "liger_base_x16_tok_s": 42.0e3,
-    "peft_module_step_s": 3.0e-4,
-}
-_ASSUMED_ADAPTER_STEP_S = 2e-3
-_ASSUMED_LORA_EFFICIENCY = 0.3
-
-
-def _derive_h200(base_x16_tok_s: float, label: str) -> Coefficients:
-    spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-3B")
-    gpu, s = GPU_TYPES["H200"], H200_MEASURED["seq_len"]
-    m = H200_MEASURED["peft_module_step_s"]
-    per_tok = spec.train_flops_per_token(int(s)) / gpu.peak_flops  # seconds/token at 100% of peak
-    lora = (
-        s * spec.lora_flops_per_token(16, PROJECTIONS) / (gpu.peak_flops * _ASSUMED_LORA_EFFICIENCY)
-    )
-    weights = 2.0 * 2.0 * spec.total_params / (gpu.hbm_gbps * 1e9)  # bf16, read fwd + bwd
-    adapter = _ASSUMED_ADAPTER_STEP_S + m * len(PROJECTIONS) * spec.num_layers + lora
-    t_one = s / H200_MEASURED["peft_one_adapter_tok_s"]  # 1 adapter (rank 16 assumed), 1 sequence
-    t_hf = 16 * s / H200_MEASURED["hf_base_x16_tok_s"]  # 0 adapters, 16 sequences
-    eff = 15 * s * per_tok / (t_hf - t_one + adapter)
-    overhead = t_hf - 16 * s * per_tok / eff - weights
-    if label != "hf":  # same overhead, faster kernels
-        eff = 16 * s * per_tok / (16 * s / base_x16_tok_s - overhead - weights)
-    return Coefficients(
-        base_efficiency=eff,
-        lora_efficiency=_ASSUMED_LORA_EFFICIENCY,
-        overhead_per_layer_s=overhead / spec.num_layers,
-        adapter_step_s=_ASSUMED_ADAPTER_STEP_S,
-        module_step_s=m,
-        comm_efficiency=0.7,
-        source=f"H200 measurements, Qwen2.5-3B shape, seq 1024 ({label})",
-    )
-
-
-#: Defaults: HF eager kernels (the PEFT and bare-HF H200 measurements above).
-DEFAULT_COEFFICIENTS = _derive_h200(H200_MEASURED["hf_base_x16_tok_s"], "hf")
-#: With Liger-Kernel's fused RMSNorm/SwiGLU/RoPE on the base (plora's own loss): the prior of a
-#: sweep whose ``training.fused_kernels`` resolves on (:func:`plora.cost.build.plan_fused_kernels`).
-LIGER_COEFFICIENTS = _derive_h200(H200_MEASURED["liger_base_x16_tok_s"], "liger")
 
 
 # --- The model -----------------------------------------------------------------------------
@@ -391,65 +334,13 @@ class StepTimeModel:
         return known, feats
 
 
-def fit(
-    samples: Sequence[StepSample],
-    model: StepTimeModel,
-    *,
-    prior_weight: float = 1e-3,
-) -> Coefficients:
-    """Least-squares refit of the coefficients of ``model`` from measured steps.
-
-    Minimizes ``Σ_i ((t̂_i - t_i)/t_i)² + λ·Σ_j ((θ_j - θ0_j)/s_j)²`` over
-    ``θ = (o, 1/e_b, 1/e_l, a, m, 1/e_c)`` (λ = ``prior_weight``, θ0 the model's coefficients,
-    ``s_j = θ0_j``, or the default's where ``θ0_j`` is 0) within the physical ranges:
-    efficiencies in (0, 1], overheads >= 0 (``scipy.optimize.lsq_linear``). A bound is kept in
-    the fit, not clipped after it: a step much faster than the prior predicts moves every
-    coefficient that can still move, instead of one that is then cut off at 0.
-
-    Raises:
-        ConfigError: no samples.
-    """
-    from scipy.optimize import lsq_linear  # lazily: planning without a profile never needs it
-
-    if not samples:
-        raise ConfigError("cost-model fit: no step samples to fit")
-    prior = model.coefficients._theta()
-    scale = np.where(prior > 0, prior, DEFAULT_COEFFICIENTS._theta())
-    rows, rhs = [], []
-    for s in samples:
-        known, feats = model.sample_terms(s)
-        rows.append(feats * scale / s.step_time_s)  # solve for u = theta / scale
-        rhs.append((s.step_time_s - known) / s.step_time_s)
-    lam = math.sqrt(prior_weight)
-    a = np.vstack([np.array(rows), lam * np.eye(len(prior))])
-    b = np.concatenate([np.array(rhs), lam * prior / scale])
-    inverse = np.array([0.0, 1.0, 1.0, 0.0, 0.0, 1.0])  # 1/e >= 1; overheads >= 0
-    u = lsq_linear(a, b, bounds=(inverse / scale, np.inf), method="bvls").x
-    return Coefficients._from_theta(u * scale, source=f"fit of {len(samples)} measured steps")
-
-
-def relative_errors(samples: Sequence[StepSample], model: StepTimeModel) -> np.ndarray:
-    """``(predicted - measured) / measured`` per sample."""
-    theta = model.coefficients._theta()
-    out = []
-    for s in samples:
-        known, feats = model.sample_terms(s)
-        out.append((known + feats @ theta - s.step_time_s) / s.step_time_s)
-    return np.array(out)
-
-
 __all__ = [
-    "DEFAULT_COEFFICIENTS",
     "GPU_TYPES",
-    "H200_MEASURED",
-    "LIGER_COEFFICIENTS",
     "AdapterLoad",
     "Coefficients",
     "GPUSpec",
     "LoRALayout",
     "StepSample",
     "StepTimeModel",
-    "fit",
     "gpu_spec",
-    "relative_errors",
 ]

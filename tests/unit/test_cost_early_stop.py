@@ -78,7 +78,7 @@ def _sweep(early_stop: dict | None) -> SweepConfig:
         "dataset": {"builtin": "arithmetic", "num_examples": 2000, "max_seq_len": 512},
         "space": {"lr": [1e-4, 3e-4, 1e-3, 3e-3], "rank": [8, 16, 32, 64], "alpha": 16,
                   "batch_size": 8, "max_steps": 200},
-        "hardware": {"gpu_type": "H100", "num_gpus": 2, "gpu_memory_gib": 80},
+        "hardware": {"gpu_type": "H200", "num_gpus": 2, "gpu_memory_gib": 80},
     }  # fmt: skip
     if early_stop is not None:
         raw["early_stop"] = early_stop

@@ -17,13 +17,9 @@ from plora.cost.build import build_cost_model
 from plora.cost.memory import GIB, Loss, MemoryOptions, adapter_memory, base_memory
 from plora.cost.model import SweepCostModel
 from plora.cost.overheads import Overheads
+from plora.cost.priors import DEFAULT_COEFFICIENTS, step_prior
 from plora.cost.profile import ProfileStore
-from plora.cost.throughput import (
-    DEFAULT_COEFFICIENTS,
-    Coefficients,
-    StepSample,
-    StepTimeModel,
-)
+from plora.cost.throughput import Coefficients, StepSample, StepTimeModel
 from plora.model_spec import ModelSpec
 
 QWEN7B = ModelSpec.from_hf_config("Qwen/Qwen2.5-7B")
@@ -227,7 +223,7 @@ def test_build_from_a_sweep_and_plan_from_a_stored_profile(tmp_path) -> None:
     cm = build_cost_model(sweep, profile_dir=tmp_path)
     assert cm.seq_len == 512 and cm.dataset_size == 1000 and cm.gpu.name == "H100"
     assert cm.strategies() == (Strategy.TP,)
-    assert cm.coefficients == DEFAULT_COEFFICIENTS
+    assert cm.coefficients == step_prior("H100", False)  # the H100's measured prior
     assert cm.capacity(1) == pytest.approx(0.9 * 80 * GIB)
     assert build_cost_model(sweep, dataset_size=50, profile_dir=tmp_path).dataset_size == 50
     # A measured profile for (model, GPU) makes the next sweep plan from it.
@@ -238,13 +234,12 @@ def test_build_from_a_sweep_and_plan_from_a_stored_profile(tmp_path) -> None:
     ]
     ProfileStore(tmp_path).record("Qwen/Qwen2.5-7B", "H100", samples)
     planned = build_cost_model(sweep, profile_dir=tmp_path)
-    assert planned.coefficients != DEFAULT_COEFFICIENTS
+    assert planned.coefficients != step_prior("H100", False)
     # the steps of the job (its start, eval, export and checkpoints come on top)
     assert planned.job_terms([k], 1, None).train_s == pytest.approx(10 * 0.09, rel=0.05)
-    assert (
-        build_cost_model(sweep, profile_dir=tmp_path, use_profile=False).coefficients
-        == DEFAULT_COEFFICIENTS
-    )
+    assert build_cost_model(
+        sweep, profile_dir=tmp_path, use_profile=False
+    ).coefficients == step_prior("H100", False)
 
 
 def test_build_rejects_unknown_gpu_speed(tmp_path) -> None:

@@ -203,7 +203,9 @@ def test_cpu_defaults_for_the_quickstart() -> None:
 
 
 def test_eval_defaults_follow_the_physics() -> None:
-    spec, hw = QWEN1_5B, H100
+    # an H200: compute, not the host's launches, sets its eval rows (the H100 prior's host
+    # overheads make short rows launch-bound there: test_h100_eval_rows_pay_the_slow_host)
+    spec, hw = QWEN1_5B, HardwareConfig(gpu_type="H200", num_gpus=4)
     short = SweepCostModel(spec, 128, 1000, hw, eval_metric="exact_match").overheads
     long = SweepCostModel(spec, 1024, 1000, hw, eval_metric="exact_match").overheads
     assert long.eval_s_per_row > 4 * short.eval_s_per_row  # forward FLOPs grow with length
@@ -361,3 +363,12 @@ def test_second_sweep_plans_with_measured_overheads(tmp_path) -> None:
     )
     # an explicit overheads argument wins over the profile
     assert build_cost_model(sweep, profile_dir=tmp_path, overheads=GIVEN).overheads is GIVEN
+
+
+def test_h100_eval_rows_pay_the_slow_host() -> None:
+    """The H100's prior charges its slower host in evaluation's forwards too."""
+    h100 = SweepCostModel(QWEN1_5B, 640, 1000, H100, eval_metric="none").overheads
+    h200 = SweepCostModel(
+        QWEN1_5B, 640, 1000, HardwareConfig(gpu_type="H200", num_gpus=4), eval_metric="none"
+    ).overheads
+    assert h100.eval_s_per_row > 1.2 * h200.eval_s_per_row

@@ -9,8 +9,9 @@ import pytest
 
 from plora.config import ConfigError
 from plora.cost import Strategy
+from plora.cost.priors import DEFAULT_COEFFICIENTS
 from plora.cost.profile import MAX_SAMPLES, Profile, ProfileStore, default_profile_dir, fit_memory
-from plora.cost.throughput import DEFAULT_COEFFICIENTS, AdapterLoad, StepSample
+from plora.cost.throughput import AdapterLoad, StepSample
 
 
 def sample(n: int, d: int = 1, strategy: Strategy | None = None, t: float = 0.1) -> StepSample:

@@ -298,7 +298,7 @@ def test_a_history_fitted_to_a_bound_does_not_pin_the_next_sweep() -> None:
     per-projection launch cost. The next sweep's 16 steps of its 8-config pack at 7 tokens took
     0.027-0.046 s: the fit from that history must reach them (today's fit scaled a's coordinate
     by 1 s and pulled it to 1 s, then cut the negative a it found at 0, and stayed 2.2x off)."""
-    from plora.cost.throughput import fit, relative_errors
+    from plora.cost.fit import fit, relative_errors
 
     empty = build_cost_model(QUICKSTART, use_profile=False)
     history = Coefficients(base_efficiency=0.68, lora_efficiency=1.0, overhead_per_layer_s=6.5e-4,

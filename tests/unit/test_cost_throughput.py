@@ -7,20 +7,17 @@ import pytest
 
 from plora.config import PROJECTIONS, ConfigError, HardwareConfig
 from plora.cost import Strategy
+from plora.cost.fit import fit, relative_errors
 from plora.cost.memory import Loss, MemoryOptions, adapter_memory, base_memory
+from plora.cost.priors import DEFAULT_COEFFICIENTS, H200_MEASURED, LIGER_COEFFICIENTS
 from plora.cost.throughput import (
-    DEFAULT_COEFFICIENTS,
     GPU_TYPES,
-    H200_MEASURED,
-    LIGER_COEFFICIENTS,
     AdapterLoad,
     Coefficients,
     LoRALayout,
     StepSample,
     StepTimeModel,
-    fit,
     gpu_spec,
-    relative_errors,
 )
 from plora.model_spec import ModelSpec
 

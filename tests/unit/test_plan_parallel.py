@@ -16,7 +16,8 @@ from plora.cli import app
 from plora.config import LoRAConfig, Strategy, SweepConfig
 from plora.cost.build import build_cost_model
 from plora.cost.parallel import fsdp_bytes, pp_bytes, tp_bytes
-from plora.cost.throughput import DEFAULT_COEFFICIENTS, AdapterLoad, StepTimeModel, gpu_spec
+from plora.cost.priors import DEFAULT_COEFFICIENTS
+from plora.cost.throughput import AdapterLoad, StepTimeModel, gpu_spec
 from plora.model_spec import ModelSpec
 
 #: Qwen2.5-14B (about 28 GiB of bf16 weights) on 24 GiB GPUs: no job fits on one GPU.
