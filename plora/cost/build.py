@@ -9,8 +9,11 @@ same model and GPU plans from measurements. Also importable as
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from plora.config import ConfigError
 from plora.config import fused as fused_switch
@@ -37,6 +40,7 @@ def build_cost_model(
     use_profile: bool = True,
     memory: MemoryOptions | None = None,
     fused_kernels: bool | None = None,
+    train_lengths: Sequence[int] | None = None,
 ) -> SweepCostModel:
     """The cost model of a ``plora.config.SweepConfig``.
 
@@ -62,6 +66,10 @@ def build_cost_model(
             :func:`plan_fused_kernels` of the sweep (what the engine will resolve). Sets
             ``memory.fused_kernels``, the step-time prior (``LIGER_COEFFICIENTS``) and the
             profile the model plans from (fused steps are profiled apart).
+        train_lengths: the tokenized training rows' lengths (the runtime passes them once
+            the data is read): steps and evaluation are then timed at the width a step's rows
+            are expected to pad to (:func:`step_seq_len`), memory still at ``seq_len``;
+            without them every row is timed at ``seq_len``.
     """
     hw = sweep.hardware
     spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
@@ -107,7 +115,44 @@ def build_cost_model(
         early_stop=getattr(sweep, "early_stop", None),
         population=sweep.num_configs if getattr(sweep, "early_stop", None) else None,
         max_micro_batches=micro_batch_limit(hw),
+        step_seq_len=(
+            None
+            if not train_lengths
+            else step_seq_len(train_lengths, rows_per_step(sweep), int(sweep.seq_len))
+        ),
     )
+
+
+#: A pack the planner forms holds up to about this many configs (for a step's rows).
+TYPICAL_PACK_CONFIGS = 16
+
+
+def rows_per_step(sweep: Any) -> int:
+    """Rows a packed step typically holds: a typical batch size (the middle value of the
+    space's ``batch_size``) times the configs of a typical pack (the sweep's, at most
+    :data:`TYPICAL_PACK_CONFIGS`)."""
+    domain = sweep.space.batch_size
+    if domain.values:
+        batch = float(np.median([float(v) for v in domain.values]))
+    else:
+        batch = float(np.sqrt(float(domain.low) * float(domain.high)))
+    return max(1, round(batch * min(int(sweep.num_configs), TYPICAL_PACK_CONFIGS)))
+
+
+def step_seq_len(lengths: Sequence[int], rows: int, cap: int) -> int:
+    """The expected padded width of a step of ``rows`` rows drawn from rows of ``lengths``
+    tokens (each cut at ``cap``): a batch is padded to its longest row, so the width is the
+    expected maximum of ``rows`` draws, ``Σ_l l·(F(l)^rows − F(l⁻)^rows)`` over the empirical
+    distribution F of the lengths, rounded up."""
+    if not len(lengths):
+        return int(cap)
+    values, counts = np.unique(
+        np.minimum(np.asarray(lengths, dtype=np.int64), cap), return_counts=True
+    )
+    cdf = np.cumsum(counts) / counts.sum()
+    below = np.concatenate([[0.0], cdf[:-1]])
+    expected = float(np.sum(values * (cdf**rows - below**rows)))
+    return int(min(cap, max(1, int(np.ceil(expected - 1e-9)))))
 
 
 def micro_batch_limit(hardware: Any) -> int:
@@ -141,4 +186,10 @@ def _profile_key(model: Any) -> str:
     return str(getattr(model, "profile_key", model.name_or_path))
 
 
-__all__ = ["build_cost_model", "micro_batch_limit", "plan_fused_kernels"]
+__all__ = [
+    "build_cost_model",
+    "micro_batch_limit",
+    "plan_fused_kernels",
+    "rows_per_step",
+    "step_seq_len",
+]

@@ -83,7 +83,7 @@ class SweepCostModel:
 
     Args:
         spec: the base model's shapes.
-        seq_len: the padded sequence length every row is planned at.
+        seq_len: the padded sequence length every row's memory is planned at (the longest).
         dataset_size: training examples (for ``epochs`` configs).
         hardware: a ``plora.config.HardwareConfig`` (``gpu_type``, ``gpu_memory_gib``,
             ``load_factor``, ``is_cpu``).
@@ -107,6 +107,10 @@ class SweepCostModel:
             configs), a pack's per-step overhead for the longest budget.
         max_micro_batches: the most forwards per step the planner may give a pack that does
             not fit with every row live (:mod:`plora.cost.microbatch`); 1: never.
+        step_seq_len: the padded width a step's rows are expected to have, for time (steps,
+            evaluation): rows are padded to the longest row of their step, not to
+            ``seq_len`` (:func:`plora.cost.build.step_seq_len` of the tokenized data); default
+            ``seq_len``.
     """
 
     def __init__(
@@ -128,12 +132,16 @@ class SweepCostModel:
         early_stop: EarlyStopLike | None = None,
         population: int | None = None,
         max_micro_batches: int = MAX_MICRO_BATCHES,
+        step_seq_len: int | None = None,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"cost model: seq_len={seq_len!r} must be an integer >= 1")
         if not isinstance(dataset_size, int) or dataset_size < 1:
             raise ConfigError(f"cost model: dataset_size={dataset_size!r} must be an integer >= 1")
         self.spec, self.seq_len, self.dataset_size = spec, seq_len, dataset_size
+        if step_seq_len is not None and not (isinstance(step_seq_len, int) and step_seq_len >= 1):
+            raise ConfigError(f"cost model: step_seq_len={step_seq_len!r} must be an integer >= 1")
+        self.step_seq_len = min(step_seq_len or seq_len, seq_len)
         self.max_micro_batches = check_micro_batches(max_micro_batches)
         self.hardware = hardware
         self.early_stop, self.population = early_stop, population
@@ -169,7 +177,7 @@ class SweepCostModel:
             default = Overheads.default(
                 spec,
                 self.timer,
-                seq_len=seq_len,
+                seq_len=self.step_seq_len,
                 metric=self.eval_metric,
                 weight_bytes=base_weight_bytes(spec, self.memory.precision),
                 cpu=bool(getattr(hardware, "is_cpu", False)),
@@ -356,7 +364,7 @@ class SweepCostModel:
         key = ("step", config.rank, config.target_modules, config.batch_size, d, strat)
         if key not in self._cache:
             load = AdapterLoad.of(config)
-            self._cache[key] = self.timer.adapter_step_time(load, self.seq_len, d, strat)
+            self._cache[key] = self.timer.adapter_step_time(load, self.step_seq_len, d, strat)
         return self.expected_steps(config) * cast(float, self._cache[key])
 
     def config_overhead_time(self, config: LoRAConfig) -> float:
@@ -442,6 +450,7 @@ class SweepCostModel:
             "early_stop": self.early_stop,
             "population": self.population,
             "max_micro_batches": self.max_micro_batches,
+            "step_seq_len": self.step_seq_len,
         }
         new = SweepCostModel(
             self.spec, self.seq_len, self.dataset_size, self.hardware, **{**args, **changes}

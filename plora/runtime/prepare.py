@@ -43,6 +43,7 @@ def prepare(
         eval_rows=len(data.eval),
         eval_metric=data.metric,
         checkpoint_every=checkpoint_every,
+        train_lengths=[len(ex.input_ids) for ex in data.train],
     )
     check_strategies(cost.strategies())
     if source is None:

@@ -94,21 +94,20 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
         with torch.no_grad():
             assert not torch.allclose(model(ids).logits, ref)  # the trained adapter changes outputs
 
-    # the plan tells the truth: its makespan (worker start, model load, steps, evaluation,
-    # export and checkpoints; Ray's own start is before the sweep clock and not in either)
-    # against the sweep's measured time, from the plan to sweep_done, for a first sweep (default
-    # start-up costs) and a second one (planned from the first one's measurements in the
-    # profile store, DESIGN decision 3). Issue 10 asks for 25 %; on a loaded 2-core box the
-    # error moved between runs (first sweep 5.7 s measured vs 8.8 s planned on CI's box, second
-    # sweep 7.9 vs 9.9 s and within 25 % in the next run), so a timed test holds 2x (today's
-    # failure mode was 5 s planned vs 24 s measured) and the 25 % stays a benchmark target.
+    # the plan tells the truth (issue 10: within 25 %): its makespan (worker start, model load,
+    # steps and evaluation timed at the width the data's rows pad to, export, checkpoints;
+    # Ray's own start is before the sweep clock and in neither) against the sweep's measured
+    # time, from the plan to sweep_done, for a first sweep (CPU default start-up costs) and a
+    # second one (planned from the first one's measurements in the profile store, DESIGN
+    # decision 3). On an idle 2-core box: 0.95-0.96 and 0.89-1.08 of the measured 4.9-5.6 s;
+    # with other processes on both cores the worker's start (4.7 s idle) stretched to 6-9 s.
     predicted, measured = plan_and_measured(out)
-    assert 0.5 * measured <= predicted <= 2 * measured, (predicted, measured)
+    assert 0.75 * measured <= predicted <= 1.25 * measured, (predicted, measured)
     again = plora("sweep", "sweeps/quickstart.yaml", "--out", str(tmp_path / "qs2"),
                   "--address", address)  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]
     predicted, measured = plan_and_measured(tmp_path / "qs2")
-    assert 0.5 * measured <= predicted <= 2 * measured, (predicted, measured)
+    assert 0.75 * measured <= predicted <= 1.25 * measured, (predicted, measured)
 
     status = plora("status", str(out))
     assert (

@@ -196,7 +196,7 @@ def test_cpu_defaults_for_the_quickstart() -> None:
     sweep = SweepConfig.from_yaml("sweeps/quickstart.yaml")
     cm = build_cost_model(sweep, use_profile=False)
     o = cm.overheads
-    assert o.source == "cpu-default" and 3.0 <= o.worker_start_s <= 8.0
+    assert o.source == "cpu-default" and 1.0 <= o.worker_start_s <= 8.0
     assert o.worker_start_s == CPU.worker_start_s and o.job_start_s == CPU.job_start_s
     assert cm.eval_metric is EvalMetric.EXACT_MATCH and cm.eval_rows == 200
     assert cm.checkpoint_every == 50
