@@ -46,7 +46,8 @@ from plora.cost import Strategy
 from plora.cost.early_stop import EarlyStopLike, expected_steps
 from plora.cost.fit import fit, relative_errors
 from plora.cost.jobterms import JobTimeTerms, SweepOverheads
-from plora.cost.memory import GIB, MemoryOptions, base_weight_bytes, projection_params
+from plora.cost.memory import base_weight_bytes, projection_params
+from plora.cost.memory_options import GIB, MemoryOptions
 from plora.cost.microbatch import MAX_MICRO_BATCHES, check_micro_batches
 from plora.cost.overheads import EvalMetric, Overheads, OverheadSample
 from plora.cost.priors import step_prior

@@ -20,13 +20,8 @@ from typing import Any, cast
 
 from plora.config import ConfigError, LoRAConfig
 from plora.cost import Strategy
-from plora.cost.memory import (
-    MemoryBreakdown,
-    MemoryOptions,
-    adapter_memory,
-    base_memory,
-    check_parallel,
-)
+from plora.cost.memory import adapter_memory, base_memory, check_parallel
+from plora.cost.memory_options import MemoryBreakdown, MemoryOptions
 from plora.cost.microbatch import (
     check_micro_batches,
     micro_batched_memory,
@@ -101,7 +96,7 @@ class SweepMemory:
     def config_breakdown(
         self, config: LoRAConfig, d: int = 1, strategy: Strategy | None = None
     ) -> MemoryBreakdown:
-        """Per-component :class:`~plora.cost.memory.MemoryBreakdown` of one config."""
+        """Per-component :class:`~plora.cost.memory_options.MemoryBreakdown` of one config."""
         return adapter_memory(
             self.spec,
             rank=config.rank,

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from plora.config import PROJECTIONS, ConfigError, HardwareConfig, LoRAConfig, SweepConfig
 from plora.cost import CostModel, Strategy
 from plora.cost.build import build_cost_model
-from plora.cost.memory import GIB, Loss, MemoryOptions, adapter_memory, base_memory
+from plora.cost.memory import adapter_memory, base_memory
+from plora.cost.memory_options import GIB, Loss, MemoryOptions
 from plora.cost.model import SweepCostModel
 from plora.cost.overheads import Overheads
 from plora.cost.priors import DEFAULT_COEFFICIENTS, step_prior
