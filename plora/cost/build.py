@@ -19,7 +19,7 @@ from plora.config import ConfigError
 from plora.config import fused as fused_switch
 from plora.config.fused import FusedKernels, fused_profile_key, use_fused_kernels
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY, eval_defaults
-from plora.cost.memory import FULL_FP32, Loss, MemoryOptions, quantized
+from plora.cost.memory_options import FULL_FP32, Loss, MemoryOptions, quantized
 from plora.cost.microbatch import MAX_MICRO_BATCHES
 from plora.cost.model import SweepCostModel
 from plora.cost.overheads import EvalMetric, Overheads
@@ -61,7 +61,7 @@ def build_cost_model(
         memory: memory options; default: plora's engine (bf16 autocast with fp32 LoRA state
             on GPUs, fp32 on CPU; chunked recomputed cross-entropy; activation checkpointing
             as ``training.gradient_checkpointing`` says; ``model.quantization: nf4``: NF4 base
-            projections at ~0.52 byte/weight, :func:`~plora.cost.memory.quantized`).
+            projections at ~0.52 byte/weight, :func:`~plora.cost.memory_options.quantized`).
         fused_kernels: whether the engine runs Liger-Kernel's fused ops on the base; default
             :func:`plan_fused_kernels` of the sweep (what the engine will resolve). Sets
             ``memory.fused_kernels``, the step-time prior (``LIGER_COEFFICIENTS``) and the

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from plora.config import ConfigError
-from plora.cost.memory import MemoryOptions, adapter_memory, base_memory
+from plora.cost.memory import adapter_memory, base_memory
+from plora.cost.memory_options import MemoryOptions
 from plora.cost.profile import MemoryFit, fit_memory
 from plora.cost.throughput import Coefficients, StepSample
 from plora.model_spec import ModelSpec

@@ -34,7 +34,7 @@ import numpy as np
 from plora.config import ConfigError, LoRAConfig
 from plora.cost import CostModel, Strategy
 from plora.cost.microbatch import rows_per_micro_batch
-from plora.planner import knapsack
+from plora.planner import knapsack, knapsack_milp
 from plora.planner.groups import startup_times
 from plora.planner.micro import MicroCosts, micro_fit, micro_options, supports_micro_batches
 from plora.planner.types import MEM_RTOL, Objective, call_strategy
@@ -284,21 +284,21 @@ class KnapsackSolver:
             self._note(f"branch and bound passed {self.node_limit} nodes; HiGHS MILP solved it")
         elif self.requested == "cvxpy":
             self.used.add("cvxpy")
-            return knapsack.solve_cvxpy(*args)
+            return knapsack_milp.solve_cvxpy(*args)
         elif self.requested == "gurobi" and self._gurobi_ok:
             try:
-                out = knapsack.solve_gurobi(*args)
+                out = knapsack_milp.solve_gurobi(*args)
                 self.used.add("gurobi")
                 return out
-            except knapsack.GurobiUnavailable as err:
+            except knapsack_milp.GurobiUnavailable as err:
                 self._gurobi_ok = False
                 self._note(f"{err}; fell back to HiGHS")
         self.used.add("highs")
         try:
-            return knapsack.solve_highs(*args)
-        except knapsack.NotProven as err:
+            return knapsack_milp.solve_highs(*args)
+        except knapsack_milp.NotProven as err:
             self._note(
-                f"a HiGHS knapsack hit its {knapsack.HIGHS_TIME_LIMIT_S:g} s limit; "
+                f"a HiGHS knapsack hit its {knapsack_milp.HIGHS_TIME_LIMIT_S:g} s limit; "
                 "its best solution was used (not proven optimal)"
             )
             return err.x, err.value

@@ -227,13 +227,8 @@ def test_memory_model_counts_what_each_rank_holds(case, runs):
     do not divide differing by a row), and under FSDP the adapters are whole on every rank, as
     the memory model's default (``zero_stage=0``) books them."""
     from plora.cost import Strategy
-    from plora.cost.memory import (
-        FULL_FP32,
-        MemoryOptions,
-        adapter_memory,
-        base_memory,
-        pp_stage_weight_bytes,
-    )
+    from plora.cost.memory import adapter_memory, base_memory, pp_stage_weight_bytes
+    from plora.cost.memory_options import FULL_FP32, MemoryOptions
     from plora.model_spec import ModelSpec
 
     spec = ModelSpec.from_hf_config(tiny_model("qwen2").config)

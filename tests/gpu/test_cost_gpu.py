@@ -13,7 +13,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from plora.config import HardwareConfig, LoRAConfig
-from plora.cost.memory import Loss, MemoryOptions, adapter_memory, base_memory
+from plora.cost.memory import adapter_memory, base_memory
+from plora.cost.memory_options import Loss, MemoryOptions
 from plora.cost.model import SweepCostModel
 from plora.cost.overheads import Overheads
 from plora.cost.throughput import StepSample

@@ -17,15 +17,14 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from plora.config import PROJECTIONS, ConfigError
 from plora.cost import Strategy
-from plora.cost.memory import (
+from plora.cost.memory import adapter_memory, base_memory
+from plora.cost.memory_options import (
     FULL_FP32,
     PURE_BF16,
     QLORA_NF4,
     Attention,
     Loss,
     MemoryOptions,
-    adapter_memory,
-    base_memory,
 )
 from plora.model_spec import ModelSpec
 

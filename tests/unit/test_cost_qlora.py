@@ -7,15 +7,14 @@ import pytest
 from plora.api import make_plan
 from plora.config import ConfigError, LoRAConfig, SweepConfig
 from plora.cost.build import build_cost_model
-from plora.cost.memory import (
+from plora.cost.memory import base_memory, projection_params
+from plora.cost.memory_options import (
     FULL_FP32,
     NF4_BYTES_PER_PARAM,
     PEFT_AMP,
     QLORA_NF4,
     QLORA_NF4_FP32,
     MemoryOptions,
-    base_memory,
-    projection_params,
     quantized,
 )
 from plora.cost.profile import ProfileStore

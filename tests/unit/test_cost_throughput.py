@@ -8,7 +8,8 @@ import pytest
 from plora.config import PROJECTIONS, ConfigError, HardwareConfig
 from plora.cost import Strategy
 from plora.cost.fit import fit, relative_errors
-from plora.cost.memory import Loss, MemoryOptions, adapter_memory, base_memory
+from plora.cost.memory import adapter_memory, base_memory
+from plora.cost.memory_options import Loss, MemoryOptions
 from plora.cost.priors import DEFAULT_COEFFICIENTS, H200_MEASURED, LIGER_COEFFICIENTS
 from plora.cost.throughput import (
     GPU_TYPES,

@@ -13,7 +13,8 @@ import dataclasses
 import pytest
 
 from plora.config import PROJECTIONS, HardwareConfig, LoRAConfig
-from plora.cost.memory import GIB, Loss, MemoryOptions, adapter_memory
+from plora.cost.memory import adapter_memory
+from plora.cost.memory_options import GIB, Loss, MemoryOptions
 from plora.cost.microbatch import ACTIVATION_PARTS, rows_per_micro_batch
 from plora.cost.model import SweepCostModel
 from plora.cost.throughput import AdapterLoad, StepSample

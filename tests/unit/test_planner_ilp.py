@@ -16,6 +16,7 @@ from plora.config import ConfigError, LoRAConfig
 from plora.cost import Strategy
 from plora.planner import Objective, plan_sweep
 from plora.planner import knapsack as kn
+from plora.planner import knapsack_milp as milp
 from plora.planner.ilp import KnapsackSolver, build_classes, solve_pack
 from plora.planner.synthetic import AffineCostModel
 from plora.planner.types import MEM_RTOL, call_strategy
@@ -127,7 +128,7 @@ def test_knapsack_backends_agree_with_brute_force(items, cap_a, cap_b):
     assert val == pytest.approx(ref, rel=1e-9, abs=1e-12)
     assert val == pytest.approx(float(np.dot(x, p)), rel=1e-12)
     assert all(0 <= xi <= ni for xi, ni in zip(x, n, strict=True))
-    _, val_h = kn.solve_highs(p, a, b, n, cap_a, cap_b)
+    _, val_h = milp.solve_highs(p, a, b, n, cap_a, cap_b)
     assert val_h == pytest.approx(ref, rel=1e-6, abs=1e-9)
     if math.isinf(cap_b):
         assert kn.lp_bound(np.array(p), np.array(a), np.array(n), cap_a) >= ref - 1e-9
@@ -138,8 +139,8 @@ def test_cvxpy_backend_matches_highs():
     p, a, b = rng.uniform(0.1, 5, 12), rng.uniform(0.1, 3, 12), rng.uniform(0.1, 3, 12)
     n = rng.integers(1, 4, 12)
     for cap_b in (math.inf, 6.0):
-        _, val_c = kn.solve_cvxpy(p, a, b, n, 9.0, cap_b)
-        _, val_h = kn.solve_highs(p, a, b, n, 9.0, cap_b)
+        _, val_c = milp.solve_cvxpy(p, a, b, n, 9.0, cap_b)
+        _, val_h = milp.solve_highs(p, a, b, n, 9.0, cap_b)
         _, val_b, _ = kn.solve_bnb(p, a, b, n, 9.0, cap_b)
         assert val_c == pytest.approx(val_h, rel=1e-6)
         assert val_b == pytest.approx(val_h, rel=1e-6)
@@ -155,7 +156,7 @@ def test_bnb_node_limit_falls_back_to_highs():
     solver = KnapsackSolver("auto", node_limit=50)
     _, val = solver(*args)
     assert "highs" in solver.used and any("HiGHS" in note for note in solver.notes)
-    assert val == pytest.approx(kn.solve_highs(*args)[1], rel=1e-9)
+    assert val == pytest.approx(milp.solve_highs(*args)[1], rel=1e-9)
     assert val <= 9.123 * (1 + 1e-9)
     assert val == pytest.approx(brute_knapsack(w, w, w, [1] * 14, 9.123, math.inf), rel=1e-9)
 
@@ -284,7 +285,7 @@ def test_milp_backends_plan_like_branch_and_bound(solver):
 
 def test_highs_time_limit_is_reported(monkeypatch):
     # A subset-sum instance HiGHS cannot close in ~0 s: the best solution comes back, noted.
-    monkeypatch.setattr(kn, "HIGHS_TIME_LIMIT_S", 1e-9)
+    monkeypatch.setattr(milp, "HIGHS_TIME_LIMIT_S", 1e-9)
     rng = np.random.default_rng(2)
     w = rng.uniform(1.0, 2.0, 30)
     solver = KnapsackSolver("highs")

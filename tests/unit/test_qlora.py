@@ -27,7 +27,7 @@ pytest.importorskip("torchao", reason="QLoRA needs torchao: pip install -e '.[ql
 from plora.kernels import packed_lora_linear
 
 from plora.config import ConfigError, LoRAConfig, ModelRef
-from plora.cost.memory import NF4_BYTES_PER_PARAM
+from plora.cost.memory_options import NF4_BYTES_PER_PARAM
 from plora.engine import fused
 from plora.engine.adapters import adapter_state_dict, add_adapter, inject, packed_segments
 from plora.engine.trainer import PackedTrainer
