@@ -47,7 +47,9 @@ class EtaTracker:
     * when the coordinator makes a new plan (``plan N: <trigger>``, e.g. ``calibrated on j0000``,
       ``job j0003 done``), or
     * when a running job falls behind its plan by more than ``slack`` of the time left (``j0001
-      Ns behind plan``) -- never downward between plans.
+      Ns behind plan``), or the plan's times move that much with no job late (a refit of the
+      cost model from measured steps: ``re-estimated from measured steps``) -- never downward
+      between plans.
     """
 
     def __init__(self, *, slack: float = 0.05, min_move_s: float = 1.0) -> None:
@@ -92,7 +94,12 @@ class EtaTracker:
             left = max(self.finish_s - now, 0.0)
             if finish - self.finish_s > max(self.min_move_s, self.slack * left):
                 self.finish_s = finish
-                self.reason = f"{behind} {_fmt_s(slip)} behind plan"
+                # no job late: the plan's own times moved (a refit from measured steps)
+                self.reason = (
+                    f"{behind} {_fmt_s(slip)} behind plan"
+                    if behind
+                    else "re-estimated from measured steps"
+                )
         elif finish is not None:
             self.finish_s, self.reason = finish, self.reason or "plan"
         if self.finish_s is None:

@@ -43,6 +43,17 @@ def test_eta_counts_down_and_moves_only_with_a_reason() -> None:
     assert eta.update({**snap(171.0, plan=2), "done": True}) == "done"
 
 
+def test_eta_moved_by_a_refit_says_so_not_none_behind() -> None:
+    """A refit from the first measured steps stretches the running job's planned end with no
+    job late: the reason names the refit (it printed ``None 0m00s behind plan``)."""
+    eta = EtaTracker()
+    assert eta.update(snap(0.0, pending=None)) == "1m40s (plan 1: start)"
+    longer = {"j0": {"started_s": 0.0, "planned_start_s": 0.0, "planned_end_s": 130.0}}
+    assert eta.update(snap(10.0, running=longer, pending=None)) == (
+        "2m00s (re-estimated from measured steps)"
+    )
+
+
 def test_eta_from_a_real_coordinator_plan() -> None:
     from runtime_fakes import AffineCost, GreedyPlanner, lora
 
