@@ -64,7 +64,7 @@ def build_cost_model(
             projections at ~0.52 byte/weight, :func:`~plora.cost.memory_options.quantized`).
         fused_kernels: whether the engine runs Liger-Kernel's fused ops on the base; default
             :func:`plan_fused_kernels` of the sweep (what the engine will resolve). Sets
-            ``memory.fused_kernels``, the step-time prior (``LIGER_COEFFICIENTS``) and the
+            ``memory.fused_kernels``, the step-time prior (:func:`plora.cost.priors.step_prior`) and the
             profile the model plans from (fused steps are profiled apart).
         train_lengths: the tokenized training rows' lengths (the runtime passes them once
             the data is read): steps and evaluation are then timed at the width a step's rows
