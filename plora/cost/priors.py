@@ -25,7 +25,7 @@ import numpy as np
 
 from plora.config import PROJECTIONS
 from plora.config.hardware import GPU_TYPES
-from plora.cost.throughput import AdapterLoad, Coefficients, StepTimeModel
+from plora.cost.throughput import AdapterLoad, Coefficients, StepSample, StepTimeModel
 from plora.model_spec import ModelSpec
 
 # --- Defaults from H200 measurements -------------------------------------------------------
@@ -109,9 +109,9 @@ def _host_overheads(
     rows, rhs = [], []
     for k, tok_s in sorted(packed_tok_s.items()):
         step_s = k * s / tok_s
-        known, feats = timer._fixed_terms(1, None)
-        k_load, f_load = timer._adapter_terms(load, s, 1, None)
-        known, feats = known + k * k_load, feats + k * f_load
+        known, feats = timer.sample_terms(
+            StepSample(adapters=(load,) * k, seq_len=s, step_time_s=step_s)
+        )
         given = known + feats[[1, 2, 5]] @ theta[[1, 2, 5]]  # the GPU's part, kept
         rows.append(feats[[0, 3, 4]] / step_s)
         rhs.append((step_s - given) / step_s)
