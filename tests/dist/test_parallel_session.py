@@ -142,6 +142,13 @@ def reference(tmp_path_factory):
 
 
 STRATEGIES = ["tp", "fsdp", "pp"]
+#: ‖Δθ‖/‖θ‖ over an adapter against one process. Row-parallel TP sums each o_proj/down_proj
+#: product over the ranks' halves of K (another fp32 rounding than one GEMM's), and AdamW
+#: turns that into up to ~1e-5 on an element whose gradient is near eps ("b": lr 1e-2, 2 steps).
+#: Measured on one 2-core box (2026-11-26), worst adapter: tp 1.03e-5 with torch's AVX512
+#: kernels, 6.8e-6 with AVX2; fsdp and pp <= 2.7e-6 on both. A wrong shard or a lost
+#: all-reduce moves the adapter by 1e-2 or more.
+ADAPTER_TOL = {"tp": 3e-5, "fsdp": 1e-5, "pp": 1e-5}
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +177,7 @@ def test_parallel_session_equals_one_process(strategy, sessions, reference) -> N
         assert got["steps"] == ref[cid].steps and got["status"] == str(ref[cid].status)
         got_w = load_file(root / "adapters" / cid / "adapter_model.safetensors")
         want_w = load_file(ref_dir / "adapters" / cid / "adapter_model.safetensors")
-        assert_same_adapter(got_w, want_w)  # ‖Δθ‖/‖θ‖ <= 1e-5 over the adapter
+        assert_same_adapter(got_w, want_w, tol=ADAPTER_TOL[strategy])
         assert any(v.abs().max() > 1e-4 for k, v in got_w.items() if "lora_B" in k)
         assert got["final_train_loss"] == pytest.approx(ref[cid].final_train_loss, rel=1e-5)
         assert (got["eval_loss"] is None) == (ref[cid].eval_loss is None)
