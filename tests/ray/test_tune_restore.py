@@ -69,7 +69,8 @@ def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
                 # a job ended and ASHA stopped some: kill the driver now -- while another job
                 # runs as a rule; but the two jobs may end together (both started at once and
                 # took refills alike: 0.05 s apart in a CI run, 2026-11-27), so a driver still
-                # alive once every config ended is killed too (Tune has not seen the trials end)
+                # alive once every config ended is killed too (a race remains: if Tune had
+                # already marked every trial ended, the restore has nothing to resume)
                 if ended and sched["stopped"] and _rungs(sched) and (unended or ended == status):
                     break
             assert proc.poll() is None, "driver exited before it could be killed"
