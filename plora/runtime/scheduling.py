@@ -189,8 +189,22 @@ def launch(coord: CoordinatorState, spec: JobSpec, *, plan_job: Any) -> JobSpec:
         resume=spec.resume,
         free_gpus_after=len(coord.free_gpus),
         planned_start_s=getattr(plan_job, "start_s", None),
+        planned_end_s=getattr(plan_job, "end_s", None),
+        planned_terms=planned_terms(coord, spec),
     )
     return spec
+
+
+def planned_terms(coord: CoordinatorState, spec: JobSpec) -> dict[str, float]:
+    """The cost model's seconds for ``spec`` on a warm group, by kind (``job_start_s``,
+    ``train_s``, ``eval_s``, ``export_s``, ``checkpoint_s``): the start decision records them
+    beside what ``jobs.parquet`` measures (none for a cost model without terms)."""
+    if not hasattr(coord.cost, "job_terms"):
+        return {}
+    s = cost_strategy(spec.gpus, spec.strategy)
+    micro = micro_kwargs(coord.cost, spec.micro_batches)
+    terms = coord.cost.job_terms(list(spec.configs), spec.gpus, s, **micro)
+    return {f.name: round(float(getattr(terms, f.name)), 4) for f in dataclasses.fields(terms)}
 
 
 def refill(coord: CoordinatorState, run: RunningJob) -> None:
