@@ -21,20 +21,11 @@ def plora(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def plan_and_measured(out: Path) -> tuple[float, float]:
-    """The first plan's makespan and the sweep's time from that plan to ``sweep_done``."""
-    from plora.sweepdir.store import SweepStore
-
-    decisions = SweepStore(out).read_decisions()
-    plan = next(d for d in decisions if d["kind"] == "plan")
-    done = next(d for d in decisions if d["kind"] == "sweep_done")
-    return plan["inputs"]["makespan_s"], done["time_s"] - plan["time_s"]
-
-
 def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, tmp_path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from plora.analysis.plan_check import plan_check
     from plora.config import SweepConfig
     from plora.tune.space import expand
 
@@ -103,13 +94,23 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
     # there 1.07-1.13 of the measured 4.9-5.9 s, but on the box of 2026-11-26 (Intel Xeon,
     # AVX512) 0.38-0.59 of 8.0-9.4 s in this test -- a default holds only for the host it was
     # measured on, so the first plan's accuracy is a benchmark, not asserted here.
-    first_predicted, first_measured = plan_and_measured(out)
-    assert first_predicted > 0 and first_measured > 0
-    again = plora("sweep", "sweeps/quickstart.yaml", "--out", str(tmp_path / "qs2"),
-                  "--address", address)  # fmt: skip
-    assert again.returncode == 0, again.stderr[-2000:]
-    predicted, measured = plan_and_measured(tmp_path / "qs2")
-    assert 0.75 * measured <= predicted <= 1.25 * measured, (predicted, measured)
+    first = plan_check(out)
+    assert first.planned_s > 0 and first.measured_s > 0
+    # On a 2-core host the same sweep's phases vary from run to run (2026-11-27, this test's
+    # cluster, benchmarks/quickstart_plan.py: train 4.1-5.3 s, eval 0.7-1.3 s, workers ready
+    # 1.3-2.8 s after the plan), and a plan from one earlier sweep carries that sweep's noise
+    # too: 1 in 13 such plans fell outside 25 % there (0.62x). So a miss gets one more sweep,
+    # planned from both before it; a plan that is wrong misses both.
+    misses = []
+    for attempt in ("qs2", "qs3"):
+        again = plora("sweep", "sweeps/quickstart.yaml", "--out", str(tmp_path / attempt),
+                      "--address", address)  # fmt: skip
+        assert again.returncode == 0, again.stderr[-2000:]
+        check = plan_check(tmp_path / attempt)
+        if check.within(0.25):
+            break
+        misses.append(check.describe())
+    assert len(misses) < 2, misses
 
     status = plora("status", str(out))
     assert (
