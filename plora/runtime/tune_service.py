@@ -15,7 +15,9 @@ a driver that exits normally first ends the sweep (:meth:`TuneService.finish`, a
 directory's ``state.json`` and resumes it (finished configs stay finished, interrupted jobs
 restart from their checkpoints). When every registered config ended and nothing came for
 ``linger_s`` seconds the sweep ends (worker groups stopped); a later registration starts a
-resumed run on the same directory.
+resumed run on the same directory. The driver lets an ended service go when it makes its next
+trainable, or at :func:`plora.tune.trainable.release_services` (a notebook's Tuners do not each
+leave one behind); Ray ends an actor no handle refers to.
 """
 
 from __future__ import annotations
@@ -118,6 +120,11 @@ class TuneService:
     def sweep_dir(self) -> str | None:
         """The sweep directory (None before the first registration)."""
         return None if self._out is None else str(self._out)
+
+    def ended(self) -> bool:
+        """True once a sweep ran here and ended (every config ended and ``linger_s`` passed,
+        or :meth:`finish`): nothing runs until a new registration."""
+        return self._out is not None and self._runs > 0 and not self.running()
 
     def running(self) -> bool:
         """True while a sweep thread runs."""

@@ -95,6 +95,7 @@ def plora_trainable(
     sweep.check_trainable()
     os.environ.setdefault("TUNE_MAX_PENDING_TRIALS_PG", str(PENDING_TRIALS))
     name = name or f"plora-tune-{sweep.name}-{uuid.uuid4().hex[:6]}"
+    _release_ended()
     service = start_service(
         sweep, name=name, options=options, cost=cost, settle_s=settle_s, linger_s=linger_s
     )
@@ -102,7 +103,7 @@ def plora_trainable(
 
     ray.get(service.sweep_dir.remote())  # created and answering before any trial starts
     if not _SERVICES:
-        atexit.register(_finish_services)  # after ray.init: runs before Ray's own shutdown
+        atexit.register(release_services)  # after ray.init: runs before Ray's own shutdown
     _SERVICES[name] = service
 
     def plora_proxy(config: dict[str, Any]) -> None:
@@ -113,16 +114,42 @@ def plora_trainable(
     return tune.with_resources(plora_proxy, {"cpu": PROXY_CPUS})
 
 
-def _finish_services(timeout_s: float = 60.0) -> None:
-    """At the driver's exit: end every sweep this driver started (``sweep_done`` logged, worker
-    groups stopped, the sweep directory's lock released) instead of lingering."""
+def release_services(timeout_s: float = 60.0) -> None:
+    """End every sweep this driver's :func:`plora_trainable` calls started (``sweep_done``
+    logged, worker groups stopped, the sweep directory's lock released) instead of lingering,
+    and let their service actors go (each holds a driver's imports, about 0.6 GB).
+
+    Runs at the driver's exit; call it in a notebook once the Tuners are done. A trainable
+    made before is then spent: ``Tuner.restore`` needs a new :func:`plora_trainable`.
+    """
     import ray
 
-    if not ray.is_initialized():
+    if ray.is_initialized():
+        for service in _SERVICES.values():
+            with contextlib.suppress(Exception):  # a service already gone has nothing to end
+                ray.get(service.finish.remote(timeout_s), timeout=timeout_s + 5)
+    _SERVICES.clear()  # the last handles: Ray ends an actor no handle refers to
+
+
+def _release_ended() -> None:
+    """Let go of the services of earlier :func:`plora_trainable` calls whose sweep ran and
+    ended (every config ended and ``linger_s`` passed: that Tuner is done), so a notebook that
+    runs Tuner after Tuner keeps one idle service, not one per Tuner. A service that has not
+    run yet, or still runs, is kept."""
+    import ray
+
+    if not ray.is_initialized():  # handles of a Ray session that was shut down
+        _SERVICES.clear()
         return
-    for service in _SERVICES.values():
-        with contextlib.suppress(Exception):  # a service already gone has nothing to end
-            ray.get(service.finish.remote(timeout_s), timeout=timeout_s + 5)
+    for name, service in list(_SERVICES.items()):
+        try:
+            ended = ray.get(service.ended.remote(), timeout=30)
+        except ray.exceptions.GetTimeoutError:  # busy: keep it
+            continue
+        except ray.exceptions.RayError:  # already gone
+            ended = True
+        if ended:
+            del _SERVICES[name]
 
 
 def _experiment_dir() -> str:
@@ -145,7 +172,14 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
     from ray import tune
 
     trial_id = tune.get_context().get_trial_id()
-    service = ray.get_actor(service_name)
+    try:
+        service = ray.get_actor(service_name)
+    except ValueError:
+        raise RuntimeError(
+            f"plora's Tune service {service_name!r} is gone: its sweep ended and "
+            "release_services() (or a later plora_trainable() call) let it go; pass a new "
+            "plora_trainable(...) to the Tuner (or to Tuner.restore)"
+        ) from None
     registered: Any = ray.get(service.register.remote(config, trial_id, _experiment_dir()))
     config_id, relay_name, max_steps = registered
     last_step, last = 0, dict[str, Any]()
@@ -220,4 +254,4 @@ def _finish(
     tune.report(final, checkpoint=checkpoint)
 
 
-__all__ = ["PENDING_TRIALS", "PROXY_CPUS", "plora_trainable"]
+__all__ = ["PENDING_TRIALS", "PROXY_CPUS", "plora_trainable", "release_services"]

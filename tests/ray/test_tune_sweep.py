@@ -43,7 +43,8 @@ def test_fp32_a_config_through_tune_equals_plora_sweep(ray_cluster, tmp_path) ->
     reference = load_file(tmp_path / "sweep" / "adapters" / config.config_id /
                           "adapter_model.safetensors")  # fmt: skip
 
-    trainable = plora_trainable(sweep, options=options, settle_s=0.2, linger_s=0.2)
+    trainable = plora_trainable(sweep, options=options, settle_s=0.2, linger_s=0.2,
+                                name="plora-tune-fp32-first")  # fmt: skip
     results = tune.Tuner(
         trainable,
         param_space={"lr": 2e-3},
@@ -66,6 +67,40 @@ def test_fp32_a_config_through_tune_equals_plora_sweep(ray_cluster, tmp_path) ->
     assert list(seen["adapter_step"]) == list(range(1, 9))
     assert list(seen["loss"]) == [m[s] for s in range(1, 9)]
     assert result.metrics["eval_loss"] == store.read_results()["eval_loss"].iloc[0]
+    # the Tuner is done: once its sweep ended, the next trainable lets its service go (a
+    # notebook's Tuners leave one idle service, not one each), and release_services the rest
+    import ray
+
+    from plora.tune.trainable import release_services
+
+    assert wait_until(lambda: ray.get(ray.get_actor("plora-tune-fp32-first").ended.remote()))
+    plora_trainable(sweep, options=options, name="plora-tune-fp32-second")
+    assert wait_until(lambda: not actor_exists("plora-tune-fp32-first"))
+    assert actor_exists("plora-tune-fp32-second")
+    release_services()
+    assert wait_until(lambda: not actor_exists("plora-tune-fp32-second"))
+
+
+def actor_exists(name: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(name)
+    except ValueError:
+        return False
+    return True
+
+
+def wait_until(condition, timeout_s: float = 60.0) -> bool:
+    """Whether ``condition()`` became true within ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def test_plora_sweep_early_stop_section_stops_and_refills(ray_cluster, tmp_path) -> None:
