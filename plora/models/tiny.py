@@ -41,10 +41,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel, Qwen2Config
 
 from plora.config import ConfigError
 from plora.models.tokenizer import VOCAB_SIZE, build_tokenizer
+from plora.utils import torchao_first
+
+# transformers' model classes import torchao whenever it is installed, with a page of warnings
+# (the driver's tokenizer check reaches here first): quietly first
+torchao_first()
+from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel, Qwen2Config  # noqa: E402
 
 #: Bump when the architecture defaults or the pretraining recipe change (invalidates caches).
 RECIPE_VERSION = 1
