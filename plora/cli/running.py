@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -102,6 +103,15 @@ def sweep(
         f"{fmt_duration(summary.ray_start_s)}, then inputs {fmt_duration(summary.inputs_wait_s)}; "
         f"wind-down {fmt_duration(summary.teardown_s)}); see `plora status {summary.out}`"
     )
+    if not resume:  # how well the plan foretold the sweep (a resumed run's first plan is older)
+        from plora.analysis.plan_check import plan_check
+
+        with contextlib.suppress(ValueError, OSError):
+            check = plan_check(summary.out)
+            typer.echo(
+                f"plan: {fmt_duration(check.planned_s)} predicted, "
+                f"{fmt_duration(check.measured_s)} taken from it ({check.ratio:.2f}x)"
+            )
     for line in summary.data_lines:  # repeated at the end: the progress view may have hidden it
         typer.echo(line)
     if not summary.ok:
