@@ -99,21 +99,24 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
     # measured on, so the first plan's accuracy is a benchmark, not asserted here.
     first = plan_check(out)
     assert first.planned_s > 0 and first.measured_s > 0
-    # On a 2-core host the same sweep's phases vary from run to run (2026-11-27, this test's
-    # cluster, benchmarks/quickstart_plan.py: train 4.1-5.3 s, eval 0.7-1.3 s, workers ready
-    # 1.3-2.8 s after the plan), and a plan from one earlier sweep carries that sweep's noise
-    # too: 1 in 13 such plans fell outside 25 % there (0.62x). So a miss gets one more sweep,
-    # planned from both before it; a plan that is wrong misses both.
-    misses = []
-    for attempt in ("qs2", "qs3"):
-        again = plora("sweep", "sweeps/quickstart.yaml", "--out", str(tmp_path / attempt),
+    assert f"taken from it ({first.ratio:.2f}x)" in proc.stdout  # the sweep's last lines say it
+    # On a 2-core host the same sweep's phases vary from run to run: the same 100 steps took
+    # 3.6-5.3 s (the fastest step of a sweep 0.032-0.044 s: the whole sweep runs slower, not a
+    # few steps), evaluation 0.6-1.3 s, the workers were ready 0.8-2.8 s after the plan
+    # (2026-11-27, this test's cluster, benchmarks/quickstart_plan.py), while one process
+    # alone repeats a fixed workload within 5 %. A plan from the store is the last sweep's
+    # draw (plora.cost.recency: the newest sweep decides against one or two before it), so
+    # one plan against one sweep measures the host twice: a CI run saw 1.37x, then 0.69x. Two
+    # sweeps planned from the store are set against their two measured times together (the
+    # host's draws in them largely cancel); a plan that is wrong misses both.
+    checks = []
+    for name in ("qs2", "qs3"):
+        again = plora("sweep", "sweeps/quickstart.yaml", "--out", str(tmp_path / name),
                       "--address", address)  # fmt: skip
         assert again.returncode == 0, again.stderr[-2000:]
-        check = plan_check(tmp_path / attempt)
-        if check.within(0.25):
-            break
-        misses.append(check.describe())
-    assert len(misses) < 2, misses
+        checks.append(plan_check(tmp_path / name))
+    planned, measured = sum(c.planned_s for c in checks), sum(c.measured_s for c in checks)
+    assert abs(planned - measured) <= 0.25 * measured, [c.describe() for c in checks]
 
     status = plora("status", str(out))
     assert (
