@@ -62,16 +62,25 @@ class PlanCheck:
 def plan_check(out: str | os.PathLike[str]) -> PlanCheck:
     """The first plan of the sweep in ``out`` against the sweep's measured time and phases.
 
+    A resumed sweep is judged by its first run, which must have finished (a later run plans
+    from where the interrupted one stopped, on its own clock).
+
     Raises:
-        ValueError: the sweep has no plan or has not finished (no ``sweep_done`` decision).
+        ValueError: the first run has no plan or did not finish (no ``sweep_done`` decision).
     """
     store = SweepStore(out)
     decisions = store.read_decisions()
+    resumed = next((i for i, d in enumerate(decisions) if d["kind"] == "resume"), None)
+    decisions = decisions[:resumed]  # the first run's (a resumed run has a clock of its own)
     plan = next((d for d in decisions if d["kind"] == "plan"), None)
     done = next((d for d in decisions if d["kind"] == "sweep_done"), None)
     if plan is None or done is None:
         missing = "plan" if plan is None else "sweep_done"
-        raise ValueError(f"{store.root}: no {missing} decision; check a finished sweep's directory")
+        ended = "" if resumed is None else " before it was resumed"
+        raise ValueError(
+            f"{store.root}: the sweep's first run has no {missing} decision{ended}; check a "
+            "sweep that ran to its end in one go"
+        )
     t0 = plan["time_s"]
     first_jobs = {job["job_id"] for job in plan["inputs"].get("jobs", [])}
     starting = next((d for d in decisions if d["kind"] == "start_workers"), None)

@@ -13,6 +13,7 @@ def _decision(kind: str, time_s: float, job_id: str | None = None, **inputs) -> 
 
 
 def _sweep(tmp_path, *, done: bool = True) -> SweepStore:
+    tmp_path.mkdir(exist_ok=True)
     store = SweepStore(tmp_path)
     terms = {"job_start_s": 0.1, "train_s": 4.0, "eval_s": 1.0, "export_s": 0.0,
              "checkpoint_s": 0.5}  # fmt: skip
@@ -44,5 +45,18 @@ def test_plan_check_sets_the_first_plan_and_its_jobs_against_the_sweep(tmp_path)
 
 
 def test_plan_check_of_an_unfinished_sweep_says_what_is_missing(tmp_path) -> None:
-    with pytest.raises(ValueError, match="no sweep_done decision"):
+    with pytest.raises(ValueError, match="no sweep_done decision;"):
         plan_check(_sweep(tmp_path, done=False).root)
+
+
+def test_plan_check_of_a_resumed_sweep_judges_its_first_run(tmp_path) -> None:
+    store = _sweep(tmp_path / "finished")  # then resumed (e.g. with --retry-failed)
+    for d in [_decision("resume", 0.0), _decision("plan", 0.1, makespan_s=1.0),
+              _decision("sweep_done", 5.0)]:  # fmt: skip
+        store.append_decision(d)
+    assert plan_check(store.root).planned_s == 8.0
+    killed = _sweep(tmp_path / "killed", done=False)  # its first run never ended
+    for d in [_decision("resume", 0.0), _decision("sweep_done", 5.0)]:
+        killed.append_decision(d)
+    with pytest.raises(ValueError, match="no sweep_done decision before it was resumed"):
+        plan_check(killed.root)
