@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -16,11 +17,15 @@ def status(
     sweep_dir: Annotated[Path, typer.Argument(metavar="DIR", help="A `plora sweep --out` dir.")],
 ) -> None:
     """Show a sweep directory: configs by status, jobs, the latest plan, the best configs."""
+    from plora.analysis.plan_check import plan_check
     from plora.runtime.progress import status_text
 
     with user_errors():
         text = status_text(str(sweep_dir))
     typer.echo(text)
+    # a finished first run: how well its plan foretold it, part by part (else nothing to say)
+    with contextlib.suppress(ValueError, KeyError, OSError):
+        typer.echo(f"first plan vs the run: {plan_check(sweep_dir).describe()}")
 
 
 @app.command()

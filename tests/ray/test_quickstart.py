@@ -123,6 +123,7 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
         status.returncode == 0
         and "done 8" in status.stdout
         and "best by eval_metric" in status.stdout
+        and f"first plan vs the run: {first.describe()}" in status.stdout
     )
 
 
