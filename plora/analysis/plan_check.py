@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import pandas as pd
-
 from plora.sweepdir.store import SweepStore
 
 #: Job terms compared (``plora.cost.jobterms.JobTimeTerms`` and ``jobs.parquet`` columns).
@@ -99,8 +97,8 @@ def plan_check(out: str | os.PathLike[str]) -> PlanCheck:
             for k in TERMS:
                 planned[k] += float(terms.get(k, 0.0))
     measured = {k: 0.0 for k in TERMS}
-    if started and store.jobs_parquet.is_file():
-        jobs = pd.read_parquet(store.jobs_parquet)
+    if started:
+        jobs = store.read_jobs()
         for k in TERMS:
             measured[k] = float(jobs.loc[jobs["job_id"].isin(started), k].sum())
     return PlanCheck(

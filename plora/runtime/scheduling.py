@@ -189,7 +189,6 @@ def launch(coord: CoordinatorState, spec: JobSpec, *, plan_job: Any) -> JobSpec:
         resume=spec.resume,
         free_gpus_after=len(coord.free_gpus),
         planned_start_s=getattr(plan_job, "start_s", None),
-        planned_end_s=getattr(plan_job, "end_s", None),
         planned_terms=planned_terms(coord, spec),
     )
     return spec
