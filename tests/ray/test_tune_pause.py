@@ -111,7 +111,13 @@ def test_a_soft_median_rule_pauses_lagging_adapters_and_tune_resumes_them(
 ) -> None:
     """``MedianStoppingRule(hard_stop=False)``: a lagging trial is paused (its adapter leaves its
     pack), Tune runs it again as soon as it can (a proxy needs no GPU), and the adapter rejoins a
-    pack and trains to the end, ending as it would have without the pause."""
+    pack and trains to the end, ending as it would have without the pause.
+
+    The rule judges a trial at step t only against trials that already reported t, so which trial
+    lags must not hang on which job happens to run ahead (a CI run on 2026-11-27 paused none: the
+    worst trial's job ran ahead of the other). Here Tune runs three trials at a time and the worst
+    lr comes last: it starts once one of the others ended, they are all past its steps, and its
+    first judged result (step 8) is worse than theirs."""
     from ray import tune
     from ray.tune.schedulers import MedianStoppingRule
 
@@ -120,17 +126,19 @@ def test_a_soft_median_rule_pauses_lagging_adapters_and_tune_resumes_them(
     from plora.tune.trainable import plora_trainable
 
     sweep = _sweep("softmedian")
+    # linger 10 s: the last trial registers after others ended, and the source must still take it
     trainable = plora_trainable(
         sweep, options=RunOptions(engine=PackFnEngine, calibration_steps=0), cost=cost_of(sweep),
-        settle_s=1.0, linger_s=0.5,
+        settle_s=1.0, linger_s=10.0,
     )  # fmt: skip
     rule = MedianStoppingRule(time_attr="adapter_step", grace_period=8, min_samples_required=2,
                               hard_stop=False)  # fmt: skip
-    lrs = LRS[:4]
+    lrs = LRS[:4][::-1]  # trial 3, the last to start, has the smallest lr: it lags
     results = tune.Tuner(
         trainable,
         param_space={"lr": tune.grid_search(lrs), "rank": 4},
-        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=PLoRAScheduler(rule)),
+        tune_config=tune.TuneConfig(metric="loss", mode="min", scheduler=PLoRAScheduler(rule),
+                                    max_concurrent_trials=3),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="msr", verbose=0),
     ).fit()  # fmt: skip
     assert len(results) == len(lrs) and not results.errors
@@ -144,6 +152,8 @@ def test_a_soft_median_rule_pauses_lagging_adapters_and_tune_resumes_them(
     resumed = {c for d in decisions if d["kind"] == "resume_config" for c in d["config_ids"]}
     assert asked and asked == resumed, (asked, resumed)
     by_id = {r.metrics["config_id"]: r for r in results}
+    last = next(cid for cid, r in by_id.items() if r.config["lr"] == min(lrs))
+    assert last in asked, (last, asked)
     for cid in asked:
         config = config_from_tune(by_id[cid].config, sweep, config_id=cid)
         w = json.loads((Path(res.loc[cid, "adapter_path"]) / "adapter.json").read_text())["w"]
