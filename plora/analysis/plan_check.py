@@ -43,10 +43,6 @@ class PlanCheck:
         """Planned over measured (1: the plan was right)."""
         return self.planned_s / self.measured_s if self.measured_s > 0 else float("inf")
 
-    def within(self, tolerance: float) -> bool:
-        """Whether the makespan is within ``tolerance`` (0.25: 25 %) of the measured time."""
-        return abs(self.planned_s - self.measured_s) <= tolerance * self.measured_s
-
     def describe(self) -> str:
         """One line: the makespan, then each part as planned / measured."""
         parts = [f"plan {self.planned_s:.2f} s / measured {self.measured_s:.2f} s "

@@ -38,7 +38,6 @@ def test_plan_check_sets_the_first_plan_and_its_jobs_against_the_sweep(tmp_path)
     assert check.planned_ready_s == 2.5 and check.ready_s == 4.0
     # only j0001 (the first plan's job) counts: j0002 came from a later plan
     assert check.terms == {"train_s": (4.0, 5.0), "eval_s": (1.0, 0.5), "checkpoint_s": (0.5, 0.25)}
-    assert check.within(0.25) and not check.within(0.15)
     line = check.describe()
     assert "plan 8.00 s / measured 10.00 s (0.80x)" in line and "train 4.00 / 5.00 s" in line
     assert "workers ready 2.50 / 4.00 s" in line
