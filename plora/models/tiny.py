@@ -37,19 +37,20 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from filelock import FileLock
+from transformers import LlamaConfig, PretrainedConfig, Qwen2Config
 
 from plora.config import ConfigError
 from plora.models.tokenizer import VOCAB_SIZE, build_tokenizer
 from plora.utils import torchao_first
 
-# transformers' model classes import torchao whenever it is installed, with a page of warnings
-# (the driver's tokenizer check reaches here first): quietly first
-torchao_first()
-from transformers import LlamaConfig, PretrainedConfig, PreTrainedModel, Qwen2Config  # noqa: E402
+if TYPE_CHECKING:  # the model classes (1.1 s, and torchao) only where a model is built
+    from transformers import PreTrainedModel
 
 #: Bump when the architecture defaults or the pretraining recipe change (invalidates caches).
 RECIPE_VERSION = 1
@@ -100,6 +101,28 @@ def cache_root() -> Path:
 
 def tiny_model_dir(name: str) -> Path:
     """Return the cached HF directory of ``name``, building (pretraining) it first if absent."""
+    ensure_tiny_model(name)
+    return _model_dir(name)
+
+
+def ensure_tiny_model(name: str) -> float:
+    """Build ``name``'s cached directory unless it is there; the seconds spent building it, or
+    waiting for the process that builds it (0.0 when it was there)."""
+    path = _model_dir(name)
+    if (path / "config.json").is_file():
+        return 0.0
+    t0 = time.perf_counter()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One builder per machine: the sweep driver builds while its worker starts, and a second
+    # builder would halve both on a small host (a fresh 2-core box: the worker's load took
+    # 13.3 s beside the driver's build). Others wait on the lock, then read the result.
+    with FileLock(path.parent / f".{path.name}.lock"):
+        if not (path / "config.json").is_file():
+            _build(name, path)
+    return time.perf_counter() - t0
+
+
+def _model_dir(name: str) -> Path:
     cfg = tiny_config(name)
     key = json.dumps(
         {
@@ -113,20 +136,21 @@ def tiny_model_dir(name: str) -> Path:
         sort_keys=True,
         default=str,
     )
-    path = cache_root() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if not (path / "config.json").is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
-            _pretrained_model(name, cfg).save_pretrained(tmp)
-            build_tokenizer(TINY_MODELS[name][3], MAX_POSITIONS).save_pretrained(tmp)
-            # rename() onto an existing non-empty directory fails: a concurrent builder that
-            # finished first wins, and readers never see a half-written or swapped directory.
-            with contextlib.suppress(OSError):
-                os.rename(tmp, path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return cache_root() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _build(name: str, path: Path) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        _pretrained_model(name, tiny_config(name)).save_pretrained(tmp)
+        build_tokenizer(TINY_MODELS[name][3], MAX_POSITIONS).save_pretrained(tmp)
+        # rename() onto an existing non-empty directory fails: a builder on another machine
+        # sharing the cache that finished first wins, and readers never see a half-written or
+        # swapped directory.
+        with contextlib.suppress(OSError):
+            os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _lookup(name: str) -> tuple[type[PretrainedConfig], dict, int, str]:
@@ -140,6 +164,9 @@ def _lookup(name: str) -> tuple[type[PretrainedConfig], dict, int, str]:
 
 def _pretrained_model(name: str, cfg: PretrainedConfig) -> PreTrainedModel:
     """Seeded random init, then the fixed pretraining recipe (CPU, float32)."""
+    # transformers' model classes import torchao whenever it is installed, with a page of
+    # warnings: quietly first
+    torchao_first()
     from transformers import AutoModelForCausalLM
 
     _, _, seed, flavour = TINY_MODELS[name]
@@ -182,4 +209,4 @@ def _pretrain(model: PreTrainedModel, tok, name: str) -> PreTrainedModel:
     return model
 
 
-__all__ = ["TINY_MODELS", "cache_root", "tiny_config", "tiny_model_dir"]
+__all__ = ["TINY_MODELS", "cache_root", "ensure_tiny_model", "tiny_config", "tiny_model_dir"]

@@ -172,6 +172,39 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
         tiny_mod.tiny_model_dir("tiny-llama")
 
 
+def test_concurrent_builders_build_once(tmp_path, monkeypatch):
+    """Two processes (here threads) asking for an unbuilt model: one pretrains, the other waits
+    for its directory instead of pretraining beside it; both say how long that took them (a
+    worker's one-time build is kept out of its start-up), and a cached model takes no time."""
+    import threading
+    import time
+
+    monkeypatch.setattr(tiny_mod, "PRETRAIN_STEPS", 3)
+    monkeypatch.setenv("PLORA_CACHE_DIR", str(tmp_path))
+    build, builds = tiny_mod._pretrained_model, []
+
+    def slow_build(*args):
+        builds.append(threading.get_ident())
+        time.sleep(0.5)  # the other caller arrives while this one builds
+        return build(*args)
+
+    monkeypatch.setattr(tiny_mod, "_pretrained_model", slow_build)
+    spent: list[float] = []
+    threads = [
+        threading.Thread(target=lambda: spent.append(tiny_mod.ensure_tiny_model("tiny-llama")))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(builds) == 1 and len(spent) == 2 and min(spent) > 0.3
+    path = tiny_mod.tiny_model_dir("tiny-llama")
+    assert (path / "config.json").is_file() and tiny_mod.ensure_tiny_model("tiny-llama") == 0.0
+    built = [p.name for p in (tmp_path / "tiny").iterdir() if not p.name.endswith(".lock")]
+    assert built == [path.name]
+
+
 def test_pretrained_base_beats_random_init():
     model, tok = load_model("tiny-qwen2")
     ds = load_dataset(DatasetSpec(builtin="arithmetic", num_examples=100), tok)
