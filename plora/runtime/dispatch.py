@@ -154,8 +154,9 @@ class Dispatcher:
                 continue
             group.ready_s = time.monotonic() - group.started_at
             self.coord.on_group_ready(
-                group.gpu_ids, ready_s=group.ready_s, load_s=group.info.load_s, node=group.node
-            )
+                group.gpu_ids, ready_s=group.ready_s, load_s=group.info.load_s,
+                build_s=group.info.build_s, node=group.node,
+            )  # fmt: skip
             for job in self.jobs.values():
                 if job.group is group:
                     self.coord.on_job_started(job.spec.job_id, node=group.node)

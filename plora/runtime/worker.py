@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -46,6 +47,18 @@ class WorkerInfo:
     pid: int
     load_s: float = 0.0
     """Seconds to build the engine (base model and dataset load)."""
+    build_s: float = 0.0
+    """Seconds, before the load, spent building a built-in tiny base model on its first use on
+    this machine (or waiting for the process building it): once per machine, not part of the
+    group's start-up that the profile store keeps."""
+
+
+def _tiny_build_s() -> float:
+    """Seconds this process spent building a built-in tiny model (or waiting for another process
+    building it): read only where plora's model loading imported the module (an engine that
+    loads no model pays no transformers import for it)."""
+    tiny = sys.modules.get("plora.models.tiny")
+    return float(tiny.build_seconds()) if tiny is not None else 0.0
 
 
 class RelayHooks:
@@ -168,7 +181,7 @@ class PackWorker:
             # Logical GPUs on a CPU machine: no CUDA device to pin, keep to one core.
             torch.set_num_threads(max(1, threads))
 
-    def node_info(self, load_s: float = 0.0) -> WorkerInfo:
+    def node_info(self, load_s: float = 0.0, build_s: float = 0.0) -> WorkerInfo:
         """Where this worker runs: node id, host, IP, the GPU ids Ray gave it."""
         ctx = ray.get_runtime_context()
         return WorkerInfo(
@@ -178,13 +191,14 @@ class PackWorker:
             gpu_ids=tuple(str(g) for g in ray.get_gpu_ids()),
             pid=os.getpid(),
             load_s=load_s,
+            build_s=build_s,
         )
 
     def load(self) -> WorkerInfo:
         """Build the engine (load the base model and the dataset) once; where and how long."""
         if self._spec is None:
             raise RuntimeError("this worker was created without an engine spec to load")
-        t0 = time.perf_counter()
+        t0, built_before = time.perf_counter(), _tiny_build_s()
         try:
             if self._engine_cls is None and self.world_size > 1:
                 from plora.parallel.dims import ParallelDims
@@ -203,7 +217,8 @@ class PackWorker:
             raise
         finally:
             self._loaded.set()
-        return self.node_info(load_s=time.perf_counter() - t0)
+        build_s = _tiny_build_s() - built_before
+        return self.node_info(load_s=time.perf_counter() - t0 - build_s, build_s=build_s)
 
     def free_port(self) -> int:
         """A free TCP port on this worker's node (rank 0 hosts the process-group store)."""

@@ -190,6 +190,7 @@ def test_concurrent_builders_build_once(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tiny_mod, "_pretrained_model", slow_build)
     spent: list[float] = []
+    before = tiny_mod.build_seconds()
     threads = [
         threading.Thread(target=lambda: spent.append(tiny_mod.ensure_tiny_model("tiny-llama")))
         for _ in range(2)
@@ -199,6 +200,7 @@ def test_concurrent_builders_build_once(tmp_path, monkeypatch):
     for t in threads:
         t.join()
     assert len(builds) == 1 and len(spent) == 2 and min(spent) > 0.3
+    assert tiny_mod.build_seconds() - before == pytest.approx(sum(spent))  # what a worker reads
     path = tiny_mod.tiny_model_dir("tiny-llama")
     assert (path / "config.json").is_file() and tiny_mod.ensure_tiny_model("tiny-llama") == 0.0
     built = [p.name for p in (tmp_path / "tiny").iterdir() if not p.name.endswith(".lock")]
