@@ -14,15 +14,20 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it over ``path``.
+def atomic_path(
+    path: str | os.PathLike[str], *, tmp_dir: str | os.PathLike[str] | None = None
+) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (or in ``tmp_dir``, on the same filesystem); on
+    success rename it over ``path``.
 
     Works for files and directories. On error the temporary is removed and ``path`` is left
-    untouched, so readers never see a half-written file.
+    untouched, so readers never see a half-written file. ``tmp_dir`` keeps the temporary out of
+    a directory that another process copies as it changes (Tune's driver staging directory).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)) / "tmp"
+    where = path.parent if tmp_dir is None else Path(tmp_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=where)) / "tmp"
     try:
         yield tmp
         if path.is_dir() and not path.is_symlink():
@@ -36,22 +41,30 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         shutil.rmtree(tmp.parent, ignore_errors=True)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+def atomic_write_bytes(
+    path: str | os.PathLike[str], data: bytes, *, tmp_dir: str | os.PathLike[str] | None = None
+) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename; see
+    :func:`atomic_path` for ``tmp_dir``)."""
+    with atomic_path(path, tmp_dir=tmp_dir) as tmp, open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+def atomic_write_text(
+    path: str | os.PathLike[str], text: str, *, tmp_dir: str | os.PathLike[str] | None = None
+) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
-    atomic_write_bytes(path, text.encode())
+    atomic_write_bytes(path, text.encode(), tmp_dir=tmp_dir)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+def atomic_write_json(
+    path: str | os.PathLike[str], obj: Any, *, tmp_dir: str | os.PathLike[str] | None = None
+) -> None:
     """Write ``obj`` as indented JSON to ``path`` atomically."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    text = json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+    atomic_write_text(path, text, tmp_dir=tmp_dir)
 
 
 def fmt_duration(seconds: float) -> str:

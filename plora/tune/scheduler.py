@@ -240,7 +240,11 @@ class PLoRAScheduler(TrialScheduler):
 
     def _save(self) -> None:
         if self._state_path is not None:
-            atomic_write_json(self._state_path, self.get_state())
+            # the temporary goes beside the staging directory, not in it: Tune's sync of that
+            # directory would list it and fail to copy it once renamed ("Last sync command
+            # failed ... FileNotFoundError"), and that round's experiment state not synced
+            atomic_write_json(self._state_path, self.get_state(),
+                              tmp_dir=self._state_path.parent.parent)  # fmt: skip
 
 
 def _refuse_pausing(inner: TrialScheduler) -> None:
