@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from tune_helpers import HERE, ROOT, trainable_for
 
 from plora.sweepdir.store import SweepStore
@@ -41,20 +42,21 @@ def _rungs(path: Path | dict) -> dict[tuple[float, str], float]:
     return {(m, t): v for bracket in state["rungs"] for m, rec in bracket for t, v in rec.items()}
 
 
-def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
-    ray_cluster, tmp_path
-) -> None:
-    import ray
-    from ray import tune
-
+def _kill_mid_sweep(storage: Path, address: str) -> bool:
+    """Run the driver's sweep into ``storage`` and SIGKILL it once a job ended and ASHA stopped
+    some configs; whether configs were still running or queued at the kill."""
     from plora.tune.scheduler import STATE_FILE
 
-    exp = tmp_path / "restore"
-    address = ray.get_runtime_context().gcs_address
+    exp = storage / "restore"
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}"}
-    code = DRIVER.format(here=str(HERE), storage=str(tmp_path), address=address)
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
+    code = DRIVER.format(here=str(HERE), storage=str(storage), address=address)
+    storage.mkdir(parents=True)
+    err = (storage / "driver.err").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, start_new_session=True, stderr=err
+    )
     state_json = exp / "plora" / "state.json"
+    unended: set[str] = set()
     try:
         deadline = time.time() + 150
         while time.time() < deadline:
@@ -66,11 +68,10 @@ def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
                 except json.JSONDecodeError:
                     time.sleep(0.05)
                     continue
-                # a job ended and ASHA stopped some: kill the driver now -- while another job
-                # runs as a rule; but the two jobs may end together (both started at once and
-                # took refills alike: 0.05 s apart in a CI run, 2026-11-27), so a driver still
-                # alive once every config ended is killed too (a race remains: if Tune had
-                # already marked every trial ended, the restore has nothing to resume)
+                # a job ended and ASHA stopped some: kill the driver now, while another job
+                # runs as a rule; the two jobs may also end together (both started at once and
+                # took refills alike: 0.05 s apart in a CI run, 2026-11-27), and then the kill
+                # may come after Tune marked every trial ended (nothing left to resume)
                 if ended and sched["stopped"] and _rungs(sched) and (unended or ended == status):
                     break
             assert proc.poll() is None, "driver exited before it could be killed"
@@ -78,13 +79,36 @@ def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(10)
+        err.close()
+    # the scheduler's state reaches Tune's sync whole (its temporary is written elsewhere)
+    assert "Last sync command failed" not in (storage / "driver.err").read_text()
+    time.sleep(1.0)  # let Ray reap the dead driver's actors and placement groups
+    return bool(unended)
+
+
+def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
+    ray_cluster, tmp_path
+) -> None:
+    import ray
+    from ray import tune
+
+    from plora.tune.scheduler import STATE_FILE
+
+    address = ray.get_runtime_context().gcs_address
+    for attempt in range(3):  # a run whose jobs all ended together was not killed mid-sweep
+        storage = tmp_path / f"run{attempt}"
+        if _kill_mid_sweep(storage, address):
+            break
+    else:
+        pytest.fail("3 driver runs: every config had ended when the driver was killed")
+    exp = storage / "restore"
+    state_json = exp / "plora" / "state.json"
     state = json.loads(state_json.read_text())
     ended = {c for c, s in state["status"].items() if s in ("done", "stopped")}
     killed_at = state["elapsed_s"]
     rungs_before = _rungs(exp / STATE_FILE)
     stopped_before = json.loads((exp / STATE_FILE).read_text())["stopped"]
     assert ended and rungs_before and stopped_before
-    time.sleep(1.0)  # let Ray reap the dead driver's actors and placement groups
 
     results = tune.Tuner.restore(
         str(exp), trainable=trainable_for("restoretest"), resume_unfinished=True
