@@ -46,10 +46,10 @@ class WorkerInfo:
     gpu_ids: tuple[str, ...]
     pid: int
     load_s: float = 0.0
-    """Seconds to build the engine (base model and dataset load)."""
+    """Seconds to build the engine (base model and dataset load), ``build_s`` not counted."""
     build_s: float = 0.0
-    """Seconds, before the load, spent building a built-in tiny base model on its first use on
-    this machine (or waiting for the process building it): once per machine, not part of the
+    """Seconds of the engine's build spent building a built-in tiny base model on its first use
+    on this machine (or waiting for the process building it): once per machine, not part of the
     group's start-up that the profile store keeps."""
 
 
