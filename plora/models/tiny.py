@@ -37,6 +37,7 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # the model classes (1.1 s, and torchao) only where a model i
     from transformers import PreTrainedModel
 
 _BUILD_S = 0.0
+_BUILD_S_LOCK = threading.Lock()
 
 #: Bump when the architecture defaults or the pretraining recipe change (invalidates caches).
 RECIPE_VERSION = 1
@@ -103,15 +105,19 @@ def cache_root() -> Path:
 
 def tiny_model_dir(name: str) -> Path:
     """Return the cached HF directory of ``name``, building (pretraining) it first if absent."""
-    ensure_tiny_model(name)
-    return _model_dir(name)
+    path = _model_dir(name)
+    _ensure_built(name, path)
+    return path
 
 
 def ensure_tiny_model(name: str) -> float:
     """Build ``name``'s cached directory unless it is there; the seconds spent building it, or
     waiting for the process that builds it (0.0 when it was there)."""
+    return _ensure_built(name, _model_dir(name))
+
+
+def _ensure_built(name: str, path: Path) -> float:
     global _BUILD_S
-    path = _model_dir(name)
     if (path / "config.json").is_file():
         return 0.0
     t0 = time.perf_counter()
@@ -123,7 +129,8 @@ def ensure_tiny_model(name: str) -> float:
         if not (path / "config.json").is_file():
             _build(name, path)
     spent = time.perf_counter() - t0
-    _BUILD_S += spent
+    with _BUILD_S_LOCK:  # callers on several threads (the driver: its prepare thread, its main)
+        _BUILD_S += spent
     return spent
 
 

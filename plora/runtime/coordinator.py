@@ -272,8 +272,8 @@ class Coordinator:
         build_s: float = 0.0,
     ) -> None:
         """A worker group loaded the base model: its GPUs are warm; start-up was measured
-        (``ready_s`` from the request, ``load_s`` of it in the engine's load; ``build_s`` before
-        the load went to a built-in model's one-time build and is no start-up sample)."""
+        (``ready_s`` from the request, ``load_s`` of it in the engine's load; ``build_s`` of it
+        went to a built-in model's one-time build and is no start-up sample)."""
         self.residency.ready(gpu_ids)
         if self.running:  # running jobs' predicted ends had the start-up left in them
             self._retime_running()
