@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import os
 import socket
 import sys
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -139,7 +141,7 @@ def run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, row
         except Exception as e:
             # the other ranks may wait in a collective this one left: record, save, and end
             # this process (mp.spawn then ends the others) rather than hang until the timeout
-            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            row["error"] = _error_text(e)
             rows.append(row)
             traceback.print_exc()
             _print(row)
@@ -181,13 +183,29 @@ def run_min_gpu(rank, args, name, cfg, spec, device, dtype, peak, rows) -> None:
         row.update(tokens_per_s=tps, ceiling_fraction=tps / ceiling, step_s=float(t.item()),
                    peak_gib=_peak(device) / 2**30)  # fmt: skip
     except Exception as e:
-        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        row["error"] = _error_text(e)
     rows.append(row)
     if rank == 0:
         _print(row)
         _save(args, rows)
     del base
     gc.collect()
+
+
+def _error_text(e: BaseException) -> str:
+    """The error and the causes it was raised from, one line (torch's pipelining wraps the
+    stage's real error in a generic one)."""
+    parts = []
+    while e is not None and len(parts) < 4:
+        parts.append(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+        e = e.__cause__ or e.__context__
+    return " <- ".join(parts)
+
+
+def _last_line(e: BaseException) -> str:
+    """A spawned rank's error, without its traceback."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[-1] if lines else repr(e)
 
 
 def _save(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -213,7 +231,8 @@ def _print(row: dict) -> None:
     )
 
 
-def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
+def _worker(rank: int, args: argparse.Namespace, port: int, name: str, strategy: str) -> None:
+    """One case group (a strategy, or ``min-gpu``) of one model in its own process group."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = not args.smoke
     if cuda:
@@ -235,18 +254,24 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         args.meta = {"device": gpu, "peak_flops": peak}
         if rank == 0:
             print(f"{args.gpus} x {gpu}: measured peak {peak / 1e12:.1f} TFLOP/s each", flush=True)
-        rows: list[dict] = []
-        for name in args.models:
-            cfg = hf_config(name)
-            cfg.use_cache = False
-            spec = ModelSpec.from_hf_config(cfg)
-            for strategy in args.strategies:
-                run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, rows)
-            if args.min_gpu:
-                run_min_gpu(rank, args, name, cfg, spec, device, dtype, peak, rows)
+        cfg = hf_config(name)
+        cfg.use_cache = False
+        spec = ModelSpec.from_hf_config(cfg)
+        rows: list[dict] = _load_rows(args)
+        if strategy == "min-gpu":
+            run_min_gpu(rank, args, name, cfg, spec, device, dtype, peak, rows)
+        else:
+            run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, rows)
         _save(args, rows)
     finally:
         dist.destroy_process_group()
+
+
+def _load_rows(args: argparse.Namespace) -> list[dict]:
+    """The rows earlier case groups of this run wrote (each group is its own set of processes)."""
+    if args.out is None or not (args.out / "multigpu.json").is_file():
+        return list(args.rows)
+    return json.loads((args.out / "multigpu.json").read_text())["rows"]
 
 
 def main() -> None:
@@ -270,10 +295,32 @@ def main() -> None:
         args.models, args.seq, args.packs, args.warmup, args.steps = ["smoke"], 32, [2, 4], 1, 2
     elif torch.cuda.device_count() < args.gpus:
         sys.exit(f"error: --gpus {args.gpus} but this machine has {torch.cuda.device_count()}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(args, port), nprocs=args.gpus, join=True)
+    args.rows = []
+    failed = 0
+    groups = [(n, s) for n in args.models for s in [*args.strategies, *["min-gpu"] * args.min_gpu]]
+    for name, strategy in groups:
+        # each strategy in its own processes: a case that fails (its ranks end at once rather
+        # than wait in a collective) costs only the rest of its own group
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            mp.spawn(_worker, args=(args, port, name, strategy), nprocs=args.gpus, join=True)
+        except ProcessException as e:
+            failed += 1
+            print(f"{name:>18} {strategy:>20} FAILED ({e}); going on with the next", flush=True)
+            rows = _load_rows(args)
+            if not any(r["model"] == name and r["strategy"] == strategy and "error" in r
+                       for r in rows):  # fmt: skip
+                rows.append({"model": name, "case": f"{strategy}{args.gpus}", "strategy": strategy,
+                             "d": args.gpus, "error": _last_line(e)})  # fmt: skip
+            args.rows = rows
+            if args.out is not None:
+                args.out.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(args.out / "multigpu.json", {"gpus": args.gpus, "seq": args.seq,
+                                                               "rank": args.rank, "rows": rows})
+    if failed:
+        sys.exit(f"{failed} of {len(groups)} case groups failed (their rows say why)")
 
 
 if __name__ == "__main__":

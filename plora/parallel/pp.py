@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from plora.engine.adapters import packed_segments
 
@@ -115,6 +116,7 @@ class PipelineStageModule(nn.Module):
             raise ValueError("apply_pp: sliding-window attention layers are not supported")
         self.config = cfg
         object.__setattr__(self, "model", model)  # a reference, not a submodule (no cycle)
+        object.__setattr__(self, "_decoder", decoder)
         self.stage, self.stages = stage, stages
         self.layer_ids = stage_layers(len(decoder.layers), stages, stage)
         self.embed = decoder.embed_tokens if stage == 0 else None
@@ -166,6 +168,13 @@ class PipelineStageModule(nn.Module):
             position_ids = torch.arange(h.shape[1], device=h.device)[None]
         mask = create_causal_mask(**_mask_kwargs(self.config, h, mb.attention_mask, position_ids))
         rope = self.rotary(h, position_ids)
+        if self._checkpointing():
+            # 1F1B runs micro-batch i's backward after later forwards have re-routed the
+            # layers, so each block's recomputation routes itself (the routing in the closure)
+            for block in self.blocks:
+                h = checkpoint(_routed_block, block, h, mb, mask, position_ids, rope,
+                               use_reentrant=False)  # fmt: skip
+            return self.norm(h) if self.norm is not None else h
         route = (
             contextlib.nullcontext()
             if mb.segments is None
@@ -179,6 +188,44 @@ class PipelineStageModule(nn.Module):
             assert self.norm is not None  # the last stage keeps the final norm
             return self.norm(h)
         return h
+
+
+    def _checkpointing(self) -> bool:
+        """Whether the base recomputes activations in backward (``gradient_checkpointing_enable``
+        flags the decoder layers in newer transformers, the decoder in older ones)."""
+        if not torch.is_grad_enabled() or not self._decoder.training:
+            return False
+        return bool(getattr(self._decoder, "gradient_checkpointing", False)) or any(
+            getattr(b, "gradient_checkpointing", False) for b in self.blocks
+        )
+
+
+def _routed_block(
+    block: nn.Module,
+    h: torch.Tensor,
+    mb: MicroBatchRouting,
+    mask: Any,
+    position_ids: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """One decoder layer under ``mb``'s routing, without the layer's own checkpointing (the
+    caller checkpoints it, routing included; transformers checkpoints a flagged layer's
+    ``__call__`` or, since 5.2x, its ``forward``, so the flag is lowered for the call)."""
+    route = (
+        contextlib.nullcontext()
+        if mb.segments is None
+        else packed_segments(block, mb.segments, dropout_keys=mb.dropout_keys)
+    )
+    flagged = getattr(block, "gradient_checkpointing", False)
+    try:
+        if flagged:
+            block.gradient_checkpointing = False
+        with route:
+            out = block(h, attention_mask=mask, position_ids=position_ids, position_embeddings=rope)
+    finally:
+        if flagged:
+            block.gradient_checkpointing = True
+    return out[0] if isinstance(out, tuple) else out
 
 
 def apply_pp(model: nn.Module, *, pp_group: dist.ProcessGroup) -> PipelineStageModule:

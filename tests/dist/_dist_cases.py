@@ -116,6 +116,8 @@ class Case:
     refill: bool = False
     resume: bool = False
     """Checkpoint after step 2 and go on in a freshly built model and trainer."""
+    checkpointing: bool = False
+    """Activation checkpointing (recomputed in backward under each micro-batch's routing)."""
 
     @property
     def world_size(self) -> int:
@@ -151,7 +153,7 @@ def _run_case(rank: int, case: Case, store: str, out: Path, device_type: str) ->
             stage = parallelize(model, dims=dims, mesh=mesh, shard_base=case.shard_base)
             return ParallelPackedTrainer(
                 model, TOKENIZER, toy_dataset(), device=device, dims=dims, mesh=mesh, stage=stage,
-                microbatches=case.microbatches,
+                microbatches=case.microbatches, gradient_checkpointing=case.checkpointing,
             )  # fmt: skip
 
         def keep(state):

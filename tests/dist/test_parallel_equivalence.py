@@ -29,6 +29,8 @@ TWO = [
     Case(name="fsdp2", fsdp=2, microbatches=4),  # 8 bins for 6 rows: rank 1 idles twice a step
     Case(name="fsdp2-base-whole", fsdp=2, shard_base=False),
     Case(name="pp2", pp=2, microbatches=8),  # 8 micro-batches for 6 rows: 2 idle a step
+    # 1F1B recomputes micro-batch i after later forwards re-routed the layers
+    Case(name="pp2-ckpt", pp=2, microbatches=3, checkpointing=True),
     Case(name="tp2-refill", tp=2, refill=True),  # "b" leaves after step 2, "e" takes its slot
 ]
 FOUR = [
@@ -46,6 +48,7 @@ LAYOUT = {
     "fsdp2": ((16, 32), 32, True, 2, (0, 2 * STEPS)),
     "fsdp2-base-whole": ((32, 32), 32, False, 2, (0, 0)),
     "pp2": ((32, 32), 32, False, 1, (2 * STEPS, 2 * STEPS)),
+    "pp2-ckpt": ((32, 32), 32, False, 1, (0, 0)),
     "tp2-refill": ((16, 32), 16, False, 2, (0, 0)),
     "fsdp2xtp2": ((8, 32), 16, True, 2, (0, 0, 0, 0)),
     "pp2xtp2": ((16, 32), 16, False, 1, (0, 0, 0, 0)),
