@@ -317,8 +317,10 @@ def main() -> None:
             args.rows = rows
             if args.out is not None:
                 args.out.mkdir(parents=True, exist_ok=True)
-                atomic_write_json(args.out / "multigpu.json", {"gpus": args.gpus, "seq": args.seq,
-                                                               "rank": args.rank, "rows": rows})
+                atomic_write_json(
+                    args.out / "multigpu.json",
+                    {"gpus": args.gpus, "seq": args.seq, "rank": args.rank, "rows": rows},
+                )
     if failed:
         sys.exit(f"{failed} of {len(groups)} case groups failed (their rows say why)")
 

@@ -189,7 +189,6 @@ class PipelineStageModule(nn.Module):
             return self.norm(h)
         return h
 
-
     def _checkpointing(self) -> bool:
         """Whether the base recomputes activations in backward (``gradient_checkpointing_enable``
         flags the decoder layers in newer transformers, the decoder in older ones)."""
