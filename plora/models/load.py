@@ -26,7 +26,7 @@ from transformers import PretrainedConfig
 
 from plora.config import ConfigError
 from plora.models.quantize import quantize_model
-from plora.models.tiny import TINY_MODELS, tiny_config, tiny_model_dir
+from plora.models.tiny import COMPLETE_MARKER, TINY_MODELS, tiny_config, tiny_model_dir
 from plora.utils import atomic_path, torchao_first
 
 if TYPE_CHECKING:
@@ -140,7 +140,9 @@ def save_base_model(ref: ModelRef | str, out_dir: str | Path) -> Path:
     name = _name(ref)
     with atomic_path(out) as tmp:
         if name in TINY_MODELS:
-            shutil.copytree(tiny_model_dir(name), tmp)
+            shutil.copytree(
+                tiny_model_dir(name), tmp, ignore=shutil.ignore_patterns(COMPLETE_MARKER)
+            )
         else:  # the dense weights (a quantized ref's base is saved unquantized)
             dense = ref if isinstance(ref, str) else dataclasses.replace(ref, quantization="none")
             model, tokenizer = load_model(dense)

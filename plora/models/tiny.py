@@ -18,9 +18,11 @@ visibly matter (100 steps of LoRA: from 0 % at lr 3e-2 to ~30 % at lr 1e-3 on ti
 
 Pretraining takes ~10 s of one CPU core per model; the result is cached as a standard HF
 directory under ``$PLORA_CACHE_DIR`` (default ``~/.cache/plora``) ``/tiny/<name>-<hash>``,
-where the hash covers the architecture, the tokenizer and the recipe. It is published with
-one atomic rename and always *read back from disk*, so concurrent processes on one machine
-use identical weights. Pretraining runs on the CPU, in float32, on one thread (reproducible
+where the hash covers the architecture, the tokenizer and the recipe. It is built in a
+temporary directory, marked complete last (:data:`COMPLETE_MARKER`), published with one atomic
+rename and always *read back from disk*, so concurrent processes on one machine use identical
+weights; a directory at that path without the marker (an interrupted build, anything else) is
+set aside and built again, never loaded. Pretraining runs on the CPU, in float32, on one thread (reproducible
 reductions), whatever device the model is later moved to. Another machine or torch version may
 round differently and so build a slightly different base (seen: eval loss 1.063 vs 1.058 on the
 arithmetic eval split); runs that must agree should share one built directory
@@ -33,6 +35,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -48,14 +51,18 @@ from transformers import LlamaConfig, PretrainedConfig, Qwen2Config
 
 from plora.config import ConfigError
 from plora.models.tokenizer import VOCAB_SIZE, build_tokenizer
-from plora.utils import torchao_first
+from plora.utils import atomic_write_text, torchao_first
 
 if TYPE_CHECKING:  # the model classes (1.1 s, and torchao) only where a model is built
     from transformers import PreTrainedModel
 
+_log = logging.getLogger(__name__)
 _BUILD_S = 0.0
 _BUILD_S_LOCK = threading.Lock()
 
+#: Written last into a built entry: an entry without it (an interrupted build, a directory made
+#: by anything else) is set aside and built again, never loaded.
+COMPLETE_MARKER = ".plora-complete"
 #: Bump when the architecture defaults or the pretraining recipe change (invalidates caches).
 RECIPE_VERSION = 1
 PRETRAIN_STEPS = 300
@@ -118,7 +125,7 @@ def ensure_tiny_model(name: str) -> float:
 
 def _ensure_built(name: str, path: Path) -> float:
     global _BUILD_S
-    if (path / "config.json").is_file():
+    if _complete(path):
         return 0.0
     t0 = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,12 +133,30 @@ def _ensure_built(name: str, path: Path) -> float:
     # builder would halve both on a small host (a fresh 2-core box: the worker's load took
     # 13.3 s beside the driver's build). Others wait on the lock, then read the result.
     with FileLock(path.parent / f".{path.name}.lock"):
-        if not (path / "config.json").is_file():
+        if not _complete(path):
+            if path.exists():  # a directory this code did not publish whole: set it aside
+                _discard(path)
             _build(name, path)
     spent = time.perf_counter() - t0
     with _BUILD_S_LOCK:  # callers on several threads (the driver: its prepare thread, its main)
         _BUILD_S += spent
     return spent
+
+
+def _complete(path: Path) -> bool:
+    """Whether ``path`` is a whole published entry: its marker is written last, inside the
+    temporary directory, before the one rename that publishes it."""
+    return (path / COMPLETE_MARKER).is_file() and (path / "config.json").is_file()
+
+
+def _discard(path: Path) -> None:
+    """Move an incomplete entry out of the way (one rename: readers never see it half gone)
+    and delete it, saying what it held."""
+    held = sorted(p.name for p in path.iterdir()) if path.is_dir() else ["(not a directory)"]
+    _log.warning("tiny model cache %s is incomplete (holds %s): building it again", path, held)
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.broken.", dir=path.parent))
+    os.rename(path, aside / "entry")
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def build_seconds() -> float:
@@ -162,6 +187,12 @@ def _build(name: str, path: Path) -> None:
     try:
         _pretrained_model(name, tiny_config(name)).save_pretrained(tmp)
         build_tokenizer(TINY_MODELS[name][3], MAX_POSITIONS).save_pretrained(tmp)
+        for f in tmp.iterdir():  # on disk before the marker says so
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        atomic_write_text(
+            tmp / COMPLETE_MARKER, json.dumps({"name": name, "recipe": RECIPE_VERSION})
+        )
         # rename() onto an existing non-empty directory fails: a builder on another machine
         # sharing the cache that finished first wins, and readers never see a half-written or
         # swapped directory.
@@ -169,6 +200,8 @@ def _build(name: str, path: Path) -> None:
             os.rename(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if not _complete(path):
+        raise RuntimeError(f"tiny model cache {path}: built, but the entry is not whole")
 
 
 def _lookup(name: str) -> tuple[type[PretrainedConfig], dict, int, str]:

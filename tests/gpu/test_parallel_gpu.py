@@ -37,6 +37,7 @@ TWO = [
     Case(name="fsdp2", fsdp=2, microbatches=4),
     Case(name="fsdp2-base-whole", fsdp=2, shard_base=False),
     Case(name="pp2", pp=2, microbatches=3),
+    Case(name="pp2-ckpt", pp=2, microbatches=3, checkpointing=True),
     Case(name="tp2-refill", tp=2, refill=True),
 ]
 FOUR = [

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
 import unicodedata
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,6 +207,65 @@ def test_concurrent_builders_build_once(tmp_path, monkeypatch):
     assert (path / "config.json").is_file() and tiny_mod.ensure_tiny_model("tiny-llama") == 0.0
     built = [p.name for p in (tmp_path / "tiny").iterdir() if not p.name.endswith(".lock")]
     assert built == [path.name]
+
+
+def test_an_incomplete_cache_entry_is_built_again(tmp_path, monkeypatch, caplog):
+    """A directory at the entry's path that was not published whole (here: tokenizer files
+    only, as a two-GPU machine was left with) is set aside and built again: never loaded, never
+    a dead end for every later load on that machine."""
+    monkeypatch.setattr(tiny_mod, "PRETRAIN_STEPS", 3)
+    monkeypatch.setenv("PLORA_CACHE_DIR", str(tmp_path))
+    path = tiny_mod._model_dir("tiny-qwen2")
+    path.mkdir(parents=True)
+    build_tokenizer("qwen2", 16).save_pretrained(path)
+    with caplog.at_level("WARNING", logger=tiny_mod.__name__):
+        model, _ = load_model("tiny-qwen2")
+    assert "is incomplete" in caplog.text and "tokenizer" in caplog.text
+    assert (path / "config.json").is_file() and (path / tiny_mod.COMPLETE_MARKER).is_file()
+    assert sum(p.numel() for p in model.parameters()) > 0
+    left = [p.name for p in (tmp_path / "tiny").iterdir() if not p.name.endswith(".lock")]
+    assert left == [path.name]  # nothing set aside stays behind
+
+
+def test_a_builder_killed_mid_build_leaves_no_entry(tmp_path):
+    """A builder killed while it pretrains (SIGKILL: no ``finally``) publishes nothing and
+    releases the lock with its process; the next caller builds a whole entry."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PLORA_CACHE_DIR": str(tmp_path)}
+    hang = (
+        "import time, plora.models.tiny as t\n"
+        "t.PRETRAIN_STEPS = 2\n"
+        "t._pretrain = lambda model, tok, name: (print('building', flush=True), time.sleep(600))\n"
+        "t.ensure_tiny_model('tiny-llama')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hang], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "building"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        proc.kill()
+    fast = (
+        "import plora.models.tiny as t; t.PRETRAIN_STEPS = 2; print(t.tiny_model_dir('tiny-llama'))"
+    )
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-c", fast],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    path = Path(out.stdout.strip().splitlines()[-1])
+    assert (path / "config.json").is_file() and (path / tiny_mod.COMPLETE_MARKER).is_file()
+    assert time.perf_counter() - t0 < 240  # the lock died with its holder
 
 
 def test_pretrained_base_beats_random_init():
