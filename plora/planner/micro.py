@@ -121,12 +121,19 @@ def consolidated(table: Any) -> list[Any]:
     makespan comparison (:func:`plora.planner.schedule.replan`) the one-job alternative.
     :func:`make_pack` still prices every pack with its smallest fitting m."""
     micro = [o for o in table.options if o.micro is not None]
-    plain = [o for o in table.options if o.d == 1 and o.micro is None]
     wide = [o for o in table.options if o.d > 1]
     out = []
     for option in micro:
-        kept = [replace(o, fits=o.fits & ~option.fits) for o in plain]
-        out.append(replace(table, options=(*[o for o in kept if o.fits.any()], option, *wide)))
+        # the other d = 1 options (every row live, or more forwards) only for the classes this
+        # one cannot hold: without them such a class (a batch that needs m = 8 where this
+        # option has m = 2) could start nowhere
+        others = [
+            replace(o, fits=o.fits & ~option.fits)
+            for o in table.options
+            if o.d == 1 and o is not option
+        ]
+        kept = [o for o in others if o.fits.any()]
+        out.append(replace(table, options=(*kept, option, *wide)))
     return out
 
 

@@ -232,3 +232,25 @@ def test_plan_totals_charge_the_micro_batched_steps():
     want = cost.job_terms(grid(16), 1, micro_batches=2)
     assert totals["train_s"] == pytest.approx(want.train_s, rel=1e-12)
     assert totals["train_s"] > cost.job_terms(grid(16), 1).train_s
+
+
+def test_a_class_only_many_forwards_hold_still_starts_in_the_one_job_alternatives():
+    """Batches of 2 and 16 rows of 1,024 tokens on a 14B base: the batch-16 configs fit one
+    H100 only with 8 or more forwards a step. The one-job alternative built on the m = 2 option
+    keeps the m >= 8 options for them (it crashed with "configs left but no job can start")."""
+    spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-14B")
+    cost = SweepCostModel(spec, 1024, 1000, h100(2), memory=MEM)
+    configs = [
+        LoRAConfig(config_id=f"c{i}", rank=r, alpha=2.0 * r, lr=lr, batch_size=b, max_steps=20,
+                   target_modules=PROJECTIONS)
+        for i, (lr, r, b) in enumerate(
+            (lr, r, b) for lr in (1e-4, 3e-4) for r in (16, 64) for b in (2, 16)
+        )
+    ]  # fmt: skip
+    table = build_classes(configs, cost, 2)
+    held = {o.micro.micro_batches: bool(o.fits.all()) for o in table.options if o.micro}
+    assert held[2] is False and held[8] is True  # the m = 2 option cannot hold batch 16
+    plan = plan_sweep(configs, cost, 2)
+    placed = sorted(c for j in plan.jobs for c in j.config_ids)
+    assert placed == sorted(c.config_id for c in configs)
+    assert all(j.memory_gib_per_gpu * GIB <= cost.capacity(j.gpus) * 1.0001 for j in plan.jobs)
