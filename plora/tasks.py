@@ -16,6 +16,11 @@ Tasks:
   tied). Scored by **accuracy**: the model's log-likelihood of each label option.
 * ``reverse`` -- ``"reverse: abcd ->"`` -> ``"dcba"``; exact match. Its first 200 rows at seed 0
   are shipped as ``plora/data/reverse_200.jsonl`` to exercise the JSONL path.
+* ``copy`` -- ``"copy: <400-500 random letters> ->"`` -> the same letters: long rows (about
+  1,000 tokens with a byte-level tokenizer) for sweeps whose memory and step time are those of
+  real sequence lengths (the multi-GPU sweeps); exact match, though such sweeps usually score
+  ``eval_loss`` alone (``dataset.metric: none``: no 500-token generation). Not part of the
+  tiny models' pretraining corpus.
 """
 
 from __future__ import annotations
@@ -178,6 +183,21 @@ def make_reverse(
     return rows
 
 
+def make_copy(
+    num_examples: int, seed: int = 0, *, min_len: int = 400, max_len: int = 500
+) -> list[Row]:
+    """Copy a long lowercase string: ``"copy: qzx... ->"`` -> ``" qzx..."``."""
+    _check_size(num_examples, max_len)
+    rng = random.Random(f"copy:{seed}")
+    rows: list[Row] = []
+    for _ in range(num_examples):
+        text = "".join(
+            rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(min_len, max_len))
+        )
+        rows.append({"prompt": f"copy: {text} ->", "completion": f" {text}"})
+    return rows
+
+
 def _check_size(num_examples: int, bound: int) -> None:
     if not isinstance(num_examples, int) or num_examples < 1:
         raise ConfigError(f"dataset.num_examples={num_examples!r} must be an integer >= 1")
@@ -193,7 +213,11 @@ TASKS: dict[str, Task] = {
         name="sentiment", metric="accuracy", labels=("neg", "pos"), generate=make_sentiment
     ),
     "reverse": Task(name="reverse", metric="exact_match", labels=None, generate=make_reverse),
+    "copy": Task(name="copy", metric="exact_match", labels=None, generate=make_copy),
 }
+#: The tasks whose text pretrains the tiny models (:func:`task_corpus`; fixed: the tiny models'
+#: weights, and so every golden number of the tests, depend on it).
+PRETRAIN_TASKS = ("arithmetic", "sentiment", "reverse")
 
 
 def get_task(name: str) -> Task:
@@ -225,8 +249,8 @@ def task_corpus(num_examples: int = 2000, seed: int = 0) -> list[str]:
     rng = random.Random(f"corpus:{seed}")
     texts = [
         row["prompt"] + row["completion"]
-        for task in TASKS.values()
-        for row in task.generate(num_examples, seed)
+        for name in PRETRAIN_TASKS
+        for row in TASKS[name].generate(num_examples, seed)
     ]
     rng.shuffle(texts)
     return texts

@@ -9,7 +9,7 @@ from plora.config.errors import ConfigError
 from plora.config.validate import as_bool, as_choice, as_float, as_int, as_str
 
 #: Built-in synthetic datasets (``plora.tasks``).
-BUILTIN_DATASETS: tuple[str, ...] = ("arithmetic", "sentiment", "reverse")
+BUILTIN_DATASETS: tuple[str, ...] = ("arithmetic", "sentiment", "reverse", "copy")
 #: Dataset file layouts: ``auto`` detects from the rows (``text`` / ``prompt``+``completion`` /
 #: chat ``messages``) or a ``datasets.save_to_disk`` directory (``disk``).
 DATASET_FORMATS: tuple[str, ...] = ("auto", "text", "prompt_completion", "chat", "disk")
@@ -31,7 +31,8 @@ class DatasetSpec:
     """A ``.jsonl`` file (rows with ``text``, or ``prompt``+``completion``, or chat ``messages``)
     or a directory written by ``datasets.save_to_disk``."""
     builtin: str | None = None
-    """A built-in synthetic task: arithmetic (exact match) | sentiment (accuracy) | reverse."""
+    """A built-in synthetic task: arithmetic (exact match) | sentiment (accuracy) | reverse |
+    copy (long rows: ~1,000 tokens)."""
     format: str = "auto"
     """Row layout: auto | text | prompt_completion | chat | disk."""
     num_examples: int = 2000

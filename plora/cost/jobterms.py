@@ -36,7 +36,12 @@ STATE_BYTES_PER_PARAM = 12.0
 #: ``plora sweep --checkpoint-every`` / ``RunOptions.checkpoint_every`` default, in steps.
 DEFAULT_CHECKPOINT_EVERY = 50
 #: What ``dataset.metric: auto`` resolves to for each builtin task (``plora.tasks``).
-BUILTIN_METRICS = {"arithmetic": "exact_match", "sentiment": "accuracy", "reverse": "exact_match"}
+BUILTIN_METRICS = {
+    "arithmetic": "exact_match",
+    "sentiment": "accuracy",
+    "reverse": "exact_match",
+    "copy": "exact_match",
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
