@@ -88,8 +88,9 @@ def _rank(rank: int, strategy: str, port: int, out: str, backend: str = "gloo") 
     from plora.parallel.dims import ParallelDims
     from plora.parallel.session import ParallelPackSession
 
-    if backend == "nccl":  # one GPU per rank, as Ray gives each worker (before CUDA starts)
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    if backend == "nccl":  # one GPU per rank, hidden by tests/gpu/_own_gpu.py before CUDA starts
+        if torch.cuda.device_count() != 1:
+            raise RuntimeError(f"rank {rank} sees {torch.cuda.device_count()} GPUs, not its own")
         torch.cuda.set_device(0)
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

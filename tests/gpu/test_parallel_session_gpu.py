@@ -16,8 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dist"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 from _engine_testlib import adapter_rel_err
+from _own_gpu import run_on_own_gpu
 from safetensors.torch import load_file
-from test_parallel_session import PACK, SECOND, SPEC, STOP_B_AFTER, _free_port, _Hooks, _rank
+from test_parallel_session import PACK, SECOND, SPEC, STOP_B_AFTER, _free_port, _Hooks
 from test_parallel_session import _request as request
 
 pytestmark = [
@@ -33,7 +34,12 @@ def test_parallel_session_on_two_gpus(strategy, tmp_path) -> None:
     from plora.engine.api import EngineSpec
     from plora.engine.run import PackSession
 
-    mp.spawn(_rank, args=(strategy, _free_port(), str(tmp_path), "nccl"), nprocs=2, join=True)
+    mp.spawn(
+        run_on_own_gpu,
+        args=("test_parallel_session", "_rank", strategy, _free_port(), str(tmp_path), "nccl"),
+        nprocs=2,
+        join=True,
+    )
     ref_dir = tmp_path / "one"
     session = PackSession(EngineSpec(**SPEC))
     ref = {}

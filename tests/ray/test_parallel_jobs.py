@@ -32,30 +32,34 @@ CONFIGS = [
 ]  # fmt: skip
 
 
-def _sweep(gpu_memory_gib: float, strategy: Strategy) -> SweepConfig:
+def _sweep(gpu_memory_gib: float, strategy: Strategy, gpu_type: str = "cpu") -> SweepConfig:
     return SweepConfig.from_dict(
         {
             "name": "partest",
             "model": "tiny-qwen2",
             "dataset": {"builtin": "arithmetic", "num_examples": 64, "max_seq_len": 32},
             "space": {"lr": [1e-3], "rank": [4], "alpha": 8, "batch_size": 2, "max_steps": 5},
-            "hardware": {"gpu_type": "cpu", "num_gpus": 4, "gpu_memory_gib": gpu_memory_gib},
+            "hardware": {
+                "gpu_type": gpu_type,
+                "num_gpus": 4 if gpu_type == "cpu" else 2,
+                "gpu_memory_gib": gpu_memory_gib,
+            },
             "planner": {"strategies": [str(strategy)]},
         }
     )
 
 
-def _forcing_d2(strategy: Strategy):
+def _forcing_d2(strategy: Strategy, gpu_type: str = "cpu"):
     """The sweep and its cost model, with GPU memory between what one config needs on two
     GPUs with ``strategy`` and on one GPU: every job must be d = 2."""
     from plora.cost.build import build_cost_model
 
-    probe = build_cost_model(_sweep(64.0, strategy), use_profile=False)
+    probe = build_cost_model(_sweep(64.0, strategy, gpu_type), use_profile=False)
     per_gib = probe.capacity(1) / (64.0 * GIB)  # usable bytes per GiB of GPU memory
     one = min(probe.pack_memory([c], 1) for c in CONFIGS)
     two = max(probe.pack_memory([c], 2, strategy) for c in CONFIGS)
     assert two < one
-    sweep = _sweep((one + two) / 2 / per_gib / GIB, strategy)
+    sweep = _sweep((one + two) / 2 / per_gib / GIB, strategy, gpu_type)
     cost = build_cost_model(sweep, use_profile=False)
     assert all(cost.pack_memory([c], 1) > cost.capacity(1) for c in CONFIGS)
     assert all(cost.pack_memory([c], 2, strategy) <= cost.capacity(2) for c in CONFIGS)
