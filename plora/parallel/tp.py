@@ -217,9 +217,11 @@ def gather_factor(layer: PackedLoRALinear, factor: str, t: torch.Tensor) -> torc
     dim = _sharded_dim(layer, factor)
     if dim is None:
         return t
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(layer.tp_group))]
-    dist.all_gather(parts, t.contiguous(), group=layer.tp_group)
-    return torch.cat(parts, dim=dim.dim)
+    # on the factors' device: NCCL moves no host tensors (a train-state's are on the host)
+    src = t.to(layer.A.device).contiguous()
+    parts = [torch.empty_like(src) for _ in range(dist.get_world_size(layer.tp_group))]
+    dist.all_gather(parts, src, group=layer.tp_group)
+    return torch.cat(parts, dim=dim.dim).to(t.device)
 
 
 def shard_factor(layer: PackedLoRALinear, factor: str, t: torch.Tensor) -> torch.Tensor:
