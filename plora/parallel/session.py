@@ -47,22 +47,34 @@ class ParallelPackSession(PackSession):
         spec: the base model, dataset and engine options; loaded here, once.
         dims: the job's degrees.
         shard_base: FSDP shards the frozen base (False keeps it whole on every rank).
+        cpu_offload: FSDP keeps the sharded base in host memory (``fsdp_offload``): the base is
+            loaded on the host and only FSDP moves it, a unit at a time, so it never has to fit
+            the GPU whole.
     """
 
-    def __init__(self, spec: EngineSpec, *, dims: ParallelDims, shard_base: bool = True) -> None:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        *,
+        dims: ParallelDims,
+        shard_base: bool = True,
+        cpu_offload: bool = False,
+    ) -> None:
         if not dist.is_initialized() or dist.get_world_size() != dims.world_size:
             have = dist.get_world_size() if dist.is_initialized() else 0
             raise RuntimeError(
                 f"ParallelPackSession: dims need {dims.world_size} processes, the process "
                 f"group has {have}; call torch.distributed.init_process_group first"
             )
-        super().__init__(spec)
+        super().__init__(spec, load_device="cpu" if cpu_offload else None)
         t0 = time.perf_counter()
         self.dims = dims
         self.rank = dist.get_rank()
         self._writer = self.rank == 0
         self.mesh = dims.build_mesh(self.device.type)
-        self.stage = parallelize(self.model, dims=dims, mesh=self.mesh, shard_base=shard_base)
+        self.stage = parallelize(
+            self.model, dims=dims, mesh=self.mesh, shard_base=shard_base, cpu_offload=cpu_offload
+        )
         self.load_s += time.perf_counter() - t0
 
     def _trainer(self, request: PackRequest) -> ParallelPackedTrainer:

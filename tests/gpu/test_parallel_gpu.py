@@ -1,11 +1,12 @@
 """Parallel packed training on 2 (and 4) GPUs with NCCL in bf16 == one-GPU packed training.
 
 The ``tests/dist`` cases (three adapters differing in rank, targets, lr, batch, schedule,
-clipping and dropout; a refill; a checkpoint resumed in a fresh model) run one process per GPU
-with NCCL and bf16 autocast, as a job's workers do; each case's per-step losses and final
-gathered weights must equal one GPU's packed training within the bf16 tolerance the one-GPU
-tests use (losses 2e-2 relative, weights 5e-2 relative over the whole adapter), and the
-exported adapters must reload with PEFT. Skipped unless the machine has enough GPUs.
+clipping and dropout; a refill; a checkpoint resumed in a fresh model; FSDP2 CPU offload of the
+base) run one process per GPU with NCCL and bf16 autocast, as a job's workers do; each case's
+per-step losses and final gathered weights must equal one GPU's packed training within the bf16
+tolerance the one-GPU tests use (losses 2e-2 relative, weights 5e-2 relative over the whole
+adapter), and the exported adapters must reload with PEFT. Skipped unless the machine has enough
+GPUs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ TWO = [
     Case(name="tp2", tp=2),
     Case(name="fsdp2", fsdp=2, microbatches=4),
     Case(name="fsdp2-base-whole", fsdp=2, shard_base=False),
+    Case(name="fsdp2-offload", fsdp=2, cpu_offload=True),
     Case(name="pp2", pp=2, microbatches=3),
     Case(name="tp2-refill", tp=2, refill=True),
 ]
