@@ -30,6 +30,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from plora.config import Strategy
 from plora.engine.api import EngineSpec, PackRequest
 from plora.engine.run import PackSession
 from plora.parallel import parallelize
@@ -76,6 +77,15 @@ class ParallelPackSession(PackSession):
             self.model, dims=dims, mesh=self.mesh, shard_base=shard_base, cpu_offload=cpu_offload
         )
         self.load_s += time.perf_counter() - t0
+
+    @classmethod
+    def for_job(
+        cls, spec: EngineSpec, d: int, strategy: str | Strategy | None
+    ) -> ParallelPackSession:
+        """The session of one rank of a plan's ``d``-GPU job with ``strategy`` (``tp``,
+        ``fsdp``, ``fsdp_offload`` or ``pp``), as a resident worker group builds it."""
+        offload = strategy is not None and Strategy(strategy) is Strategy.FSDP_OFFLOAD
+        return cls(spec, dims=ParallelDims.for_job(d, strategy), cpu_offload=offload)
 
     def _trainer(self, request: PackRequest) -> ParallelPackedTrainer:
         return ParallelPackedTrainer(
