@@ -15,7 +15,9 @@ Two levels:
 from plora.config.dataset import BUILTIN_DATASETS, DATASET_FORMATS, DATASET_METRICS, DatasetSpec
 from plora.config.errors import ConfigError
 from plora.config.hardware import (
+    FSDP_STRATEGIES,
     GPU_TYPES,
+    JOB_STRATEGIES,
     SUPPORTED_STRATEGIES,
     GPUSpec,
     HardwareConfig,
@@ -34,6 +36,7 @@ from plora.config.space import SearchSpace
 from plora.config.sweep import (
     PLANNER_SOLVERS,
     SWEEP_METRICS,
+    CpuOffload,
     PlannerOptions,
     SearchAlgo,
     SweepConfig,
@@ -46,7 +49,9 @@ __all__ = [
     "DATASET_FORMATS",
     "DATASET_METRICS",
     "DTYPES",
+    "FSDP_STRATEGIES",
     "GPU_TYPES",
+    "JOB_STRATEGIES",
     "PLANNER_SOLVERS",
     "PROJECTIONS",
     "PROJECTION_ALIASES",
@@ -54,6 +59,7 @@ __all__ = [
     "SUPPORTED_STRATEGIES",
     "SWEEP_METRICS",
     "ConfigError",
+    "CpuOffload",
     "DatasetSpec",
     "GPUSpec",
     "HardwareConfig",

@@ -22,12 +22,26 @@ class Strategy(StrEnum):
     TP = "tp"
     FSDP = "fsdp"
     PP = "pp"
+    FSDP_OFFLOAD = "fsdp_offload"
+    """``fsdp`` with the frozen base's shards in pinned host memory (FSDP2's
+    ``CPUOffloadPolicy``): each layer's shard is copied to its GPU and all-gathered as the layer
+    runs, for a base that does not fit its d GPUs even sharded. Not named in
+    ``planner.strategies``: ``planner.cpu_offload`` lets the planner use it (an option of
+    ``fsdp``, kept apart from it wherever jobs are priced, grouped and profiled)."""
+
+    @property
+    def mesh_dim(self) -> str:
+        """The device-mesh dimension the strategy splits over (``fsdp_offload``: ``fsdp``)."""
+        return str(Strategy.FSDP) if self is Strategy.FSDP_OFFLOAD else str(self)
 
 
-#: Strategies the runtime's resident worker groups run for d > 1
-#: (``plora.parallel.session.ParallelPackSession``); a sweep's ``planner.strategies`` may name
-#: only these.
+#: Strategies a sweep's ``planner.strategies`` may name.
 SUPPORTED_STRATEGIES: tuple[Strategy, ...] = (Strategy.TP, Strategy.FSDP, Strategy.PP)
+#: Every strategy a plan's job may have, which the runtime's resident worker groups run for
+#: d > 1 (``plora.parallel.session.ParallelPackSession``): the named ones and ``fsdp_offload``.
+JOB_STRATEGIES: tuple[Strategy, ...] = (*SUPPORTED_STRATEGIES, Strategy.FSDP_OFFLOAD)
+#: The strategies that shard the base with FSDP (rows split over the ranks, base all-gathered).
+FSDP_STRATEGIES: frozenset[Strategy] = frozenset({Strategy.FSDP, Strategy.FSDP_OFFLOAD})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -176,4 +190,13 @@ class HardwareConfig:
         return self.load_factor * float(self.gpu_memory_gib or 0.0)
 
 
-__all__ = ["GPU_TYPES", "SUPPORTED_STRATEGIES", "GPUSpec", "HardwareConfig", "Strategy", "gpu_spec"]
+__all__ = [
+    "FSDP_STRATEGIES",
+    "GPU_TYPES",
+    "JOB_STRATEGIES",
+    "SUPPORTED_STRATEGIES",
+    "GPUSpec",
+    "HardwareConfig",
+    "Strategy",
+    "gpu_spec",
+]

@@ -18,14 +18,16 @@ from plora.config.dataset import BUILTIN_DATASETS, DatasetSpec
 from plora.config.early_stop import EarlyStopConfig
 from plora.config.errors import ConfigError, join_key
 from plora.config.fused import FUSED_KERNELS_KEY, FusedKernels
-from plora.config.hardware import HardwareConfig
+from plora.config.hardware import HardwareConfig, Strategy
 from plora.config.model import ModelRef, looks_like_path
 from plora.config.space import SearchSpace
 from plora.config.sweep_options import (
     DEFAULT_MAX_CONFIGS,
     PLANNER_SOLVERS,
+    CpuOffload,
     PlannerOptions,
     TrainingOptions,
+    job_strategies,
 )
 from plora.config.validate import (
     as_choice,
@@ -119,7 +121,20 @@ class SweepConfig:
                 "(hardware.gpu_type: cpu)", key=FUSED_KERNELS_KEY, value="on",
                 fix="use auto or off",
             )  # fmt: skip
+        if self.planner.cpu_offload is CpuOffload.ON and self.hardware.is_cpu:
+            raise ConfigError(
+                "CPU workers hold the base in host memory already (hardware.gpu_type: cpu)",
+                key="planner.cpu_offload", value="on", fix="use auto or off",
+            )  # fmt: skip
         self._check_size()
+
+    @property
+    def job_strategies(self) -> tuple[Strategy, ...]:
+        """The strategies the plan's d > 1 jobs may have: ``planner.strategies`` with
+        ``planner.cpu_offload`` applied (:func:`~plora.config.sweep_options.job_strategies`)."""
+        return job_strategies(
+            self.planner.strategies, self.planner.cpu_offload, cpu=self.hardware.is_cpu
+        )
 
     @property
     def num_configs(self) -> int:
@@ -184,7 +199,7 @@ class SweepConfig:
             "seed": self.seed,
             "hardware": {k: getattr(self.hardware, k) for k in _fields(HardwareConfig)},
             "planner": {
-                **{k: getattr(self.planner, k) for k in _fields(PlannerOptions)},
+                **{k: _plain(getattr(self.planner, k)) for k in _fields(PlannerOptions)},
                 "strategies": [str(s) for s in self.planner.strategies],
             },
             "training": {k: _plain(getattr(self.training, k)) for k in _fields(TrainingOptions)},
@@ -332,6 +347,7 @@ __all__ = [
     "DEFAULT_MAX_CONFIGS",
     "PLANNER_SOLVERS",
     "SWEEP_METRICS",
+    "CpuOffload",
     "PlannerOptions",
     "SearchAlgo",
     "SweepConfig",

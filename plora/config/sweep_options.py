@@ -7,17 +7,46 @@ re-exported there.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from plora.config.errors import ConfigError, join_key
 from plora.config.fused import FusedKernels
-from plora.config.hardware import Strategy
+from plora.config.hardware import SUPPORTED_STRATEGIES, Strategy
 from plora.config.validate import as_bool, as_choice, as_float, as_int
 
 #: Knapsack backends of the planner (``plora.planner.ilp.SOLVERS``).
 PLANNER_SOLVERS: tuple[str, ...] = ("auto", "bnb", "highs", "cvxpy", "gurobi")
 #: Default most configs a sweep may have (``planner.max_configs``): the planner's target size.
 DEFAULT_MAX_CONFIGS = 10_000
+
+
+class CpuOffload(StrEnum):
+    """``planner.cpu_offload``: whether fsdp jobs may keep the frozen base in host memory
+    (strategy ``fsdp_offload``: FSDP2's ``CPUOffloadPolicy``; each layer's shard crosses PCIe
+    to its GPU every forward and backward, so a step is slower, but only the LM head and the
+    layers being computed are on the GPU)."""
+
+    AUTO = "auto"
+    """Only for configs that fit no allowed GPU count otherwise (needs ``fsdp`` in
+    ``planner.strategies``; never on ``gpu_type: cpu``, where host memory is the device's)."""
+    ON = "on"
+    """Every fsdp job offloads its base (``fsdp_offload`` in place of ``fsdp``)."""
+    OFF = "off"
+    """Never."""
+
+    @classmethod
+    def parse(cls, value: Any, key: str = "cpu_offload") -> CpuOffload:
+        """``value`` as a member (``True``/``False`` read as on/off, as YAML writes them)."""
+        if isinstance(value, bool):  # YAML 1.1 reads a bare on / off as a boolean
+            return cls.ON if value else cls.OFF
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(
+                "must be auto, on or off", key=key, value=value,
+                fix="auto offloads the base to host memory only when nothing else fits",
+            ) from None  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,6 +60,9 @@ class PlannerOptions:
     """Multi-GPU strategies (:class:`Strategy`: tp | fsdp | pp) the planner may give a job of
     d = 2, 4, ... GPUs (one worker group, one process group); empty (the default): every job
     runs on one GPU. ``plora sweep`` runs all three (``SUPPORTED_STRATEGIES``)."""
+    cpu_offload: CpuOffload = CpuOffload.AUTO
+    """FSDP2 CPU offload of the frozen base for fsdp jobs (:class:`CpuOffload`): auto (only for
+    configs that fit nothing else) | on (every fsdp job) | off."""
     seq_len: int | None = None
     """Sequence length to plan with; default ``dataset.max_seq_len``."""
     time_limit_s: float = 60.0
@@ -50,20 +82,40 @@ class PlannerOptions:
         out: list[Strategy] = []
         for i, s in enumerate(raw):
             key = join_key("strategies", i)
-            out.append(
-                Strategy(
-                    as_choice(
-                        str(s) if isinstance(s, Strategy) else s, key, [m.value for m in Strategy]
-                    )
-                )
-            )
+            name = str(s) if isinstance(s, Strategy) else s
+            if name == Strategy.FSDP_OFFLOAD:
+                raise ConfigError("is not a strategy to list", key=key, value=name,
+                                  fix="list fsdp and set planner.cpu_offload: on")  # fmt: skip
+            out.append(Strategy(as_choice(name, key, [m.value for m in SUPPORTED_STRATEGIES])))
         object.__setattr__(self, "strategies", tuple(dict.fromkeys(out)))
+        offload = CpuOffload.parse(self.cpu_offload)
+        object.__setattr__(self, "cpu_offload", offload)
+        if offload is CpuOffload.ON and Strategy.FSDP not in self.strategies:
+            raise ConfigError(
+                "offloads the base of fsdp jobs, and planner.strategies has no fsdp",
+                key="cpu_offload", value=str(offload),
+                fix="add fsdp to planner.strategies, or use auto or off",
+            )  # fmt: skip
         if self.seq_len is not None:
             as_int(self.seq_len, "seq_len", ge=8)
         object.__setattr__(
             self, "time_limit_s", as_float(self.time_limit_s, "time_limit_s", gt=0.0)
         )
         as_int(self.max_configs, "max_configs", ge=1, fix="use a positive count, e.g. 10000")
+
+
+def job_strategies(
+    strategies: tuple[Strategy, ...], cpu_offload: CpuOffload, *, cpu: bool
+) -> tuple[Strategy, ...]:
+    """The strategies a plan's d > 1 jobs may have: ``planner.strategies`` with
+    ``planner.cpu_offload`` applied. off: as listed; auto: ``fsdp_offload`` after ``fsdp`` (the
+    planner gives it only to configs that fit nothing else: :mod:`plora.planner.offload`), none
+    on ``cpu`` workers; on: ``fsdp_offload`` in place of ``fsdp``."""
+    if Strategy.FSDP not in strategies or cpu_offload is CpuOffload.OFF:
+        return strategies
+    if cpu_offload is CpuOffload.ON:
+        return tuple(Strategy.FSDP_OFFLOAD if s is Strategy.FSDP else s for s in strategies)
+    return strategies if cpu else (*strategies, Strategy.FSDP_OFFLOAD)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,4 +138,11 @@ class TrainingOptions:
         )
 
 
-__all__ = ["DEFAULT_MAX_CONFIGS", "PLANNER_SOLVERS", "PlannerOptions", "TrainingOptions"]
+__all__ = [
+    "DEFAULT_MAX_CONFIGS",
+    "PLANNER_SOLVERS",
+    "CpuOffload",
+    "PlannerOptions",
+    "TrainingOptions",
+    "job_strategies",
+]

@@ -86,7 +86,8 @@ def build_cost_model(
         if fp32:
             memory = dataclasses.replace(memory, precision=FULL_FP32)
         memory = dataclasses.replace(memory, precision=quantized(memory.precision, quantization))
-    strategies = tuple(sweep.planner.strategies)  # empty: d = 1 jobs only (opt-in)
+    # empty: d = 1 jobs only (opt-in); planner.cpu_offload may add or swap in fsdp_offload
+    strategies = tuple(getattr(sweep, "job_strategies", sweep.planner.strategies))
     if quantization != "none" and strategies:  # tp/fsdp/pp are not built for a 4-bit base yet
         raise ConfigError(
             f"not supported with model.quantization: {quantization} (QLoRA jobs run on "

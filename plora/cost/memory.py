@@ -38,11 +38,18 @@ outside the decoder) and splits the rows over GPUs. The adapters under FSDP are 
 ``zero_stage`` says: 0 (the default, what :func:`plora.parallel.fsdp.apply_fsdp` does) keeps
 them replicated -- whole parameters, gradients and AdamW state on every GPU; 1-3 shard them as
 ZeRO does (1: optimizer; 2: + grads; 3: + params).
+
+CPU offload (``fsdp_offload``, FSDP2's ``CPUOffloadPolicy``): the decoder's shards live in
+pinned host memory, so a GPU holds only what FSDP leaves whole (the LM head), the two layers in
+flight -- each its shard copied in from the host plus the gathered whole -- and the root unit's
+embeddings, which stay gathered from the first forward to the end of backward. Adapters and
+activations are booked as under ``fsdp``. Host memory is not modelled: each rank pins its
+``1/d`` of the decoder (and loads the whole base on the host before sharding it).
 """
 
 from __future__ import annotations
 
-from plora.config import ConfigError
+from plora.config import FSDP_STRATEGIES, ConfigError
 from plora.cost import Strategy
 from plora.cost.memory_options import (
     FULL_FP32,
@@ -123,7 +130,8 @@ def base_memory(
     """``M_base`` per GPU: frozen weights (sharded by tp/pp/fsdp), FSDP gather buffer, reserve.
 
     What each strategy shards is what ``plora.parallel`` shards: TP the seven projections (the
-    rest whole), FSDP everything in the decoder (the LM head, tied or not, stays whole), PP
+    rest whole), FSDP everything in the decoder (the LM head, tied or not, stays whole;
+    ``fsdp_offload`` keeps the shards in host memory, see the module docstring), PP
     whole decoder layers: the busiest stage's, with the embeddings on the first stage and the
     final norm and LM head (tied or not) on the last (:func:`pp_stage_weight_bytes`).
     """
@@ -138,15 +146,22 @@ def base_memory(
         head = spec.vocab_size * spec.hidden_size * rest_bytes  # a whole copy even when tied
         untied = spec.lm_head_params * rest_bytes
         per_gpu = (weights - untied) / d + head
+    elif strat is Strategy.FSDP_OFFLOAD:  # the decoder's shards are in host memory
+        per_gpu = spec.vocab_size * spec.hidden_size * rest_bytes
     elif strat is Strategy.PP:
         per_gpu = max(pp_stage_weight_bytes(spec, options.precision, d))
     else:
         per_gpu = weights
     comps = {"base_weights": per_gpu, "reserved": options.reserved_bytes}
+    layer = spec.layer_params * options.precision.base_weight_bytes
     if strat is Strategy.FSDP:
         # Two layers unsharded at a time: the one computing and the one being prefetched.
-        layer = spec.layer_params * options.precision.base_weight_bytes
         comps["fsdp_gather_buffer"] = 2.0 * layer * (d - 1) / d
+    elif strat is Strategy.FSDP_OFFLOAD:
+        # The same two layers, each its shard copied from the host plus the gathered whole;
+        # the root unit (embeddings, final norm) stays gathered through forward and backward.
+        comps["fsdp_gather_buffer"] = 2.0 * layer * (d + 1) / d
+        comps["fsdp_root_gathered"] = (spec.embedding_params + spec.hidden_size) * rest_bytes
     if options.precision.dequant_bytes > 0:
         # the largest projection dequantized (its shard under TP), alive during its GEMM
         tp = d if strat is Strategy.TP else 1
@@ -232,13 +247,13 @@ def adapter_memory(
         n * prec.adapter_grad_bytes,
         n * prec.optimizer_bytes,
     )
-    if strat is Strategy.FSDP:
+    if strat in FSDP_STRATEGIES:
         z = options.zero_stage
         opt = opt / d if z >= 1 else opt
         grads = grads / d if z >= 2 else grads
         params = params / d if z >= 3 else params
     tokens = float(batch_size * seq_len)
-    if strat is Strategy.FSDP:  # rows are split over the d GPUs
+    if strat in FSDP_STRATEGIES:  # rows are split over the d GPUs
         tokens /= d
     a = prec.activation_bytes
     # x·A (rank r) per targeted projection; with dropout also dropout(x) and its 1-byte mask.

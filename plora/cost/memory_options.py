@@ -112,7 +112,7 @@ class MemoryOptions:
     """Attention kernel."""
     zero_stage: int = 0
     """ZeRO stage of the adapter state under FSDP (base weights are always sharded): 0 keeps
-    adapters replicated, as ``plora.parallel`` runs them; 1-3 shard them (DeepSpeed-style)."""
+    adapters replicated, as ``plora.parallel`` runs them; 1-3 shard them as ZeRO does."""
     reserved_bytes: float = 1.0 * GIB
     """CUDA context, cuBLAS and NCCL workspaces: outside the torch allocator's count."""
     activation_scale: float = 1.0

@@ -21,6 +21,12 @@ all-gather of a whole of ``S`` bytes.
   (``W`` the base's bytes, ``P_lora`` the pack's LoRA parameters: replicated adapters, their
   fp32 gradients all-reduced once per step); ``B_fsdp = 2(F-1)/F · 4 · P_lora`` when the base
   is kept whole.
+- **FSDP with CPU offload** (``fsdp_offload``): the same collectives, and before each
+  all-gather a GPU copies its shard of the layer in from pinned host memory (FSDP2's
+  ``CPUOffloadPolicy``; the base is frozen, so nothing goes back)::
+
+      B_host = (2 or 1) · m · W / F     over the host link (PCIe), :data:`HOST_LINK_GBPS`
+
 - **PP** (:mod:`plora.parallel.pp`): 1F1B over ``P`` stages and ``M`` micro-batches idles
   ``(P-1)/(M+P-1)`` of the step; a stage sends each micro-batch's activations forward and
   their gradients back: ``2 · h · b_act`` per token per stage boundary. Micro-batches are
@@ -31,7 +37,7 @@ all-gather of a whole of ``S`` bytes.
 ``t_1`` (no overlap of communication and compute: an upper bound that fitted link efficiencies
 correct)::
 
-    t = t_1 / d · (M+P-1)/M [PP only]  +  B / (link · e_c)
+    t = t_1 / d · (M+P-1)/M [PP only]  +  B / (link · e_c)  +  B_host / host_link
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plora.cost import Strategy
+
+#: Host-to-GPU bandwidth per GPU, GB/s, that a CPU-offloaded job's weight copies run at: about
+#: what pinned copies reach on PCIe 4.0 x16 (PCIe 5.0 doubles the link). An assumption until
+#: measured: fitted step times of ``fsdp_offload`` jobs do not refit it.
+HOST_LINK_GBPS = 25.0
 
 
 def _check(name: str, value: int) -> None:
@@ -88,6 +99,16 @@ def fsdp_bytes(
     return gathers * ring_allgather_bytes(base_bytes, fsdp) + grads
 
 
+def host_copy_bytes(
+    *, base_bytes: float, fsdp: int, microbatches: int = 1, reshard_after_forward: bool = True
+) -> float:
+    """Bytes one GPU copies in from host memory per step under ``fsdp_offload``: its shard of
+    the base before every all-gather (forward, and backward again when resharded)."""
+    _check("fsdp", fsdp)
+    _check("microbatches", microbatches)
+    return (2 if reshard_after_forward else 1) * microbatches * base_bytes / fsdp
+
+
 def pp_bytes(*, tokens: float, hidden: int, stages: int, act_bytes: int = 2) -> float:
     """Bytes a middle stage sends per step: activations forward, their gradients backward."""
     _check("stages", stages)
@@ -104,10 +125,12 @@ class ParallelStepCost:
     """Pipeline idle time (0 unless PP)."""
     comm_s: float
     """Communication, not overlapped."""
+    host_copy_s: float = 0.0
+    """Copies of the base's shards from host memory (``fsdp_offload``), not overlapped."""
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.comm_s
+        return self.compute_s + self.bubble_s + self.comm_s + self.host_copy_s
 
 
 def parallel_step_time(
@@ -129,7 +152,7 @@ def parallel_step_time(
     """Step time of a pack on ``d`` GPUs with one strategy (see the module docstring).
 
     Args:
-        strategy: ``tp``, ``fsdp`` or ``pp``.
+        strategy: ``tp``, ``fsdp``, ``fsdp_offload`` or ``pp``.
         d: GPUs (the strategy's degree).
         single_gpu_s: the pack's compute time per step on one GPU (``t_1``).
         tokens: tokens per step (all adapters' rows, padded).
@@ -148,12 +171,15 @@ def parallel_step_time(
             f"comm_efficiency={comm_efficiency}: need >= 0, > 0 and in (0, 1]"
         )
     strat = Strategy(strategy)
-    compute, bubble = single_gpu_s / d, 0.0
+    compute, bubble, host = single_gpu_s / d, 0.0, 0.0
+    if strat is Strategy.FSDP_OFFLOAD and shard_base:
+        copied = host_copy_bytes(base_bytes=base_bytes, fsdp=d, microbatches=microbatches)
+        host = copied / (HOST_LINK_GBPS * 1e9)
     if strat is Strategy.TP:
         # column-wise A and row-wise B are replicated: about half of each adapter's factors
         sent = tp_bytes(tokens=tokens, layers=layers, hidden=hidden, tp=d,
                         replicated_lora_params=lora_params / 2, act_bytes=act_bytes)  # fmt: skip
-    elif strat is Strategy.FSDP:
+    elif strat in (Strategy.FSDP, Strategy.FSDP_OFFLOAD):
         sent = fsdp_bytes(base_bytes=base_bytes, lora_params=lora_params, fsdp=d,
                           microbatches=microbatches, shard_base=shard_base)  # fmt: skip
     else:
@@ -162,12 +188,14 @@ def parallel_step_time(
         # each stage's adapter gradients stay on it: only the slot norms (a few floats) move
         sent = pp_bytes(tokens=tokens, hidden=hidden, stages=d, act_bytes=act_bytes)
     comm = sent / (link_bytes_per_s * comm_efficiency) if d > 1 else 0.0
-    return ParallelStepCost(compute_s=compute, bubble_s=bubble, comm_s=comm)
+    return ParallelStepCost(compute_s=compute, bubble_s=bubble, comm_s=comm, host_copy_s=host)
 
 
 __all__ = [
+    "HOST_LINK_GBPS",
     "ParallelStepCost",
     "fsdp_bytes",
+    "host_copy_bytes",
     "parallel_step_time",
     "pp_bubble_fraction",
     "pp_bytes",

@@ -20,6 +20,9 @@ One optimizer step of a job ``(pack, d, strategy)`` costs (all terms per GPU):
   ``2·h`` values per token forward and back from a middle stage and idles the 1F1B bubble
   ``(P-1)/(M+P-1)`` of 2 micro-batches per stage (``M = 2P``: ``(d-1)/(2d)`` more time).
   Bandwidth is the GPU link's, times the fitted ``comm_efficiency``.
+* ``fsdp_offload`` adds, as known seconds in ``c_fixed``, each GPU's copies of its shard of the
+  base in from host memory, forward and backward: ``2·W/(d·B_host)`` with ``B_host`` the
+  assumed :data:`~plora.cost.parallel.HOST_LINK_GBPS` (:func:`~plora.cost.parallel.host_copy_bytes`).
 
 The sum over configs makes the step affine in the pack, so a job's time is
 ``steps_max·t_fixed + Σ_k steps_k·t_k``: exactly what the planner's ILP assumes.
@@ -38,11 +41,18 @@ from typing import Any
 
 import numpy as np
 
-from plora.config import PROJECTIONS, ConfigError, LoRAConfig
+from plora.config import FSDP_STRATEGIES, PROJECTIONS, ConfigError, LoRAConfig
 from plora.config.hardware import GPU_TYPES, GPUSpec, gpu_spec
 from plora.cost import Strategy
 from plora.cost.memory import check_parallel
-from plora.cost.parallel import fsdp_bytes, pp_bubble_fraction, pp_bytes, tp_bytes
+from plora.cost.parallel import (
+    HOST_LINK_GBPS,
+    fsdp_bytes,
+    host_copy_bytes,
+    pp_bubble_fraction,
+    pp_bytes,
+    tp_bytes,
+)
 from plora.model_spec import ModelSpec
 
 
@@ -261,12 +271,15 @@ class StepTimeModel:
     def _fixed_terms(self, d: int, strategy: Strategy | None) -> tuple[float, np.ndarray]:
         strat = check_parallel(d, strategy)
         link = self.gpu.link_gbps * 1e9
-        reads = self._weight_bytes / (1 if strat is Strategy.FSDP else d)
+        reads = self._weight_bytes / (1 if strat in FSDP_STRATEGIES else d)
         reads += self._dequant_bytes / d  # FSDP: each GPU dequantizes its 1/d after the gather
         known = 2.0 * reads / (self.gpu.hbm_gbps * 1e9)
         comm = 0.0
-        if strat is Strategy.FSDP:  # the base's all-gathers: forward and again in backward
+        if strat in FSDP_STRATEGIES:  # the base's all-gathers: forward and again in backward
             comm = fsdp_bytes(base_bytes=self._weight_bytes, lora_params=0.0, fsdp=d) / link
+        if strat is Strategy.FSDP_OFFLOAD:  # each GPU's shard in from the host before them
+            copied = host_copy_bytes(base_bytes=self._weight_bytes, fsdp=d)
+            known += copied / (HOST_LINK_GBPS * 1e9)
         modules = len(PROJECTIONS) * self.spec.num_layers if self.layout is LoRALayout.PACKED else 0
         return known, np.array([self.spec.num_layers, 0.0, 0.0, 0.0, modules, comm])
 
@@ -291,7 +304,7 @@ class StepTimeModel:
             sent = tp_bytes(tokens=tokens, layers=spec.num_layers, hidden=spec.hidden_size,
                             tp=d, replicated_lora_params=lora_params / 2)  # fmt: skip
             comm = sent / link
-        elif strat is Strategy.FSDP:
+        elif strat in FSDP_STRATEGIES:
             sent = fsdp_bytes(base_bytes=0.0, lora_params=lora_params, fsdp=d, shard_base=False)
             comm = sent / link
         elif strat is Strategy.PP:

@@ -19,13 +19,14 @@ import contextlib
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from plora.engine.device import model_device
+
 _BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def engine_attention(model: nn.Module) -> contextlib.AbstractContextManager[None]:
     """SDPA without cuDNN for the forwards (and backwards) inside, when ``model`` is on CUDA."""
-    param = next(model.parameters(), None)
-    if param is None or param.device.type != "cuda":
+    if model_device(model).type != "cuda":  # a CPU-offloaded base computes on its GPU too
         return contextlib.nullcontext()
     return sdpa_kernel(_BACKENDS)
 

@@ -9,10 +9,11 @@ from torch import nn
 
 
 def model_device(model: nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
+    """Where ``model`` computes: the device of its first parameter off the host, else the CPU.
+    (FSDP2's CPU offload keeps the frozen base's shards in host memory while the model runs on
+    its GPU, :mod:`plora.parallel.fsdp`: the first parameter alone may be on the host.)"""
+    on = (p.device for p in model.parameters() if p.device.type != "cpu")
+    return next(on, torch.device("cpu"))
 
 
 def device_name(device: torch.device) -> str:

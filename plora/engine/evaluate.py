@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from plora.engine.data import IGNORE_INDEX, Example
+from plora.engine.device import model_device
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -287,9 +288,11 @@ def _logits(out: Any) -> torch.Tensor:
 
 
 def _device(model: Any) -> torch.device:
+    """:func:`~plora.engine.device.model_device` (a CPU-offloaded base: its GPU), CPU for
+    something without parameters."""
     try:
-        return next(model.parameters()).device
-    except (AttributeError, StopIteration):
+        return model_device(model)
+    except AttributeError:
         return torch.device("cpu")
 
 

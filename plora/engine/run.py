@@ -53,9 +53,12 @@ class PackSession:
 
     Args:
         spec: the base model, dataset and engine options; loaded here, once.
+        load_device: where the base is loaded (default the session's device); a CPU-offloaded
+            FSDP job loads it on the host and lets FSDP move it
+            (:class:`~plora.parallel.session.ParallelPackSession`).
     """
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, *, load_device: str | None = None) -> None:
         from plora.engine.data import load_dataset
         from plora.models import load_model, resolve_model_path
 
@@ -63,7 +66,9 @@ class PackSession:
         self.spec = spec
         self.device = torch.device(spec.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.model, self.tokenizer = load_model(spec.model, dtype=dtype, device=self.device)
+        self.model, self.tokenizer = load_model(
+            spec.model, dtype=dtype, device=load_device or self.device
+        )
         self.fused_kernels = apply_fused_kernels(self.model, spec.fused_kernels, device=self.device)
         """Whether the base runs Liger-Kernel's fused ops (training and packed evaluation)."""
         self.data = load_dataset(spec.dataset, self.tokenizer)

@@ -23,6 +23,7 @@ def parallelize(
     dims: ParallelDims,
     mesh: DeviceMesh | None,
     shard_base: bool = True,
+    cpu_offload: bool = False,
 ) -> PipelineStageModule | None:
     """Parallelise ``model`` in place for this rank; returns its pipeline stage (PP) or None.
 
@@ -35,13 +36,16 @@ def parallelize(
        placements together) over the ``tp`` ranks.
     4. FSDP (:func:`~plora.parallel.fsdp.apply_fsdp`): shard each layer's (TP-local) frozen
        base over the ``fsdp`` ranks (the stage as root under PP), adapters left replicated;
-       ``shard_base=False`` keeps the base whole.
+       ``shard_base=False`` keeps the base whole; ``cpu_offload`` keeps the shards in host
+       memory (the ``fsdp_offload`` strategy; build the model on the CPU).
 
     Adapters are added afterwards (the trainer's ``add``). Tested (``tests/dist``): tp, fsdp,
     pp, fsdp x tp, pp x tp and pp x fsdp (not yet all three at once: 8 processes).
     """
     if dims.world_size > 1 and mesh is None:
         raise ValueError("parallelize: world_size > 1 needs the mesh (dims.build_mesh(...))")
+    if cpu_offload and dims.fsdp == 1:
+        raise ValueError(f"parallelize: cpu_offload is FSDP's; dims have fsdp={dims.fsdp}")
     if not packed_layers(model):
         inject(model)
     if dims.world_size == 1:
@@ -59,7 +63,8 @@ def parallelize(
     if dims.fsdp > 1:
         from plora.parallel.fsdp import apply_fsdp
 
-        apply_fsdp(model, dp_mesh=mesh["fsdp"], shard_base=shard_base, stage=stage)
+        apply_fsdp(model, dp_mesh=mesh["fsdp"], shard_base=shard_base, stage=stage,
+                   cpu_offload=cpu_offload)  # fmt: skip
     return stage
 
 

@@ -58,12 +58,13 @@ class ParallelDims:
 
     @classmethod
     def for_job(cls, d: int, strategy: Strategy | str | None) -> ParallelDims:
-        """The dims of a plan's job: ``d`` devices all on one strategy (``None`` iff ``d = 1``)."""
+        """The dims of a plan's job: ``d`` devices all on one strategy (``None`` iff ``d = 1``;
+        ``fsdp_offload`` is ``fsdp``'s degree, its offload the session's ``cpu_offload``)."""
         if strategy is None:
             if d != 1:
                 raise ValueError(f"ParallelDims: d={d} needs a strategy (tp, fsdp or pp)")
             return cls()
-        return cls(**{str(Strategy(strategy)): d}, world_size=d)
+        return cls(**{Strategy(strategy).mesh_dim: d}, world_size=d)
 
     @property
     def sizes(self) -> dict[str, int]:

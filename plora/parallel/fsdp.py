@@ -21,13 +21,21 @@ width) and every rank takes the same AdamW step.
 ``shard_base=False`` keeps the base whole on every rank (no FSDP at all: pure data parallelism
 of the adapters) when it fits -- FSDP re-gathers the base every micro-step, which costs more
 than it saves when memory is not the limit.
+
+CPU offload (``cpu_offload=True``, the ``fsdp_offload`` strategy): every unit gets FSDP2's
+``CPUOffloadPolicy``, so the sharded base lives in host memory (pinned on CUDA) and each layer's
+shard is copied to the GPU just before its all-gather, forward and again in backward. The base
+is frozen, so no gradient or optimizer state goes back. The adapters are ignored by FSDP and
+stay on the GPU; so does the LM head. Build the model on the CPU and let ``fully_shard`` move
+each unit (a base too big for one GPU never is on one whole); the trainer's ``model.to(device)``
+then moves the rest, and FSDP puts the offloaded shards back in pinned host memory.
 """
 
 from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 from plora.engine.adapters import packed_layers
 
@@ -39,6 +47,7 @@ def apply_fsdp(
     shard_base: bool = True,
     reshard_after_forward: bool = True,
     stage: nn.Module | None = None,
+    cpu_offload: bool = False,
 ) -> None:
     """Shard the frozen base of ``model``'s decoder over ``dp_mesh`` (in place).
 
@@ -53,11 +62,20 @@ def apply_fsdp(
             False keeps them until backward (ZeRO-2-like, more memory, half the all-gathers).
         stage: this rank's pipeline stage (:func:`plora.parallel.pp.apply_pp`): it, not the
             decoder, is the root unit (the pipeline calls it; it holds the embeddings / norm).
+        cpu_offload: keep the sharded base in host memory (``CPUOffloadPolicy``; pinned when
+            the mesh is on CUDA -- pinning needs an accelerator).
     """
     if dp_mesh.ndim != 1:
         raise ValueError(f"apply_fsdp: dp_mesh must be 1-D, got {dp_mesh.ndim} dims")
     if not shard_base:
+        if cpu_offload:
+            raise ValueError("apply_fsdp: cpu_offload offloads the sharded base; shard it")
         return
+    offload = (
+        CPUOffloadPolicy(pin_memory=dp_mesh.device_type == "cuda")
+        if cpu_offload
+        else OffloadPolicy()
+    )
     layers = packed_layers(model)
     if not layers:
         raise ValueError("apply_fsdp: no PackedLoRALinear in the model; inject it first")
@@ -70,9 +88,11 @@ def apply_fsdp(
                 mesh=dp_mesh,
                 reshard_after_forward=reshard_after_forward,
                 ignored_params=adapters,
+                offload_policy=offload,
             )
     root = decoder if stage is None else stage
-    fully_shard(root, mesh=dp_mesh, reshard_after_forward=False, ignored_params=adapters)
+    fully_shard(root, mesh=dp_mesh, reshard_after_forward=False, ignored_params=adapters,
+                offload_policy=offload)  # fmt: skip
 
 
 __all__ = ["apply_fsdp"]

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from plora.config import Strategy
 from plora.engine.api import EngineSpec, PackRequest
 from plora.engine.run import PackSession
 from plora.parallel import parallelize
@@ -47,23 +48,44 @@ class ParallelPackSession(PackSession):
         spec: the base model, dataset and engine options; loaded here, once.
         dims: the job's degrees.
         shard_base: FSDP shards the frozen base (False keeps it whole on every rank).
+        cpu_offload: FSDP keeps the sharded base in host memory (``fsdp_offload``): the base is
+            loaded on the host and only FSDP moves it, a unit at a time, so it never has to fit
+            the GPU whole.
     """
 
-    def __init__(self, spec: EngineSpec, *, dims: ParallelDims, shard_base: bool = True) -> None:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        *,
+        dims: ParallelDims,
+        shard_base: bool = True,
+        cpu_offload: bool = False,
+    ) -> None:
         if not dist.is_initialized() or dist.get_world_size() != dims.world_size:
             have = dist.get_world_size() if dist.is_initialized() else 0
             raise RuntimeError(
                 f"ParallelPackSession: dims need {dims.world_size} processes, the process "
                 f"group has {have}; call torch.distributed.init_process_group first"
             )
-        super().__init__(spec)
+        super().__init__(spec, load_device="cpu" if cpu_offload else None)
         t0 = time.perf_counter()
         self.dims = dims
         self.rank = dist.get_rank()
         self._writer = self.rank == 0
         self.mesh = dims.build_mesh(self.device.type)
-        self.stage = parallelize(self.model, dims=dims, mesh=self.mesh, shard_base=shard_base)
+        self.stage = parallelize(
+            self.model, dims=dims, mesh=self.mesh, shard_base=shard_base, cpu_offload=cpu_offload
+        )
         self.load_s += time.perf_counter() - t0
+
+    @classmethod
+    def for_job(
+        cls, spec: EngineSpec, d: int, strategy: str | Strategy | None
+    ) -> ParallelPackSession:
+        """The session of one rank of a plan's ``d``-GPU job with ``strategy`` (``tp``,
+        ``fsdp``, ``fsdp_offload`` or ``pp``), as a resident worker group builds it."""
+        offload = strategy is not None and Strategy(strategy) is Strategy.FSDP_OFFLOAD
+        return cls(spec, dims=ParallelDims.for_job(d, strategy), cpu_offload=offload)
 
     def _trainer(self, request: PackRequest) -> ParallelPackedTrainer:
         return ParallelPackedTrainer(

@@ -37,6 +37,7 @@ from plora.cost.microbatch import rows_per_micro_batch
 from plora.planner import knapsack, knapsack_milp
 from plora.planner.groups import startup_times
 from plora.planner.micro import MicroCosts, micro_fit, micro_options, supports_micro_batches
+from plora.planner.offload import last_resort
 from plora.planner.types import MEM_RTOL, Objective, call_strategy
 
 SOLVERS = ("auto", "bnb", "highs", "cvxpy", "gurobi")
@@ -164,7 +165,7 @@ def build_classes(
         value=np.array([rows[k][0] for k in keys], dtype=float),
         work=np.array([rows[k][4] for k in keys], dtype=float),
         steps=np.array([rows[k][1] for k in keys], dtype=np.int64),
-        options=tuple(options),
+        options=tuple(last_resort(options)),  # cpu_offload: auto offloads only what must be
         startup=startup_times(cost, [d for d, _ in opts]),
     )
 

@@ -41,6 +41,7 @@ from plora.planner.dtm import DTM
 from plora.planner.groups import Groups
 from plora.planner.ilp import ClassTable, KnapsackSolver, build_classes
 from plora.planner.micro import consolidated
+from plora.planner.offload import offload_note
 from plora.planner.timeline import Start, check_feasible, rebalance, to_jobs
 from plora.planner.types import Job, Objective, Plan
 
@@ -246,6 +247,8 @@ def replan(
             )
             started = [Start(s.pack, s.start + now, s.gpu_ids, s.startup) for s in alone]
     jobs = to_jobs(table, started)
+    if (note := offload_note(jobs)) is not None:
+        notes.append(note)
     makespan = max([j.end_s for j in jobs] + [end for end, _ in busy] + [now])
     return Plan(
         jobs=jobs,

@@ -9,7 +9,7 @@ GPUs are wanted by a job of another shape, when a worker died, or at the end of 
 A ``d > 1`` group is one job's ``d`` ranks: its workers join one torch.distributed group (NCCL
 on GPU, gloo on CPU) before they load, and each builds a
 :class:`~plora.parallel.session.ParallelPackSession` for the group's strategy (``tp``,
-``fsdp`` or ``pp``, :data:`RUNTIME_STRATEGIES`); rank 0 carries the job's metrics, control and
+``fsdp``, ``fsdp_offload`` or ``pp``, :data:`RUNTIME_STRATEGIES`); rank 0 carries the job's metrics, control and
 outcome. A strategy the runtime cannot run is refused with a clear error rather than replicated silently.
 """
 
@@ -25,12 +25,12 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from plora.config import SUPPORTED_STRATEGIES, ConfigError
+from plora.config import JOB_STRATEGIES, ConfigError
 from plora.engine.api import EngineSpec, PackEngine, PackRequest
 from plora.runtime.worker import PackWorker, WorkerInfo
 
-#: Strategies a group's workers can run for d > 1 (:data:`plora.config.SUPPORTED_STRATEGIES`).
-RUNTIME_STRATEGIES: frozenset[str] = frozenset(str(s) for s in SUPPORTED_STRATEGIES)
+#: Strategies a group's workers can run for d > 1 (:data:`plora.config.JOB_STRATEGIES`).
+RUNTIME_STRATEGIES: frozenset[str] = frozenset(str(s) for s in JOB_STRATEGIES)
 
 
 class UnsupportedJobError(RuntimeError):

@@ -201,11 +201,11 @@ class PackWorker:
         t0, built_before = time.perf_counter(), _tiny_build_s()
         try:
             if self._engine_cls is None and self.world_size > 1:
-                from plora.parallel.dims import ParallelDims
                 from plora.parallel.session import ParallelPackSession
 
-                dims = ParallelDims.for_job(self.world_size, self.strategy)
-                self.engine = ParallelPackSession(self._spec, dims=dims)
+                self.engine = ParallelPackSession.for_job(
+                    self._spec, self.world_size, self.strategy
+                )
             else:
                 if self._engine_cls is None:
                     from plora.engine.run import PackSession

@@ -118,6 +118,9 @@ class Case:
     """Checkpoint after step 2 and go on in a freshly built model and trainer."""
     checkpointing: bool = False
     """Activation checkpointing (recomputed in backward under each micro-batch's routing)."""
+    cpu_offload: bool = False
+    """FSDP2 CPU offload of the sharded base (``fsdp_offload``): the model is built on the CPU
+    and ``fully_shard`` moves it, as ``ParallelPackSession`` does."""
 
     @property
     def world_size(self) -> int:
@@ -150,7 +153,8 @@ def _run_case(rank: int, case: Case, store: str, out: Path, device_type: str) ->
 
         def build():
             model = tiny_model("qwen2")
-            stage = parallelize(model, dims=dims, mesh=mesh, shard_base=case.shard_base)
+            stage = parallelize(model, dims=dims, mesh=mesh, shard_base=case.shard_base,
+                                cpu_offload=case.cpu_offload)  # fmt: skip
             return ParallelPackedTrainer(
                 model, TOKENIZER, toy_dataset(), device=device, dims=dims, mesh=mesh, stage=stage,
                 microbatches=case.microbatches, gradient_checkpointing=case.checkpointing,
@@ -198,6 +202,38 @@ def _layout(trainer) -> dict:
         "layers_here": sum(any(True for _ in b.parameters()) for b in decoder.layers),
         "idle_micro_batches": trainer.idle_micro_batches,
         **_held_numel(trainer.model),
+        **_offload(trainer.model),
+    }
+
+
+def _offload(model) -> dict:
+    """Where the base lives after training: FSDP units with CPU offload, the elements of the
+    frozen base on the accelerator, and whether every offloaded shard is in pinned memory."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    from plora.engine.adapters import packed_layers
+
+    groups = [g for m in model.modules() if isinstance(m, FSDPModule)
+              for g in m._get_fsdp_state()._fsdp_param_groups]  # fmt: skip
+    offloaded = [g for g in groups if isinstance(g.offload_policy, CPUOffloadPolicy)]
+    shards = [p.sharded_param.to_local() for g in offloaded for p in g.fsdp_params]
+    lora = {id(p) for layer in packed_layers(model).values() for p in (layer.A, layer.Bt)}
+    seen: set[int] = set()
+    on_device = 0
+    for _, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in lora or id(p) in seen:
+            continue
+        seen.add(id(p))
+        local = p.to_local() if isinstance(p, DTensor) else p
+        on_device += local.numel() if local.device.type != "cpu" else 0
+    return {
+        "offloaded_units": len(offloaded),
+        "offloaded_on_cpu": all(t.device.type == "cpu" for t in shards),
+        "offloaded_pinned": bool(shards) and all(t.is_pinned() for t in shards),
+        "base_numel_on_device": on_device,
+        "lora_on_device": all(layer.A.device.type != "cpu"
+                              for layer in packed_layers(model).values()),  # fmt: skip
     }
 
 

@@ -1,7 +1,7 @@
 """Parallel packed training == single-process packed training (fp32, gloo, 2 and 4 processes).
 
 For tp=2 (also with an adapter leaving and another joining its slot), fsdp=2 (with idle
-ranks: more bins than rows; and with the base kept whole), pp=2 (1F1B, 8 micro-batches for 6
+ranks: more bins than rows; with the base kept whole; and with FSDP2's CPU offload), pp=2 (1F1B, 8 micro-batches for 6
 rows: 2 idle ones), fsdp=2 x tp=2, pp=2 x tp=2 and pp=2 x fsdp=2, three adapters that differ
 in rank, targets, lr, batch size, clipping and dropout train for a few steps; every step's loss
 and gradient norm, and the final weights gathered from the shards, must equal a
@@ -28,6 +28,7 @@ TWO = [
     Case(name="tp2", tp=2),
     Case(name="fsdp2", fsdp=2, microbatches=4),  # 8 bins for 6 rows: rank 1 idles twice a step
     Case(name="fsdp2-base-whole", fsdp=2, shard_base=False),
+    Case(name="fsdp2-offload", fsdp=2, cpu_offload=True),  # CPUOffloadPolicy on every unit
     Case(name="pp2", pp=2, microbatches=8),  # 8 micro-batches for 6 rows: 2 idle a step
     # 1F1B recomputes micro-batch i after later forwards re-routed the layers
     Case(name="pp2-ckpt", pp=2, microbatches=3, checkpointing=True),
@@ -47,6 +48,7 @@ LAYOUT = {
     "tp2": ((16, 32), 16, False, 2, (0, 0)),
     "fsdp2": ((16, 32), 32, True, 2, (0, 2 * STEPS)),
     "fsdp2-base-whole": ((32, 32), 32, False, 2, (0, 0)),
+    "fsdp2-offload": ((16, 32), 32, True, 2, (0, 0)),
     "pp2": ((32, 32), 32, False, 1, (2 * STEPS, 2 * STEPS)),
     "pp2-ckpt": ((32, 32), 32, False, 1, (0, 0)),
     "tp2-refill": ((16, 32), 16, False, 2, (0, 0)),
@@ -104,6 +106,9 @@ def test_parallel_equals_single_process(case, runs, reference):
         assert (layout["base_dtensors"] > 0) == fsdp
         assert layout["layers_here"] == layers
         assert layout["idle_micro_batches"] == idle[rank]
+        # FSDP2 CPU offload on every unit (the 2 layers and the root) exactly when asked for
+        assert layout["offloaded_units"] == (3 if case.cpu_offload else 0)
+        assert layout["offloaded_on_cpu"]
         ref = reference[case.refill]
         assert sorted(got["losses"]) == sorted(ref["losses"])
         for cid in ref["losses"]:

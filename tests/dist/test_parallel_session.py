@@ -1,8 +1,9 @@
 """The resident engine of a d-GPU job (``ParallelPackSession``) equals the one-GPU engine.
 
-Two gloo processes each build a session on the built-in tiny model (tp=2, fsdp=2, then pp=2:
-rank 0 is the first pipeline stage, the losses it reports and decides on are the last
-stage's) and serve the same requests a resident worker group gets:
+Two gloo processes each build a session on the built-in tiny model (tp=2, fsdp=2, fsdp=2 with
+FSDP2's CPU offload, then pp=2: rank 0 is the first pipeline stage, the losses it reports and
+decides on are the last stage's), as a worker group builds it for a plan's job
+(``ParallelPackSession.for_job``), and serve the same requests a resident worker group gets:
 
 1. a pack of two configs; rank 0's hooks (the only ones: the coordinator talks to rank 0)
    stop "b" after its 2nd step and abort the job after the 3rd -- the other rank must follow
@@ -85,7 +86,8 @@ def _request(job_id: str, configs, out: Path) -> PackRequest:
 
 
 def _rank(rank: int, strategy: str, port: int, out: str, backend: str = "gloo") -> None:
-    from plora.parallel.dims import ParallelDims
+    from _dist_cases import _offload
+
     from plora.parallel.session import ParallelPackSession
 
     if backend == "nccl":  # one GPU per rank, hidden by tests/gpu/_own_gpu.py before CUDA starts
@@ -97,14 +99,15 @@ def _rank(rank: int, strategy: str, port: int, out: str, backend: str = "gloo") 
     dist.init_process_group(backend, rank=rank, world_size=2)
     try:
         root = Path(out) / strategy
-        session = ParallelPackSession(EngineSpec(**SPEC), dims=ParallelDims.for_job(2, strategy))
+        session = ParallelPackSession.for_job(EngineSpec(**SPEC), 2, strategy)
         first = session.run(_request("j1", PACK, root), _Hooks(3) if rank == 0 else None)
         again = session.run(_request("j1", PACK, root), _Hooks() if rank == 0 else None)
         second = session.run(_request("j2", SECOND, root), _Hooks() if rank == 0 else None)
         if rank == 0:
             results = {"first": first, "again": again, "second": second}
             (root / "outcomes.json").write_text(json.dumps({
-                k: {c: r.to_dict() for c, r in o.results.items()} for k, o in results.items()
+                **{k: {c: r.to_dict() for c, r in o.results.items()} for k, o in results.items()},
+                "layout": _offload(session.model),
             }))  # fmt: skip
             assert session.model_loads == 1
     finally:
@@ -142,14 +145,14 @@ def reference(tmp_path_factory):
     return out, results
 
 
-STRATEGIES = ["tp", "fsdp", "pp"]
+STRATEGIES = ["tp", "fsdp", "fsdp_offload", "pp"]
 #: ‖Δθ‖/‖θ‖ over an adapter against one process. Row-parallel TP sums each o_proj/down_proj
 #: product over the ranks' halves of K (another fp32 rounding than one GEMM's), and AdamW
 #: turns that into up to ~1e-5 on an element whose gradient is near eps ("b": lr 1e-2, 2 steps).
 #: Measured on one 2-core box (2026-11-26), worst adapter: tp 1.03e-5 with torch's AVX512
 #: kernels, 6.8e-6 with AVX2; fsdp and pp <= 2.7e-6 on both. A wrong shard or a lost
 #: all-reduce moves the adapter by 1e-2 or more.
-ADAPTER_TOL = {"tp": 3e-5, "fsdp": 1e-5, "pp": 1e-5}
+ADAPTER_TOL = {"tp": 3e-5, "fsdp": 1e-5, "fsdp_offload": 1e-5, "pp": 1e-5}
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +170,8 @@ def test_parallel_session_equals_one_process(strategy, sessions, reference) -> N
     root = sessions / strategy
     outcomes = json.loads((root / "outcomes.json").read_text())
     first, again = outcomes["first"], outcomes["again"]
+    # the job's strategy reached the model: CPU offload on the 2 layers and the root, or none
+    assert outcomes["layout"]["offloaded_units"] == (3 if strategy == "fsdp_offload" else 0)
     # the abort after 3 steps reached both ranks: "b" was stopped at 2, "a" is aborted at 3
     assert first["b"]["status"] == "stopped" and first["b"]["steps"] == STOP_B_AFTER
     assert first["a"]["status"] == "aborted" and first["a"]["steps"] == 3

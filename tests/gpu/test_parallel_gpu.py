@@ -1,11 +1,12 @@
 """Parallel packed training on 2 (and 4) GPUs with NCCL in bf16 == one-GPU packed training.
 
 The ``tests/dist`` cases (three adapters differing in rank, targets, lr, batch, schedule,
-clipping and dropout; a refill; a checkpoint resumed in a fresh model) run one process per GPU
-with NCCL and bf16 autocast, as a job's workers do; each case's per-step losses and final
-gathered weights must equal one GPU's packed training within the bf16 tolerance the one-GPU
-tests use (losses 2e-2 relative, weights 5e-2 relative over the whole adapter), and the
-exported adapters must reload with PEFT. Skipped unless the machine has enough GPUs.
+clipping and dropout; a refill; a checkpoint resumed in a fresh model; FSDP2 CPU offload of the
+base, whose shards must stay in pinned host memory) run one process per GPU with NCCL and bf16
+autocast, as a job's workers do; each case's per-step losses and final gathered weights must
+equal one GPU's packed training within the bf16 tolerance the one-GPU tests use (losses 2e-2
+relative, weights 5e-2 relative over the whole adapter), and the exported adapters must reload
+with PEFT. Skipped unless the machine has enough GPUs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ TWO = [
     Case(name="tp2", tp=2),
     Case(name="fsdp2", fsdp=2, microbatches=4),
     Case(name="fsdp2-base-whole", fsdp=2, shard_base=False),
+    Case(name="fsdp2-offload", fsdp=2, cpu_offload=True),
     Case(name="pp2", pp=2, microbatches=3),
     Case(name="pp2-ckpt", pp=2, microbatches=3, checkpointing=True),
     Case(name="tp2-refill", tp=2, refill=True),
@@ -120,3 +122,29 @@ def test_parallel_exports_reload_with_peft(case, runs, reference):
         loaded = {k: v.detach().float() for k, v in get_peft_model_state_dict(pm).items()}
         assert adapter_rel_err(loaded, reference[case.refill]["weights"][cid]) <= WEIGHT_RTOL
         assert pm.peft_config["default"].r == {c.config_id: c.rank for c in [*CONFIGS, JOINER]}[cid]
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
+def test_offloaded_base_stays_in_pinned_host_memory(runs):
+    """fsdp2-offload, after training (the trainer moved the model to the GPU, every layer ran
+    forward and backward): each rank's base shards are in pinned host memory under FSDP2's
+    ``CPUOffloadPolicy`` (2 layers and the root), the adapters on the GPU, and the only base
+    weights on the GPU are what the memory model books for ``fsdp_offload`` (the LM head, a
+    whole copy even when tied; fp32 tiny model). fsdp2 without offload holds its shards there."""
+    from plora.cost import Strategy
+    from plora.cost.memory import base_memory
+    from plora.cost.memory_options import FULL_FP32, MemoryOptions
+    from plora.model_spec import ModelSpec
+
+    spec = ModelSpec.from_hf_config(tiny_model("qwen2").config)
+    fp32 = MemoryOptions(precision=FULL_FP32)
+    head = base_memory(spec, d=2, strategy=Strategy.FSDP_OFFLOAD, options=fp32)
+    for rank in range(2):
+        got = torch.load(runs / f"fsdp2-offload.rank{rank}.pt")["layout"]
+        assert got["offloaded_units"] == 3, got
+        assert got["offloaded_on_cpu"] and got["offloaded_pinned"], got
+        assert got["lora_on_device"], got
+        assert 4.0 * got["base_numel_on_device"] == head.components["base_weights"], got
+        plain = torch.load(runs / f"fsdp2.rank{rank}.pt")["layout"]
+        assert plain["offloaded_units"] == 0
+        assert 4.0 * plain["base_numel_on_device"] > head.components["base_weights"]

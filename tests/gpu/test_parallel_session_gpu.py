@@ -1,6 +1,6 @@
-"""A d = 2 job's resident engine on two GPUs with NCCL (tp, fsdp, pp): the same requests as
-``tests/dist/test_parallel_session.py`` (rank 0's control, abort, resume, a second job), in
-bf16 autocast, against the one-GPU engine. Needs two CUDA devices."""
+"""A d = 2 job's resident engine on two GPUs with NCCL (tp, fsdp, fsdp_offload, pp): the same
+requests as ``tests/dist/test_parallel_session.py`` (rank 0's control, abort, resume, a second
+job), in bf16 autocast, against the one-GPU engine. Needs two CUDA devices."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("strategy", ["tp", "fsdp", "pp"])
+@pytest.mark.parametrize("strategy", ["tp", "fsdp", "fsdp_offload", "pp"])
 def test_parallel_session_on_two_gpus(strategy, tmp_path) -> None:
     from plora.engine.api import EngineSpec
     from plora.engine.run import PackSession
@@ -46,6 +46,10 @@ def test_parallel_session_on_two_gpus(strategy, tmp_path) -> None:
     for jid, configs in (("j1", PACK), ("j2", SECOND)):
         ref.update(session.run(request(jid, configs, ref_dir), _Hooks()).results)
     outcomes = json.loads((tmp_path / strategy / "outcomes.json").read_text())
+    if strategy == "fsdp_offload":  # loaded on the host: the base's shards stay there, pinned
+        layout = outcomes["layout"]
+        assert layout["offloaded_units"] == 3 and layout["offloaded_pinned"], layout
+        assert layout["lora_on_device"], layout
     assert outcomes["first"]["b"]["steps"] == STOP_B_AFTER
     assert outcomes["again"]["a"]["status"] == "completed"
     for cid in ("a", "b", "c"):

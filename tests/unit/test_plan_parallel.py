@@ -124,6 +124,6 @@ def test_the_runtime_runs_every_strategy_and_refuses_others_before_starting() ->
 
     check_strategies(list(Strategy))
     with pytest.raises(
-        ConfigError, match=r"planner.strategies: zero3 cannot run yet.*fsdp, pp, tp"
+        ConfigError, match=r"planner.strategies: zero3 cannot run yet.*fsdp, fsdp_offload, pp, tp"
     ):
         check_strategies([Strategy.TP, "zero3"])
