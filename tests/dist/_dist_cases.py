@@ -206,6 +206,17 @@ def _layout(trainer) -> dict:
     }
 
 
+def _param_groups(module) -> list:
+    """An FSDP2 module's parameter groups: a list in torch >= 2.13 (``_fsdp_param_groups``),
+    one group or none before (``_fsdp_param_group``: torch 2.11, the GPU image's)."""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [group] if group is not None else []
+
+
 def _offload(model) -> dict:
     """Where the base lives after training: FSDP units with CPU offload, the elements of the
     frozen base on the accelerator, and whether every offloaded shard is in pinned memory."""
@@ -215,7 +226,7 @@ def _offload(model) -> dict:
     from plora.engine.adapters import packed_layers
 
     groups = [g for m in model.modules() if isinstance(m, FSDPModule)
-              for g in m._get_fsdp_state()._fsdp_param_groups]  # fmt: skip
+              for g in _param_groups(m)]  # fmt: skip
     offloaded = [g for g in groups if isinstance(g.offload_policy, CPUOffloadPolicy)]
     shards = [p.sharded_param.to_local() for g in offloaded for p in g.fsdp_params]
     lora = {id(p) for layer in packed_layers(model).values() for p in (layer.A, layer.Bt)}
@@ -232,8 +243,9 @@ def _offload(model) -> dict:
         "offloaded_on_cpu": all(t.device.type == "cpu" for t in shards),
         "offloaded_pinned": bool(shards) and all(t.is_pinned() for t in shards),
         "base_numel_on_device": on_device,
-        "lora_on_device": all(layer.A.device.type != "cpu"
-                              for layer in packed_layers(model).values()),  # fmt: skip
+        "lora_on_device": all(
+            layer.A.device.type != "cpu" for layer in packed_layers(model).values()
+        ),  # fmt: skip
     }
 
 
