@@ -107,6 +107,7 @@ class PipelineStageModule(nn.Module):
     """
 
     model: nn.Module  #: the whole (PP-pruned) model: a reference, not a submodule
+    _decoder: nn.Module  #: its decoder (``model.model``): a reference too
 
     def __init__(self, model: nn.Module, *, stage: int, stages: int) -> None:
         super().__init__()
@@ -215,15 +216,16 @@ def _routed_block(
         if mb.segments is None
         else packed_segments(block, mb.segments, dropout_keys=mb.dropout_keys)
     )
-    flagged = getattr(block, "gradient_checkpointing", False)
+    layer: Any = block  # a transformers decoder layer: its flag is a plain attribute
+    flagged = bool(getattr(layer, "gradient_checkpointing", False))
     try:
         if flagged:
-            block.gradient_checkpointing = False
+            layer.gradient_checkpointing = False
         with route:
             out = block(h, attention_mask=mask, position_ids=position_ids, position_embeddings=rope)
     finally:
         if flagged:
-            block.gradient_checkpointing = True
+            layer.gradient_checkpointing = True
     return out[0] if isinstance(out, tuple) else out
 
 
