@@ -78,12 +78,29 @@ CHECK_SAMPLE_ROWS = 5000
 def check(sweep: SweepConfig) -> InputsReport:
     """Check everything ``run`` would reject before training, without Ray or a GPU: the space
     expands into valid configs, the dataset files exist and their rows parse, the base model
-    (directory, cache or hub, with a short timeout) and its tokenizer load. What ``plora
-    validate`` calls. Raises :class:`ConfigError`."""
-    from plora.runtime.prepare import check_inputs
+    (directory, cache or hub, with a short timeout) and its tokenizer load, every config fits
+    a job the sweep allows on its GPUs (the model split only as it can be), and, when the sweep
+    would start a local Ray, this machine has its GPUs. What ``plora validate`` calls. Raises
+    :class:`ConfigError`."""
+    from plora.runtime.cluster import check_local_gpus
+    from plora.runtime.prepare import check_jobs_fit
     from plora.tune.space import expand
 
-    n = len(expand(sweep, sample_adaptive=True))
+    configs = expand(sweep, sample_adaptive=True)
+    hw = sweep.hardware
+    try:
+        check_local_gpus(hw.num_gpus, cpu=hw.is_cpu)
+    except ConfigError as err:
+        raise sweep.locate(err) from None
+    report = _check_data(sweep, len(configs))
+    check_jobs_fit(sweep, configs=configs)
+    return report
+
+
+def _check_data(sweep: SweepConfig, n: int) -> InputsReport:
+    """The dataset and the model's tokenizer, as :func:`check` reads them."""
+    from plora.runtime.prepare import check_inputs
+
     ds = sweep.dataset
     if ds.builtin is not None and ds.eval_path is None and ds.num_examples > CHECK_SAMPLE_ROWS:
         sample = dataclasses.replace(ds, num_examples=CHECK_SAMPLE_ROWS)
@@ -161,12 +178,16 @@ def make_plan(
     """
     from plora.cost.build import build_cost_model
     from plora.planner import Baseline, NoFeasibleJobError, baseline_plan, plan_sweep
+    from plora.planner.fits import no_fit_error
     from plora.tune.space import expand
 
     t0 = time.perf_counter()
     configs = expand(sweep, sample_adaptive=True)
     _check_model_reachable(sweep)
-    cost = build_cost_model(sweep)
+    try:
+        cost = build_cost_model(sweep)
+    except ConfigError as err:
+        raise sweep.locate(err) from None
     g = sweep.hardware.num_gpus
     try:
         plora = plan_sweep(configs, cost, g, solver=sweep.planner.solver)
@@ -180,17 +201,8 @@ def make_plan(
             except ConfigError as err:  # e.g. max_gpu without a multi-GPU strategy
                 skipped[str(b)] = err.problem
     except NoFeasibleJobError as err:
-        hw = sweep.hardware
-        fix = None if "; " in err.problem else (
-            f"use GPUs with more memory, more GPUs (now {hw.num_gpus}), a smaller model, "
-            "shorter dataset.max_seq_len or smaller batch_size/rank"
-        )  # fmt: skip
-        raise ConfigError(
-            err.problem,
-            key=memory_key,
-            value=hw.gpu_memory_gib,
-            file=sweep.source,
-            fix=fix,
+        raise no_fit_error(
+            sweep, err, spec=cost.spec, memory_key=memory_key, strategies=cost.strategies()
         ) from None
     chosen = plora
     if baseline is not None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plora.config import PROJECTIONS, ConfigError
+from plora.config import PROJECTIONS, ConfigError, Strategy
 
 #: Directory of the architecture configs shipped with plora.
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "models" / "configs"
@@ -142,11 +142,37 @@ class ModelSpec:
             return self.o_bias
         return self.mlp_bias
 
-    def tp_divides(self, d: int) -> bool:
-        """Whether tensor parallelism of degree ``d`` splits attention evenly: ``d`` divides the
-        query heads, and the KV heads either split (``d | n_kv``) or replicate (``n_kv | d``)."""
-        kv = self.num_kv_heads
-        return self.num_heads % d == 0 and (kv % d == 0 or d % kv == 0)
+    def parallel_problem(self, strategy: Strategy | str, d: int) -> str | None:
+        """Why :mod:`plora.parallel` cannot run this model with ``strategy`` on ``d`` GPUs, or
+        None when it can. The one rule, asked by the cost model (a degree the model cannot take
+        never fits, so the planner never picks it), by the sweep checks (one-line errors) and
+        by ``apply_tp`` itself:
+
+        * ``tp`` splits whole heads and MLP features ``d`` ways (``apply_tp``: q/k/v/gate/up
+          on their outputs, o/down on their inputs; KV heads are split, never replicated), so
+          ``d`` divides ``num_attention_heads``, ``num_key_value_heads`` and
+          ``intermediate_size``;
+        * ``pp`` gives every stage at least one decoder layer (``plora.parallel.pp``'s
+          ``stage_layers``): ``d <= num_hidden_layers``;
+        * ``fsdp`` shards any model.
+
+        The text reads as ``apply_tp``'s error, e.g. ``num_key_value_heads=2 is not divisible
+        by tp=4``.
+        """
+        if d <= 1:
+            return None
+        strategy = Strategy(strategy)
+        if strategy is Strategy.TP:
+            for attr, n in (
+                ("num_attention_heads", self.num_heads),
+                ("num_key_value_heads", self.num_kv_heads),
+                ("intermediate_size", self.intermediate_size),
+            ):
+                if n % d:
+                    return f"{attr}={n} is not divisible by tp={d}"
+        elif strategy is Strategy.PP and d > self.num_layers:
+            return f"num_hidden_layers={self.num_layers} is fewer than pp={d} stages"
+        return None
 
     # ------------------------------------------------------------ parameters
     def projection_params(self, name: str) -> int:

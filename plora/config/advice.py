@@ -50,6 +50,13 @@ def sweep_warnings(sweep: SweepConfig) -> list[str]:
             f"{sweep.search} search repeats some, and a repeat is not trained again; lower "
             f"num_samples to {distinct} or use search: grid"
         )
+    strategies = [str(s) for s in sweep.planner.strategies]
+    if strategies and sweep.hardware.num_gpus == 1:
+        out.append(
+            f"planner.strategies={strategies} with hardware.num_gpus=1: a multi-GPU job needs 2 "
+            "GPUs or more, so every job runs on one GPU; raise hardware.num_gpus or drop "
+            "planner.strategies"
+        )
     return out
 
 

@@ -140,12 +140,13 @@ class HardwareConfig:
     gpu_type: str = "H200"
     """Accelerator name, e.g. A100-40GB, H100, H200, A10 or cpu; sets the memory default."""
     gpu_memory_gib: float | None = None
-    """Memory per GPU in GiB; defaults from :data:`GPU_TYPES` for a known ``gpu_type``."""
+    """Memory per GPU in GiB; defaults from :data:`GPU_TYPES` for a known ``gpu_type``, needed
+    (with ``peak_tflops``) for another."""
     load_factor: float = 0.9
     """C in (0, 1]: the fraction of GPU memory the planner may fill (fragmentation headroom)."""
     peak_tflops: float | None = None
-    """Dense bf16 peak TFLOP/s of one GPU; only needed for a ``gpu_type`` the cost model does
-    not know (:data:`GPU_TYPES`)."""
+    """Dense bf16 peak TFLOP/s of one GPU; needed (with ``gpu_memory_gib``) for a ``gpu_type``
+    the cost model does not know (:data:`GPU_TYPES`)."""
 
     def __post_init__(self) -> None:
         as_int(self.num_gpus, "num_gpus", ge=1, fix="use at least 1 GPU")
@@ -153,11 +154,17 @@ class HardwareConfig:
         canonical = _GPU_LOOKUP.get(_gpu_key(gpu_type))
         if canonical:
             object.__setattr__(self, "gpu_type", canonical)
+        if canonical is None and (self.gpu_memory_gib is None or self.peak_tflops is None):
+            # the planner needs both: how much a GPU holds, how fast it computes (GPU_TYPES)
+            units = {"gpu_memory_gib": "GiB per GPU", "peak_tflops": "dense bf16 TFLOP/s"}
+            missing = [k for k in units if getattr(self, k) is None]
+            raise ConfigError(
+                f"unknown gpu_type and no {' or '.join(missing)}", key="gpu_type", value=gpu_type,
+                fix=f"set {' and '.join(f'{k} ({units[k]})' for k in missing)}, or use one of "
+                f"{', '.join(GPU_TYPES)}",
+            )  # fmt: skip
         if self.gpu_memory_gib is None:
-            if canonical is None:
-                raise ConfigError("unknown gpu_type and no gpu_memory_gib", key="gpu_type", value=gpu_type,
-                                  fix=f"set gpu_memory_gib, or use one of {', '.join(GPU_TYPES)}")  # fmt: skip
-            object.__setattr__(self, "gpu_memory_gib", GPU_TYPES[canonical].memory_gib)
+            object.__setattr__(self, "gpu_memory_gib", GPU_TYPES[str(canonical)].memory_gib)
         mem = as_float(
             self.gpu_memory_gib,
             "gpu_memory_gib",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
@@ -89,6 +90,9 @@ class SweepConfig:
     """Stop lagging configs early inside their packs (``early_stop:``; None: train all steps)."""
     source: str | None = field(default=None, compare=False)
     """The YAML file this sweep was read from (for error messages); not part of the sweep."""
+    key_lines: Mapping[str, int] | None = field(default=None, compare=False, repr=False)
+    """Line of every key path in :attr:`source` (``hardware.num_gpus`` -> 4), so that checks
+    made after reading (:meth:`locate`) point at the line too; not part of the sweep."""
 
     def __post_init__(self) -> None:
         name = as_str(self.name, "name")
@@ -169,6 +173,12 @@ class SweepConfig:
                  if in_space else "lower num_samples") + ", or raise planner.max_configs",
         )  # fmt: skip
 
+    def locate(self, err: ConfigError) -> ConfigError:
+        """``err`` with this sweep's file and the line of its key filled in (what it already
+        names is kept): for the checks that need more than the file (the model's shape, the
+        cluster's GPUs), made after it was read."""
+        return err.located(file=self.source, lines=self.key_lines)
+
     @property
     def seq_len(self) -> int:
         """The sequence length used for planning: ``planner.seq_len`` or ``dataset.max_seq_len``."""
@@ -244,9 +254,12 @@ class SweepConfig:
     ) -> SweepConfig:
         """Validate a parsed YAML document (see :meth:`from_yaml`)."""
         try:
-            return _parse_sweep(cls, data, SearchSpace, source=source, base_dir=base_dir)
+            sweep = _parse_sweep(cls, data, SearchSpace, source=source, base_dir=base_dir)
         except ConfigError as err:
             raise err.located(file=source, lines=lines) from None
+        if lines:
+            object.__setattr__(sweep, "key_lines", dict(lines))
+        return sweep
 
 
 _TOP_KEYS = ("name", "model", "dataset", "space", "search", "num_samples", "metric", "mode",

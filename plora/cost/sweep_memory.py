@@ -59,21 +59,15 @@ class SweepMemory:
         strat = self._key(d, strategy)
         key = ("base_mem", d, strat)
         if key not in self._cache:
-            if strat is Strategy.TP and not self._tp_splits(d):
-                # plora.parallel.tp splits whole query and KV heads: this degree never fits
-                self._cache[key] = math.inf
-            elif strat is Strategy.PP and d > self.spec.num_layers:
-                # plora.parallel.pp gives every stage at least one decoder layer
+            if strat is not None and self.spec.parallel_problem(strat, d):
+                # plora.parallel cannot split this model so (e.g. tp=4 over 2 KV heads, more pp
+                # stages than layers): the degree never fits, so the planner never picks it
                 self._cache[key] = math.inf
             else:
                 self._cache[key] = base_memory(
                     self.spec, d=d, strategy=strat, options=self.memory
                 ).total
         return cast(float, self._cache[key])
-
-    def _tp_splits(self, d: int) -> bool:
-        """Whether ``apply_tp`` can split this model ``d`` ways (query and KV heads divide)."""
-        return self.spec.num_heads % d == 0 and self.spec.num_kv_heads % d == 0
 
     def config_memory(self, config: LoRAConfig, d: int, strategy: Strategy | None = None) -> float:
         """Adapter state and the activations of the config's rows per GPU, bytes."""

@@ -51,6 +51,7 @@ from torch.distributed.tensor import Placement, Replicate, Shard
 
 from plora.engine.adapters import packed_layers
 from plora.engine.lora import PackedLoRALinear
+from plora.model_spec import ModelSpec
 
 
 class TPStyle(StrEnum):
@@ -148,8 +149,9 @@ def apply_tp(model: nn.Module, *, tp_group: dist.ProcessGroup, plan=TP_PLAN) -> 
 
     Call after ``plora.engine.adapters.inject`` (all seven projections wrapped) and before any
     adapter is added or the model is sharded by FSDP; adapters added later are created at
-    full size and sliced (same init as one process). Needs ``num_attention_heads`` and
-    ``num_key_value_heads`` divisible by the TP degree.
+    full size and sliced (same init as one process). Needs ``num_attention_heads``,
+    ``num_key_value_heads`` and ``intermediate_size`` divisible by the TP degree
+    (:meth:`plora.model_spec.ModelSpec.parallel_problem`).
 
     Args:
         model: a Llama/Qwen2-style causal LM with :class:`PackedLoRALinear` projections.
@@ -158,10 +160,9 @@ def apply_tp(model: nn.Module, *, tp_group: dist.ProcessGroup, plan=TP_PLAN) -> 
     """
     size = dist.get_world_size(tp_group)
     cfg = getattr(model, "config", None)
-    for attr in ("num_attention_heads", "num_key_value_heads"):
-        n = getattr(cfg, attr, None)
-        if n is not None and n % size:
-            raise ValueError(f"apply_tp: {attr}={n} is not divisible by tp={size}")
+    problem = None if cfg is None else ModelSpec.from_hf_config(cfg).parallel_problem("tp", size)
+    if problem:  # the planner's rule (ModelSpec.parallel_problem): it never plans this
+        raise ValueError(f"apply_tp: {problem}")
     layers = packed_layers(model)
     if not layers:
         raise ValueError("apply_tp: no PackedLoRALinear in the model; inject it first")

@@ -11,6 +11,7 @@ job pays a worker-group start-up unless its GPUs end up as a group of its size
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,8 @@ def check_feasible(table: ClassTable, num_gpus: int) -> None:
             f"(base {one.base / GIB:.1f} + adapter {one.mem[c] / GIB:.1f}) "
             f"but capacity is {one.capacity / GIB:.1f} GiB"
         )
-        wide = [o for o in table.options if o.d > 1 and o.d <= num_gpus]
+        # a degree the model cannot take (infinite base memory) is no option to show
+        wide = [o for o in table.options if 1 < o.d <= num_gpus and math.isfinite(o.base)]
         if wide:
             o = min(wide, key=lambda o: (o.base + o.mem[c]) - o.capacity)
             msg += (

@@ -91,13 +91,18 @@ def connect(address: str | None, *, num_gpus: int, cpu: bool = False) -> bool:
         return True
     check_address(address)
     try:  # the job's runtime_env (``ray job submit --working-dir``) is left as submitted
-        ray.init(address=address, log_to_driver=False)
+        # quiet as a local start: Ray's "Connecting to / Connected to" lines are not news (a
+        # ray:// client would forward the level to the server's ray.init: left as it is)
+        quiet = {} if "://" in address else {"logging_level": logging.ERROR}
+        ray.init(address=address, log_to_driver=False, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
             f"{where} {address}: cannot connect to a Ray cluster ({first}); start one with "
             "`ray start --head` or drop --address to run locally"
         ) from None
+    finally:
+        logging.getLogger("ray").setLevel(logging.WARNING)
     return False
 
 
@@ -122,21 +127,44 @@ def starts_local(address: str | None) -> bool:
 
 
 def ray_finds_gpus() -> bool:
-    """Whether a Ray started on this machine finds GPUs, counted as ``ray.init`` counts them
-    (``CUDA_VISIBLE_DEVICES``, then NVML), without importing torch: ``torch.cuda.is_available()``
-    costs the driver torch's import (3-5 s on a slow host), right before ``ray.init``."""
+    """Whether a Ray started on this machine finds GPUs (:func:`local_gpu_count` > 0)."""
+    return local_gpu_count() > 0
+
+
+def local_gpu_count() -> int:
+    """The GPUs a Ray started on this machine finds, counted as ``ray.init`` counts them
+    (``CUDA_VISIBLE_DEVICES``, then NVML), without importing torch: ``torch.cuda`` costs the
+    driver torch's import (3-5 s on a slow host), right before ``ray.init``."""
     try:
         from ray._private.accelerators import get_accelerator_manager_for_resource
 
         gpus = get_accelerator_manager_for_resource("GPU")
         if gpus is None:
-            return _torch_has_cuda()
+            return _torch_gpu_count()
         visible = gpus.get_current_process_visible_accelerator_ids()
         if visible is not None:
-            return len(visible) > 0
-        return gpus.get_current_node_num_accelerators() > 0
+            return len(visible)
+        return int(gpus.get_current_node_num_accelerators())
     except Exception:  # Ray's internals moved: ask torch
-        return _torch_has_cuda()
+        return _torch_gpu_count()
+
+
+def check_local_gpus(num_gpus: int, *, cpu: bool = False, address: str | None = None) -> None:
+    """Before a local Ray is started for the sweep (``address`` None or ``local``, no
+    ``RAY_ADDRESS``, no ``ray start`` cluster here): ConfigError when this machine has GPUs but
+    fewer than ``num_gpus``. Without any, Ray gets ``num_gpus`` logical ones (:func:`connect`:
+    the engine runs on the CPU); a cluster that is joined is checked by :func:`check_gpus` once
+    connected."""
+    if cpu or not starts_local(address):
+        return
+    have = local_gpu_count()
+    if 0 < have < num_gpus:
+        raise ConfigError(
+            f"the sweep wants {num_gpus} GPUs but this machine has {have} (as Ray counts them: "
+            "CUDA_VISIBLE_DEVICES, else all it finds)", key="hardware.num_gpus", value=num_gpus,
+            fix=f"lower hardware.num_gpus to {have}, or run on a Ray cluster with {num_gpus} "
+            "GPUs (plora sweep --address, or RAY_ADDRESS)",
+        )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -212,24 +240,40 @@ def check_address(address: str | None, *, timeout_s: float = 3.0) -> None:
         ) from None
 
 
-def check_gpus(num_gpus: int, *, cpu: bool = False) -> float:
-    """The cluster's GPU count (CPU count for a CPU sweep); ConfigError when it has fewer GPUs
-    than the sweep wants, or, on CPU (``hardware.gpu_type: cpu``: the "GPUs" are worker slots
-    that ask Ray for CPUs only, :func:`worker_resources`), no CPU at all."""
+def check_gpus(num_gpus: int, *, cpu: bool = False, max_degree: int = 1) -> float:
+    """The cluster's GPU count (CPU count for a CPU sweep); ConfigError (keyed
+    ``hardware.num_gpus``) when it has fewer GPUs than the sweep wants, or no node with
+    ``max_degree`` GPUs (the most a job may span: a job's workers share one node,
+    :func:`plora.runtime.group.start_group`), or, on CPU (``hardware.gpu_type: cpu``: the "GPUs"
+    are worker slots that ask Ray for CPUs only, :func:`worker_resources`), no CPU at all."""
     if cpu:
         cpus = float(ray.cluster_resources().get("CPU", 0.0))
         if cpus <= 0:
             raise ConfigError(
-                "hardware.gpu_type: cpu: the Ray cluster has no CPUs for the sweep's workers; "
-                "add nodes with CPUs"
-            )
+                "the Ray cluster has no CPUs for the sweep's workers", key="hardware.gpu_type",
+                value="cpu", fix="add nodes with CPUs",
+            )  # fmt: skip
         return cpus
     have = float(ray.cluster_resources().get("GPU", 0.0))
     if have < num_gpus:
         raise ConfigError(
-            f"hardware.num_gpus: the sweep wants {num_gpus} GPUs but the Ray cluster has "
-            f"{have:g}; lower hardware.num_gpus or add GPU nodes"
+            f"the sweep wants {num_gpus} GPUs but the Ray cluster has {have:g}",
+            key="hardware.num_gpus", value=num_gpus,
+            fix=f"lower hardware.num_gpus to {have:g} or less, or add GPU nodes",
+        )  # fmt: skip
+    if max_degree > 1:
+        node = max(
+            (float(n.get("Resources", {}).get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")),
+            default=0.0,
         )
+        if node < max_degree:
+            raise ConfigError(
+                f"with planner.strategies a job may span {max_degree} GPUs, but the largest node "
+                f"of the Ray cluster has {node:g} (a job's GPUs share one node)",
+                key="hardware.num_gpus", value=num_gpus,
+                fix=f"lower hardware.num_gpus to {node:g}, or remove planner.strategies "
+                "(one-GPU jobs use every node)",
+            )  # fmt: skip
     return have
 
 
@@ -251,13 +295,13 @@ def worker_resources(*, cpu: bool, num_slots: int) -> tuple[float, int]:
     return cpus_per_worker(), 1
 
 
-def _torch_has_cuda() -> bool:
+def _torch_gpu_count() -> int:
     try:
         import torch
 
-        return torch.cuda.is_available()
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except ImportError:  # pragma: no cover
-        return False
+        return 0
 
 
 __all__ = [
@@ -266,9 +310,11 @@ __all__ = [
     "check_address",
     "check_gpus",
     "check_job_out",
+    "check_local_gpus",
     "connect",
     "cpus_per_worker",
     "in_ray_job",
+    "local_gpu_count",
     "ray_finds_gpus",
     "shutdown",
     "starts_local",

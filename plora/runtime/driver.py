@@ -9,8 +9,9 @@ is :class:`~plora.runtime.dispatch.Dispatcher`; the knobs are :class:`~plora.run
 
 Order of work (nothing is created on disk until every input has been checked)::
 
-    check --out, dataset files, tokenizer + dataset (empty?), cost model, searcher
-    connect to Ray (ConfigError when unreachable), check the GPU pool
+    check --out, dataset files, this machine's GPUs (for a local Ray)
+    beside Ray's start: tokenizer + dataset (empty?), cost model, every config fits a job, searcher
+    connect to Ray (ConfigError when unreachable), check the GPU pool (and a node for the widest job)
     build DIR in a hidden temp dir: sweep.yaml, base_model/, first plan, state.json -> rename
     loop: wait for a job result (or tick) -> drain step reports -> finished/failed -> launch on
           the GPUs' resident groups (start one where none is) -> control
@@ -42,10 +43,13 @@ from typing import Any
 from plora.config import ConfigError, SweepConfig
 from plora.config.diff import sweep_changes
 from plora.models.hub import check_hub_model
+from plora.planner import NoFeasibleJobError
+from plora.planner.fits import no_fit_error, widest_degree
 from plora.runtime.cluster import (
     check_address,
     check_gpus,
     check_job_out,
+    check_local_gpus,
     connect,
 )
 from plora.runtime.cluster import shutdown as shutdown_cluster
@@ -156,6 +160,11 @@ def _run(
         raise ValueError("run_sweep needs a sweep unless resume=True")
     sweep.check_trainable()
     check_hub_model(sweep.model, file=sweep.source)  # seconds, before Ray: never a minute's retries
+    hw = sweep.hardware
+    try:  # a local Ray would find fewer GPUs than the sweep wants: say so before starting it
+        check_local_gpus(hw.num_gpus, cpu=hw.is_cpu, address=address)
+    except ConfigError as err:
+        raise sweep.locate(err) from None
     # The dataset check and cost model (imports, tokenizing) run beside Ray's start and the
     # workers' start, not before them.
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plora-prepare")
@@ -168,10 +177,12 @@ def _run(
     started_ray = False
     driver: Dispatcher | None = None
     try:
-        hw = sweep.hardware
         started_ray = connect(address, num_gpus=hw.num_gpus, cpu=hw.is_cpu)
         ray_start_s = time.monotonic() - t0
-        check_gpus(hw.num_gpus, cpu=hw.is_cpu)
+        try:
+            check_gpus(hw.num_gpus, cpu=hw.is_cpu, max_degree=_widest_job(sweep))
+        except ConfigError as err:
+            raise sweep.locate(err) from None
         driver = Dispatcher(sweep=sweep, options=options, on_update=on_update)
         if options.prestart and fits_one_gpu(sweep) and not sweep.planner.strategies:
             driver.prestart(range(sweep.hardware.num_gpus))
@@ -208,6 +219,8 @@ def _run(
                 write_sweep_yaml(store, sweep.to_yaml())
             if data_report is not None:
                 store.write_data_report(data_report.to_dict())
+            driver.attach(coord, store)
+            first = coord.start()
         else:
             with create_sweep_dir(out) as store:
                 write_sweep_yaml(store, sweep.to_yaml())
@@ -217,9 +230,16 @@ def _run(
                 if data_report is not None:
                     store.write_data_report(data_report.to_dict())
                 coord = make(store)
+                driver.attach(coord, store)  # the first plan knows the groups already starting
+                # ... and is made before DIR is in place: a config it cannot place (one a
+                # searcher proposed, beyond the sample prepare checked) leaves no directory
+                try:
+                    first = coord.start()
+                except NoFeasibleJobError as err:
+                    spec, strategies = getattr(cost, "spec", None), cost.strategies()
+                    raise no_fit_error(sweep, err, spec=spec, strategies=strategies) from None
         setup_s = time.monotonic() - t0
-        driver.attach(coord, store)
-        driver.run(coord.start())
+        driver.run(first)
         ended = time.monotonic()
         if options.record_profile:
             record_profile(
@@ -257,6 +277,22 @@ def _resumed_sweep(
             f"or resume with the saved one ({store.sweep_yaml})"
         )
     return given, changed
+
+
+def _widest_job(sweep: SweepConfig) -> int:
+    """The most GPUs one job of the sweep may span (:func:`plora.planner.fits.widest_degree`:
+    1 without ``planner.strategies``, else the largest d <= num_gpus the model can be split
+    over with one of them)."""
+    from plora.model_spec import ModelSpec
+
+    strategies = sweep.planner.strategies
+    if not strategies:
+        return 1
+    try:
+        spec = ModelSpec.from_hf_config(sweep.model.name_or_path)
+    except ConfigError:  # the dataset check reports a model it cannot read
+        spec = None
+    return widest_degree(spec, strategies, sweep.hardware.num_gpus)
 
 
 def _early_stopper(sweep: SweepConfig) -> Any:

@@ -37,15 +37,18 @@ def prepare(
     from plora.cost.build import build_cost_model
 
     data = check_inputs(sweep)
-    cost = build_cost_model(
-        sweep,
-        dataset_size=len(data.train),
-        eval_rows=len(data.eval),
-        eval_metric=data.metric,
-        checkpoint_every=checkpoint_every,
-        train_lengths=[len(ex.input_ids) for ex in data.train],
-    )
-    check_strategies(cost.strategies())
+    try:
+        cost = build_cost_model(
+            sweep,
+            dataset_size=len(data.train),
+            eval_rows=len(data.eval),
+            eval_metric=data.metric,
+            checkpoint_every=checkpoint_every,
+            train_lengths=[len(ex.input_ids) for ex in data.train],
+        )
+    except ConfigError as err:
+        raise sweep.locate(err) from None
+    check_jobs_fit(sweep, cost)
     if source is None:
         source = config_source(sweep)
     # The sweep directory's tables need pandas (and pyarrow), which the driver no longer imports
@@ -95,6 +98,31 @@ def check_inputs(sweep: SweepConfig) -> Any:
             "point dataset.path at a non-empty file or raise dataset.num_examples"
         )
     return data
+
+
+def check_jobs_fit(sweep: SweepConfig, cost: Any = None, configs: Any = None) -> None:
+    """Every config of the sweep fits one job it allows, and the runtime runs its
+    ``planner.strategies``: :func:`plora.planner.fits.check_fits` over ``configs`` (default: the
+    sweep's; for a searcher a sample of the space, as ``plora plan`` draws), with ``cost`` or
+    the sweep's own cost model. ``plora validate`` and ``plora sweep`` (beside Ray's start,
+    before the sweep directory) both ask it.
+
+    Raises:
+        ConfigError: naming the sweep file, line, key and value (``hardware.gpu_memory_gib``,
+            or ``planner.strategies`` when the model can take none of the multi-GPU jobs).
+    """
+    from plora.cost.build import build_cost_model
+    from plora.planner.fits import check_fits
+    from plora.tune.space import expand
+
+    try:
+        cost = build_cost_model(sweep) if cost is None else cost
+        check_strategies(cost.strategies())
+    except ConfigError as err:
+        raise sweep.locate(err) from None
+    if configs is None:
+        configs = expand(sweep, sample_adaptive=True)
+    check_fits(sweep, configs, cost, spec=cost.spec)
 
 
 def check_fused_kernels(sweep: SweepConfig) -> bool:
@@ -157,6 +185,7 @@ def load_tokenizer(ref: Any) -> Any:
 __all__ = [
     "check_fused_kernels",
     "check_inputs",
+    "check_jobs_fit",
     "config_source",
     "fits_one_gpu",
     "load_tokenizer",

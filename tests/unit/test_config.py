@@ -131,7 +131,8 @@ def test_hardware_defaults_and_aliases() -> None:
     hw = HardwareConfig(gpu_type="a100_40gb", num_gpus=8)
     assert (hw.gpu_type, hw.gpu_memory_gib) == ("A100-40GB", 40.0)
     assert hw.usable_gib == pytest.approx(36.0)
-    assert HardwareConfig(gpu_type="MyAccel", gpu_memory_gib=12).gpu_memory_gib == 12.0
+    mine = HardwareConfig(gpu_type="MyAccel", gpu_memory_gib=12, peak_tflops=100)
+    assert (mine.gpu_memory_gib, mine.peak_tflops) == (12.0, 100.0)
     assert HardwareConfig(gpu_type="cpu").is_cpu
     assert "num_gpus=0" in error_of(HardwareConfig, num_gpus=0)
     assert "load_factor=0" in error_of(HardwareConfig, load_factor=0)

@@ -51,9 +51,9 @@ def test_build_from_a_sweep_and_plan_from_a_stored_profile(tmp_path) -> None:
     ).coefficients == step_prior("H100", False)
 
 
-def test_build_rejects_unknown_gpu_speed(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="no known peak"):
-        build_cost_model(_sweep(gpu_type="MI300X", gpu_memory_gib=192), profile_dir=tmp_path)
+def test_unknown_gpu_speed_is_refused_when_the_sweep_is_read() -> None:
+    with pytest.raises(ConfigError, match="gpu_type='MI300X': unknown gpu_type and no peak_tflops"):
+        _sweep(gpu_type="MI300X", gpu_memory_gib=192)
 
 
 def test_checkpointing_trades_memory_for_time(tmp_path) -> None:

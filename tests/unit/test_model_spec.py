@@ -7,6 +7,7 @@ References: the published parameter totals of the real models, transformers' own
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -214,10 +215,64 @@ def test_builtin_tiny_models() -> None:
         assert spec.total_params == sum(p.numel() for p in meta_model(cfg).parameters())
 
 
-def test_tensor_parallel_degrees_that_split_attention() -> None:
+def _degrees(spec: ModelSpec, strategy: str, top: int = 64) -> list[int]:
+    return [
+        d for d in (1, 2, 4, 8, 16, 32, 64) if d <= top and not spec.parallel_problem(strategy, d)
+    ]
+
+
+def test_tensor_parallel_degrees_split_whole_heads() -> None:
+    """``apply_tp`` splits query heads, KV heads (never replicated) and the MLP features."""
     qwen7b = ModelSpec.from_hf_config("Qwen/Qwen2.5-7B")  # 28 query heads, 4 KV heads
-    assert [d for d in (1, 2, 4, 8) if qwen7b.tp_divides(d)] == [1, 2, 4]
-    qwen3b = ModelSpec.from_hf_config("Qwen/Qwen2.5-3B")  # 16 / 2: KV heads replicate at 4, 8
-    assert [d for d in (1, 2, 4, 8, 16, 32) if qwen3b.tp_divides(d)] == [1, 2, 4, 8, 16]
-    llama = ModelSpec.from_hf_config("meta-llama/Llama-3.1-8B")  # 32 / 8
-    assert all(llama.tp_divides(d) for d in (1, 2, 4, 8, 16, 32))
+    assert _degrees(qwen7b, "tp") == [1, 2, 4]
+    assert qwen7b.parallel_problem("tp", 8) == "num_attention_heads=28 is not divisible by tp=8"
+    qwen3b = ModelSpec.from_hf_config("Qwen/Qwen2.5-3B")  # 16 / 2
+    assert _degrees(qwen3b, "tp") == [1, 2]
+    assert qwen3b.parallel_problem("tp", 4) == "num_key_value_heads=2 is not divisible by tp=4"
+    llama = ModelSpec.from_hf_config("meta-llama/Llama-3.1-8B")  # 32 / 8, 14336 = 2^11 * 7
+    assert _degrees(llama, "tp") == [1, 2, 4, 8]
+    odd_mlp = dataclasses.replace(llama, intermediate_size=14336 + 4)
+    assert odd_mlp.parallel_problem("tp", 8) == "intermediate_size=14340 is not divisible by tp=8"
+
+
+def test_pipeline_degrees_need_a_layer_per_stage_and_fsdp_takes_any() -> None:
+    tiny = ModelSpec.from_hf_config("tiny-qwen2")  # 2 decoder layers
+    assert _degrees(tiny, "pp") == [1, 2]
+    assert tiny.parallel_problem("pp", 4) == "num_hidden_layers=2 is fewer than pp=4 stages"
+    assert _degrees(tiny, "fsdp") == [1, 2, 4, 8, 16, 32, 64]
+
+
+@pytest.mark.parametrize(
+    ("changes", "size", "error"),
+    [
+        ({}, 4, "apply_tp: num_key_value_heads=2 is not divisible by tp=4"),
+        ({}, 2, None),
+        ({"intermediate_size": 130}, 2, None),
+        (
+            {"intermediate_size": 130, "num_key_value_heads": 4},
+            4,
+            "apply_tp: intermediate_size=130",
+        ),
+    ],
+)
+def test_apply_tp_refuses_what_the_rule_refuses(monkeypatch, changes, size, error) -> None:
+    """``apply_tp`` asks the same rule as the cost model (``parallel_problem``: a refused degree
+    has infinite memory there, so no plan asks ``apply_tp`` for it)."""
+    from torch import nn
+
+    import plora.parallel.tp as tp
+    from plora.models import tiny_config
+
+    cfg = tiny_config("tiny-qwen2")  # 4 query heads, 2 KV heads, 128 MLP features
+    for key, value in changes.items():
+        setattr(cfg, key, value)
+    model = nn.Module()
+    model.config = cfg
+    monkeypatch.setattr(tp.dist, "get_world_size", lambda group=None: size)
+    with pytest.raises(ValueError) as raised:
+        tp.apply_tp(model, tp_group=None)
+    if error is None:  # past the shape check: this module has no packed projection to split
+        assert "no PackedLoRALinear" in str(raised.value)
+    else:
+        assert str(raised.value).startswith(error)
+    assert (ModelSpec.from_hf_config(cfg).parallel_problem("tp", size) is None) is (error is None)

@@ -45,6 +45,11 @@ def _sweep(tmp_path: Path, space=None, **top) -> Path:
             {"search": "random", "num_samples": 20},
             "num_samples=20 but the space has 8 distinct",
         ),
+        (
+            {},
+            {"planner": {"strategies": ["tp"]}},
+            "planner.strategies=['tp'] with hardware.num_gpus=1: a multi-GPU job needs 2",
+        ),
     ],
 )
 def test_each_setting_without_effect_is_one_warning(tmp_path, space, top, needle) -> None:
@@ -59,6 +64,7 @@ def test_each_setting_without_effect_is_one_warning(tmp_path, space, top, needle
         ({"warmup_steps": 99}, {}),
         ({}, {"search": "random", "num_samples": 8}),
         ({"lr": {"loguniform": [1e-4, 1e-2]}}, {"search": "random", "num_samples": 50}),
+        ({}, {"planner": {"strategies": ["fsdp"]}, "hardware__num_gpus": 2}),
     ],
 )
 def test_settings_that_take_effect_give_none(tmp_path, space, top) -> None:
