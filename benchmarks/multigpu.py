@@ -65,15 +65,19 @@ def hf_config(name: str):
     return AutoConfig.from_pretrained(str(shipped_config_path(name)))
 
 
-def predicted(spec: ModelSpec, cfgs, seq: int, d: int, strategy: str, *, liger: bool, ckpt: bool):
-    """Cost-model peak bytes per GPU (allocator's share) and step seconds of the pack."""
+def predicted(
+    spec: ModelSpec, cfgs, seq: int, d: int, strategy: str, *, liger: bool, ckpt: bool,
+    micro: int | None = None,
+):  # fmt: skip
+    """Cost-model peak bytes per GPU (allocator's share) and step seconds of the pack (``micro``:
+    the pipeline's micro-batches under pp)."""
     opts = mem.MemoryOptions(loss=mem.Loss.FUSED, fused_kernels=liger, checkpointing=ckpt)
     strat = Strategy(strategy) if d > 1 else None
     total = mem.base_memory(spec, d=d, strategy=strat, options=opts).total - opts.reserved_bytes
     for c in cfgs:
         total += mem.adapter_memory(
             spec, rank=c.rank, targets=c.target_modules, batch_size=c.batch_size, seq_len=seq,
-            dropout=c.dropout, d=d, strategy=strat, options=opts,
+            dropout=c.dropout, d=d, strategy=strat, options=opts, pipeline_micro_batches=micro,
         ).total  # fmt: skip
     gpu = GPU_TYPES["H200"]
     model = StepTimeModel(
@@ -110,11 +114,15 @@ def run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, row
     capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
     for k in args.packs:
         cfgs = adapter_configs(k, args.rank)
-        pred_b, _ = predicted(spec, cfgs, args.seq, d, strategy, liger=args.liger, ckpt=False)
+        # PP: 2 rows per micro-batch (the bubble filled by the pack's other adapters)
+        micro = min(k, max(d, k // 2)) if strategy == "pp" else None
+        pred_b, _ = predicted(spec, cfgs, args.seq, d, strategy, liger=args.liger, ckpt=False,
+                              micro=micro)  # fmt: skip
         ckpt = args.checkpointing == "on" or (
             args.checkpointing == "auto" and capacity and pred_b > 0.9 * capacity
         )
-        pred_b, pred_s = predicted(spec, cfgs, args.seq, d, strategy, liger=args.liger, ckpt=ckpt)
+        pred_b, pred_s = predicted(spec, cfgs, args.seq, d, strategy, liger=args.liger, ckpt=ckpt,
+                                   micro=micro)  # fmt: skip
         row = {"model": name, "case": f"{strategy}{d}-packed-{k}", "strategy": strategy, "d": d,
                "adapters": k, "checkpointing": bool(ckpt), "liger": args.liger}  # fmt: skip
         trainer, added = None, []
@@ -122,8 +130,6 @@ def run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, row
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-            # PP: 2 rows per micro-batch (the bubble filled by the pack's other adapters)
-            micro = min(k, max(d, k // 2)) if strategy == "pp" else None
             trainer = ParallelPackedTrainer(
                 base, tok, data, device=device, dtype=dtype if device.type == "cuda" else None,
                 dims=dims, mesh=mesh, stage=stage, microbatches=micro, gradient_checkpointing=ckpt,

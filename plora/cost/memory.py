@@ -237,8 +237,15 @@ def adapter_memory(
     d: int = 1,
     strategy: Strategy | None = None,
     options: MemoryOptions = MemoryOptions(),
+    pipeline_micro_batches: int | None = None,
 ) -> MemoryBreakdown:
-    """``M_lora,k`` per GPU: adapter state + LoRA and base activations of its ``b·s`` tokens."""
+    """``M_lora,k`` per GPU: adapter state + LoRA and base activations of its ``b·s`` tokens.
+
+    Under pipeline parallelism 1F1B keeps at most ``P`` of a step's ``M`` micro-batches in
+    flight on its busiest stage (the first), so ``min(M, P) / M`` of the rows' activations are
+    live there; ``pipeline_micro_batches`` is ``M`` (``None``: ``M = P``, what a job's trainer
+    runs when nothing sets it -- every row live).
+    """
     strat = check_parallel(d, strategy)
     prec = options.precision
     n = adapter_param_count(spec, rank, targets, d=d, strategy=strat)
@@ -255,6 +262,9 @@ def adapter_memory(
     tokens = float(batch_size * seq_len)
     if strat in FSDP_STRATEGIES:  # rows are split over the d GPUs
         tokens /= d
+    if strat is Strategy.PP and pipeline_micro_batches is not None:
+        m = max(int(pipeline_micro_batches), d)  # 1F1B needs one micro-batch per stage
+        tokens *= d / m
     a = prec.activation_bytes
     # x·A (rank r) per targeted projection; with dropout also dropout(x) and its 1-byte mask.
     lora_act = 0.0
