@@ -201,7 +201,13 @@ def run_packed(base, tok, data, k, rank, seq, device, dtype, warmup, steps, ckpt
     if ckpt:
         base.gradient_checkpointing_disable()
     uninject(base)
-    return {"step_s": dt, "tokens": k * seq, "peak_bytes": peak, "configs": cfgs}
+    return {
+        "step_s": dt,
+        "tokens": k * seq,
+        "peak_bytes": peak,
+        "configs": cfgs,
+        "oom_splits": trainer.oom_splits,
+    }
 
 
 def main() -> None:
@@ -301,6 +307,7 @@ def main() -> None:
                     "tokens_per_s": tps, "ceiling_fraction": tps / ceiling,
                     "step_s": res["step_s"], "peak_gib": res["peak_bytes"] / 2**30,
                     "predicted_gib": pred / 2**30, "memory_error": err,
+                    "oom_splits": res.get("oom_splits", 0),  # > 0: the peak is the OOM's
                 }  # fmt: skip
                 rows.append(row)
                 mem_txt = (
