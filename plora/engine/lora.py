@@ -363,7 +363,7 @@ class PackedLoRALinear(nn.Module):
         pieces = self._pieces(routing, x.shape[0])
         if not pieces:
             return self.base_layer(x)
-        fn = kernel() if x.is_cuda and _compute_dtype(x) in _FUSED_DTYPES else None
+        fn = fused_op(x)
         if fn is not None:
             return fused_forward(fn, self, x, pieces, routing)
         return reference_forward(self, x, pieces, routing)
@@ -383,6 +383,11 @@ class PackedLoRALinear(nn.Module):
 
 #: Compute dtypes that take the fused kernels; float32 on CUDA runs the exact torch path.
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def fused_op(x: torch.Tensor):
+    """The fused kernel for ``x`` (CUDA, bf16/fp16 compute), or None: the torch path."""
+    return kernel() if x.is_cuda and _compute_dtype(x) in _FUSED_DTYPES else None
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
