@@ -195,7 +195,7 @@ def recompute_saved(dense: torch.Tensor, rebuild: Any) -> Iterator[None]:
     # the hooks live as long as the graph: they must not hold ``dense`` itself
     ptr, device = dense.untyped_storage().data_ptr(), dense.device
     # the enclosing (pack, unpack) pair, None outside any (torch has no public getter for it)
-    outer: tuple[Any, Any] | None = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    outer = _enclosing_saved_tensor_hooks()
 
     def pack(t: torch.Tensor) -> Any:
         if t.device == device and t.untyped_storage().data_ptr() == ptr:
@@ -211,6 +211,17 @@ def recompute_saved(dense: torch.Tensor, rebuild: Any) -> Iterator[None]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield
+
+
+def _enclosing_saved_tensor_hooks() -> tuple[Any, Any] | None:
+    """The innermost saved-tensor hooks already active (a checkpoint's), or None; None also
+    where this torch has no such getter (older releases: their checkpoints then keep what the
+    fused path saves, as before)."""
+    try:
+        top: tuple[Any, Any] | None = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+    return top
 
 
 class _Outer:
