@@ -54,7 +54,7 @@ def test_multi_gpu_groups_are_refused_loudly() -> None:
     spec = EngineSpec(model=tiny_sweep().model, dataset=tiny_sweep().dataset)
     for strategy in (None, "zero3"):  # none, or one the runtime does not run (tp, fsdp, pp)
         with pytest.raises(
-            UnsupportedJobError, match=r"d=2 GPUs.*runs d > 1 jobs with fsdp, pp, tp"
+            UnsupportedJobError, match=r"d=2 GPUs.*runs d > 1 jobs with fsdp, fsdp_offload, pp, tp"
         ):
             start_group(
                 (0, 1), strategy=strategy, relay=None, engine=PackFnEngine, spec=spec, name="g"
