@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from plora.config.errors import ConfigError
+from plora.config.validate import as_switch
 
 #: The sweep-file key of the switch (for error messages).
 FUSED_KERNELS_KEY = "training.fused_kernels"
@@ -44,15 +45,8 @@ class FusedKernels(StrEnum):
     @classmethod
     def parse(cls, value: Any, key: str = FUSED_KERNELS_KEY) -> FusedKernels:
         """``value`` as a member (``True``/``False`` read as on/off, as YAML writes them)."""
-        if isinstance(value, bool):  # YAML 1.1 reads a bare on / off as a boolean
-            return cls.ON if value else cls.OFF
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(
-                "must be auto, on or off", key=key, value=value,
-                fix="auto uses Liger-Kernel when it is installed and the base runs on CUDA",
-            ) from None  # fmt: skip
+        fix = "auto uses Liger-Kernel when it is installed and the base runs on CUDA"
+        return cls(as_switch(value, key, fix=fix))
 
 
 def liger_installed() -> bool:

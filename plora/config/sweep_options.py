@@ -13,7 +13,7 @@ from typing import Any
 from plora.config.errors import ConfigError, join_key
 from plora.config.fused import FusedKernels
 from plora.config.hardware import SUPPORTED_STRATEGIES, Strategy
-from plora.config.validate import as_bool, as_choice, as_float, as_int
+from plora.config.validate import as_bool, as_choice, as_float, as_int, as_switch
 
 #: Knapsack backends of the planner (``plora.planner.ilp.SOLVERS``).
 PLANNER_SOLVERS: tuple[str, ...] = ("auto", "bnb", "highs", "cvxpy", "gurobi")
@@ -38,15 +38,8 @@ class CpuOffload(StrEnum):
     @classmethod
     def parse(cls, value: Any, key: str = "cpu_offload") -> CpuOffload:
         """``value`` as a member (``True``/``False`` read as on/off, as YAML writes them)."""
-        if isinstance(value, bool):  # YAML 1.1 reads a bare on / off as a boolean
-            return cls.ON if value else cls.OFF
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(
-                "must be auto, on or off", key=key, value=value,
-                fix="auto offloads the base to host memory only when nothing else fits",
-            ) from None  # fmt: skip
+        fix = "auto offloads the base to host memory only when nothing else fits"
+        return cls(as_switch(value, key, fix=fix))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -125,6 +125,16 @@ def as_choice(
     return value
 
 
+def as_switch(value: Any, key: str | None, *, fix: str | None = None) -> str:
+    """``value`` as ``"auto"``, ``"on"`` or ``"off"`` (YAML 1.1 reads a bare on / off as a
+    boolean: ``True``/``False`` are on/off)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value not in ("auto", "on", "off"):
+        raise ConfigError("must be auto, on or off", key=key, value=value, fix=fix)
+    return str(value)
+
+
 def as_str(value: Any, key: str | None, *, fix: str | None = None) -> str:
     """``value`` as a non-empty string."""
     if not isinstance(value, str) or not value.strip():

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -38,7 +37,7 @@ def test_a_killed_rank_of_a_d2_job_resumes_from_its_checkpoint(strategy, tmp_pat
     ray = pytest.importorskip("ray")
     from _engine_testlib import adapter_rel_err
     from safetensors.torch import load_file
-    from test_parallel_jobs import CONFIGS, EVERY, STEPS, _forcing_d2, _reference
+    from test_parallel_jobs import CONFIGS, EVERY, STEPS, _forcing_d2, _reference, kill_rank_one
 
     from plora.config import Strategy
     from plora.runtime.driver import RunOptions, run_sweep
@@ -54,19 +53,7 @@ def test_a_killed_rank_of_a_d2_job_resumes_from_its_checkpoint(strategy, tmp_pat
     ray.init(num_gpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})  # fmt: skip
     try:
-
-        def killer() -> None:  # rank 1 of the running group, once a job has a checkpoint
-            deadline = time.time() + 400
-            while time.time() < deadline and not killed:
-                if list(out.glob("checkpoints/*/state-*")):
-                    for a in ray.util.list_named_actors(all_namespaces=True):
-                        if a["name"].startswith("plora-partest-") and a["name"].endswith("-r1"):
-                            actor = ray.get_actor(a["name"], namespace=a["namespace"])
-                            ray.kill(actor, no_restart=True)
-                            killed[a["name"]] = a["namespace"]
-                time.sleep(0.05)
-
-        t = threading.Thread(target=killer, daemon=True)
+        t = threading.Thread(target=kill_rank_one, args=(ray, out, killed, 400.0), daemon=True)
         t.start()
         summary = run_sweep(
             sweep, out, cost=cost, source=StaticSource(CONFIGS),

@@ -66,6 +66,22 @@ def _forcing_d2(strategy: Strategy, gpu_type: str = "cpu"):
     return sweep, cost
 
 
+def kill_rank_one(ray, out: Path, killed: dict[str, str], timeout_s: float) -> None:
+    """Kill rank 1 of every running group of the ``partest`` sweep writing ``out``, once a job
+    has a checkpoint (``killed``: the actors' names and namespaces)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if list(out.glob("checkpoints/*/state-*")):
+            for a in ray.util.list_named_actors(all_namespaces=True):
+                name = a["name"]
+                if name.startswith("plora-partest-") and name.endswith("-r1"):
+                    ray.kill(ray.get_actor(name, namespace=a["namespace"]), no_restart=True)
+                    killed[name] = a["namespace"]
+            if killed:
+                return
+        time.sleep(0.05)
+
+
 class _Steps:
     """Hooks of the reference run: every step's metrics."""
 
@@ -125,20 +141,7 @@ def test_d2_jobs_run_on_two_worker_groups_and_survive_a_killed_rank(
     out = tmp_path / "sweep"
     killed: dict[str, str] = {}
 
-    def killer() -> None:  # rank 1 of every running group, once a job has a checkpoint
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            if list(out.glob("checkpoints/*/state-*")):
-                for a in ray.util.list_named_actors(all_namespaces=True):
-                    name = a["name"]
-                    if name.startswith("plora-partest-") and name.endswith("-r1"):
-                        ray.kill(ray.get_actor(name, namespace=a["namespace"]), no_restart=True)
-                        killed[name] = a["namespace"]
-                if killed:
-                    return
-            time.sleep(0.05)
-
-    t = threading.Thread(target=killer, daemon=True)
+    t = threading.Thread(target=kill_rank_one, args=(ray, out, killed, 240.0), daemon=True)
     t.start()
     summary = run_sweep(
         sweep, out, cost=cost, source=StaticSource(CONFIGS),
