@@ -130,8 +130,9 @@ def config_from_tune(
 ) -> LoRAConfig:
     """The config a Ray Tune trial's ``params`` stand for.
 
-    Parameters absent from ``params`` take the space's fixed values; ``alpha_ratio`` becomes
-    ``alpha``. The id is ``config_id``, else ``c<index>-<hash>`` with ``index``, else the hash.
+    Parameters absent from ``params`` take the space's value: a fixed one, or the first of a
+    list the sweep file varies (a Tune ``param_space`` that leaves it out holds it there); a
+    range left out is an error. ``alpha_ratio`` becomes ``alpha``. The id is ``config_id``, else ``c<index>-<hash>`` with ``index``, else the hash.
     """
     doms = sweep.space.domains()
     values: dict[str, Any] = {}
@@ -146,9 +147,9 @@ def config_from_tune(
         values[key] = PARAMS[key].check(v, f"params.{key}")
     for name, d in doms.items():
         if name not in values:
-            if not d.is_fixed:
+            if not d.values:  # a range: no value stands for it
                 raise ConfigError("missing from the trial's params", key=f"params.{name}", file=sweep.source,
-                                  fix="pass every non-fixed parameter of the space")  # fmt: skip
+                                  fix="give it in param_space, or a list of values in the sweep file")  # fmt: skip
             values[name] = d.values[0]
     if config_id is not None:
         return dataclasses.replace(_make_config(values, None), config_id=config_id)

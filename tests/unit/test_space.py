@@ -274,8 +274,8 @@ def test_config_from_tune_round_trips_expanded_configs() -> None:
         params["alpha_ratio"] = cfg.alpha / cfg.rank
         again = config_from_tune(params, sweep, index=i)
         assert again == cfg
-    with pytest.raises(ConfigError, match=r"params\.lr: missing"):
-        config_from_tune({"seed": 0, "target_modules": "all"}, sweep)
+    # a listed parameter left out takes the sweep file's first value
+    assert config_from_tune({"seed": 0, "target_modules": "all"}, sweep).lr == 1e-4
     with pytest.raises(ConfigError, match=r"params\.rnk"):
         config_from_tune({"rnk": 8}, sweep)
     assert (
@@ -328,3 +328,16 @@ def test_every_draw_respects_its_domain(
         assert low - 1e-9 <= v and upper_ok, (v, low, high)
         if quantized:
             assert abs(v / q - round(v / q)) < 1e-6
+
+
+def test_a_listed_parameter_tune_leaves_out_takes_the_sweeps_first_value() -> None:
+    """The README's Tune snippet gives lr and rank; the quickstart's sweep file also varies
+    target_modules: it takes the file's first list, [q_proj, v_proj] (each of 16 trials failed
+    with "missing from the trial's params" before). A range left out has no such value."""
+    root = Path(__file__).resolve().parents[2]
+    sweep = SweepConfig.from_yaml(root / "sweeps" / "quickstart.yaml")
+    cfg = config_from_tune({"lr": 2e-3, "rank": 4}, sweep)
+    assert tuple(cfg.target_modules) == ("q_proj", "v_proj") and cfg.lr == 2e-3 and cfg.rank == 4
+    ranged = sweep_of({"lr": {"loguniform": [1e-4, 1e-2]}})
+    with pytest.raises(ConfigError, match=r"params.lr.*missing from the trial's params"):
+        config_from_tune({}, ranged)
