@@ -175,16 +175,11 @@ class PipelineStageModule(nn.Module):
             for block in self.blocks:
                 h = checkpoint(_routed_block, block, h, mb, mask, position_ids, rope,
                                use_reentrant=False)  # fmt: skip
-            return self.norm(h) if self.norm is not None else h
-        route = (
-            contextlib.nullcontext()
-            if mb.segments is None
-            else packed_segments(self.model, mb.segments, dropout_keys=mb.dropout_keys)
-        )
-        with route:
-            for block in self.blocks:
-                h = block(h, attention_mask=mask, position_ids=position_ids,
-                          position_embeddings=rope)  # fmt: skip
+        else:
+            with _route(self.model, mb):
+                for block in self.blocks:
+                    h = block(h, attention_mask=mask, position_ids=position_ids,
+                              position_embeddings=rope)  # fmt: skip
         if self.is_last:
             assert self.norm is not None  # the last stage keeps the final norm
             return self.norm(h)
@@ -200,6 +195,14 @@ class PipelineStageModule(nn.Module):
         )
 
 
+def _route(module: nn.Module, mb: MicroBatchRouting) -> contextlib.AbstractContextManager[None]:
+    """``mb``'s rows through their slots in ``module``'s packed layers (none: the caller
+    routes them, as evaluation does)."""
+    if mb.segments is None:
+        return contextlib.nullcontext()
+    return packed_segments(module, mb.segments, dropout_keys=mb.dropout_keys)
+
+
 def _routed_block(
     block: nn.Module,
     h: torch.Tensor,
@@ -211,17 +214,12 @@ def _routed_block(
     """One decoder layer under ``mb``'s routing, without the layer's own checkpointing (the
     caller checkpoints it, routing included; transformers checkpoints a flagged layer's
     ``__call__`` or, since 5.2x, its ``forward``, so the flag is lowered for the call)."""
-    route = (
-        contextlib.nullcontext()
-        if mb.segments is None
-        else packed_segments(block, mb.segments, dropout_keys=mb.dropout_keys)
-    )
     layer: Any = block  # a transformers decoder layer: its flag is a plain attribute
     flagged = bool(getattr(layer, "gradient_checkpointing", False))
     try:
         if flagged:
             layer.gradient_checkpointing = False
-        with route:
+        with _route(block, mb):
             out = block(h, attention_mask=mask, position_ids=position_ids, position_embeddings=rope)
     finally:
         if flagged:
