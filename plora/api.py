@@ -88,10 +88,8 @@ def check(sweep: SweepConfig) -> InputsReport:
 
     configs = expand(sweep, sample_adaptive=True)
     hw = sweep.hardware
-    try:
+    with sweep.located():
         check_local_gpus(hw.num_gpus, cpu=hw.is_cpu)
-    except ConfigError as err:
-        raise sweep.locate(err) from None
     report = _check_data(sweep, len(configs))
     check_jobs_fit(sweep, configs=configs)
     return report
@@ -184,10 +182,8 @@ def make_plan(
     t0 = time.perf_counter()
     configs = expand(sweep, sample_adaptive=True)
     _check_model_reachable(sweep)
-    try:
+    with sweep.located():
         cost = build_cost_model(sweep)
-    except ConfigError as err:
-        raise sweep.locate(err) from None
     g = sweep.hardware.num_gpus
     try:
         plora = plan_sweep(configs, cost, g, solver=sweep.planner.solver)

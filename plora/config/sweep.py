@@ -7,9 +7,10 @@ any Ray or GPU work, with a :class:`ConfigError` naming the file, key and value.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
@@ -178,6 +179,15 @@ class SweepConfig:
         names is kept): for the checks that need more than the file (the model's shape, the
         cluster's GPUs), made after it was read."""
         return err.located(file=self.source, lines=self.key_lines)
+
+    @contextlib.contextmanager
+    def located(self) -> Iterator[None]:
+        """A :class:`ConfigError` raised inside comes out :meth:`locate` d (one line, no
+        traceback chain)."""
+        try:
+            yield
+        except ConfigError as err:
+            raise self.locate(err) from None
 
     @property
     def seq_len(self) -> int:

@@ -161,10 +161,8 @@ def _run(
     sweep.check_trainable()
     check_hub_model(sweep.model, file=sweep.source)  # seconds, before Ray: never a minute's retries
     hw = sweep.hardware
-    try:  # a local Ray would find fewer GPUs than the sweep wants: say so before starting it
+    with sweep.located():  # a local Ray would find fewer GPUs than the sweep wants: say so first
         check_local_gpus(hw.num_gpus, cpu=hw.is_cpu, address=address)
-    except ConfigError as err:
-        raise sweep.locate(err) from None
     # The dataset check and cost model (imports, tokenizing) run beside Ray's start and the
     # workers' start, not before them.
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plora-prepare")
@@ -179,10 +177,8 @@ def _run(
     try:
         started_ray = connect(address, num_gpus=hw.num_gpus, cpu=hw.is_cpu)
         ray_start_s = time.monotonic() - t0
-        try:
+        with sweep.located():
             check_gpus(hw.num_gpus, cpu=hw.is_cpu, max_degree=_widest_job(sweep))
-        except ConfigError as err:
-            raise sweep.locate(err) from None
         driver = Dispatcher(sweep=sweep, options=options, on_update=on_update)
         if options.prestart and fits_one_gpu(sweep) and not sweep.planner.strategies:
             driver.prestart(range(sweep.hardware.num_gpus))

@@ -37,7 +37,7 @@ def prepare(
     from plora.cost.build import build_cost_model
 
     data = check_inputs(sweep)
-    try:
+    with sweep.located():
         cost = build_cost_model(
             sweep,
             dataset_size=len(data.train),
@@ -46,8 +46,6 @@ def prepare(
             checkpoint_every=checkpoint_every,
             train_lengths=[len(ex.input_ids) for ex in data.train],
         )
-    except ConfigError as err:
-        raise sweep.locate(err) from None
     check_jobs_fit(sweep, cost)
     if source is None:
         source = config_source(sweep)
@@ -115,11 +113,9 @@ def check_jobs_fit(sweep: SweepConfig, cost: Any = None, configs: Any = None) ->
     from plora.planner.fits import check_fits
     from plora.tune.space import expand
 
-    try:
+    with sweep.located():
         cost = build_cost_model(sweep) if cost is None else cost
         check_strategies(cost.strategies())
-    except ConfigError as err:
-        raise sweep.locate(err) from None
     if configs is None:
         configs = expand(sweep, sample_adaptive=True)
     check_fits(sweep, configs, cost, spec=cost.spec)
