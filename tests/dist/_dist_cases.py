@@ -221,7 +221,6 @@ def _offload(model) -> dict:
     """Where the base lives after training: FSDP units with CPU offload, the elements of the
     frozen base on the accelerator, and whether every offloaded shard is in pinned memory."""
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
-    from torch.distributed.tensor import DTensor
 
     from plora.engine.adapters import packed_layers
 
@@ -229,15 +228,7 @@ def _offload(model) -> dict:
               for g in _param_groups(m)]  # fmt: skip
     offloaded = [g for g in groups if isinstance(g.offload_policy, CPUOffloadPolicy)]
     shards = [p.sharded_param.to_local() for g in offloaded for p in g.fsdp_params]
-    lora = {id(p) for layer in packed_layers(model).values() for p in (layer.A, layer.Bt)}
-    seen: set[int] = set()
-    on_device = 0
-    for _, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in lora or id(p) in seen:
-            continue
-        seen.add(id(p))
-        local = p.to_local() if isinstance(p, DTensor) else p
-        on_device += local.numel() if local.device.type != "cpu" else 0
+    on_device = sum(t.numel() for t in _frozen_base_local(model) if t.device.type != "cpu")
     return {
         "offloaded_units": len(offloaded),
         "offloaded_on_cpu": all(t.device.type == "cpu" for t in shards),
@@ -245,25 +236,34 @@ def _offload(model) -> dict:
         "base_numel_on_device": on_device,
         "lora_on_device": all(
             layer.A.device.type != "cpu" for layer in packed_layers(model).values()
-        ),  # fmt: skip
+        ),
     }
 
 
-def _held_numel(model) -> dict:
-    """Elements this rank holds: of the frozen base (a DTensor's local shard; a parameter
-    shared by two modules once) and of the packed LoRA factors (for the memory model)."""
+def _frozen_base_local(model) -> list[torch.Tensor]:
+    """This rank's part of every frozen base parameter (a DTensor's local shard), each once
+    (a parameter shared by two modules: once), the packed LoRA factors left out."""
     from torch.distributed.tensor import DTensor
 
     from plora.engine.adapters import packed_layers
 
     lora = {id(p) for layer in packed_layers(model).values() for p in (layer.A, layer.Bt)}
     seen: set[int] = set()
-    base = 0
+    out = []
     for _, p in model.named_parameters(remove_duplicate=False):
         if id(p) in lora or id(p) in seen:
             continue
         seen.add(id(p))
-        base += (p.to_local() if isinstance(p, DTensor) else p).numel()
+        out.append(p.to_local() if isinstance(p, DTensor) else p)
+    return out
+
+
+def _held_numel(model) -> dict:
+    """Elements this rank holds: of the frozen base (a DTensor's local shard; a parameter
+    shared by two modules once) and of the packed LoRA factors (for the memory model)."""
+    from plora.engine.adapters import packed_layers
+
+    base = sum(t.numel() for t in _frozen_base_local(model))
     lora_numel = sum(layer.A.numel() + layer.Bt.numel() for layer in packed_layers(model).values())
     return {"base_numel": base, "lora_numel": lora_numel}
 
