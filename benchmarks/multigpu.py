@@ -217,9 +217,19 @@ def _last_line(e: BaseException) -> str:
 def _save(args: argparse.Namespace, rows: list[dict]) -> None:
     """Write the rows so far (rank 0; also after a failed case)."""
     if args.out and dist.get_rank() == 0:
-        args.out.mkdir(parents=True, exist_ok=True)
-        meta = {"gpus": args.gpus, "seq": args.seq, "rank": args.rank, **vars(args).get("meta", {})}
-        atomic_write_json(args.out / "multigpu.json", {**meta, "rows": rows})
+        _write(args, rows)
+
+
+def _write(args: argparse.Namespace, rows: list[dict]) -> None:
+    """``--out``'s JSON: the rows, the run's settings and what a case group's ranks measured
+    (device, peak; kept from the file when this process did not measure them: the parent
+    recording a failed group)."""
+    path = args.out / "multigpu.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    meta = {k: v for k, v in old.items() if k != "rows"}
+    meta.update(gpus=args.gpus, seq=args.seq, rank=args.rank, **vars(args).get("meta", {}))
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {**meta, "rows": rows})
 
 
 def _print(row: dict) -> None:
@@ -322,11 +332,7 @@ def main() -> None:
                              "d": args.gpus, "error": _last_line(e)})  # fmt: skip
             args.rows = rows
             if args.out is not None:
-                args.out.mkdir(parents=True, exist_ok=True)
-                atomic_write_json(
-                    args.out / "multigpu.json",
-                    {"gpus": args.gpus, "seq": args.seq, "rank": args.rank, "rows": rows},
-                )
+                _write(args, rows)
     if failed:
         sys.exit(f"{failed} of {len(groups)} case groups failed (their rows say why)")
 
