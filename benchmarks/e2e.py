@@ -107,7 +107,56 @@ from e2e_setup import (
 )
 from e2e_systems import base_eval_loss, child_env, run_plora, run_tune
 
-SYSTEMS = ("plora", "tune", "tune-frac")
+#: The systems; for Tune, how a trial holds its GPUs (e2e_tune.py's --mode) and the flag that
+#: says how many (None: one).
+SYSTEMS: dict[str, tuple[str, str | None] | None] = {
+    "plora": None,
+    "tune": ("single", None),
+    "tune-frac": ("single", "gpu_fraction"),
+    "tune-fsdp": ("fsdp", "gpus_per_trial"),
+    "tune-devmap": ("devmap", "gpus_per_trial"),
+}
+
+#: Issue 27's two cases on a 4-GPU machine (``--case``): their flags' defaults.
+CASES: dict[str, dict[str, Any]] = {
+    # a base one 80 GB GPU cannot train at 1,024 tokens: plora's planner picks each job's d and
+    # strategy; users run a 2-GPU Ray Train FSDP trainer per trial, or device_map="auto"
+    "L": {
+        "model": "Qwen/Qwen2.5-32B",
+        "lrs": [1e-4, 3e-4],
+        "ranks": [8, 32],
+        "batch_sizes": [2, 4],
+        "tokens": 984,
+        "steps": 20,
+        "warmup_steps": 2,
+        "systems": "plora,tune-fsdp,tune-devmap",
+        "gpus_per_trial": 2,
+        "gradient_checkpointing": True,
+    },
+    # a base that fits one GPU: one trial per GPU, or four 0.25-GPU trials per GPU
+    "M": {
+        "model": "Qwen/Qwen2.5-7B",
+        "lrs": [1e-4, 3e-4, 1e-3, 3e-3],
+        "ranks": [8, 16, 32, 64],
+        "batch_sizes": [4],
+        "tokens": 984,
+        "steps": 30,
+        "warmup_steps": 3,
+        "systems": "plora,tune,tune-frac",
+    },
+}
+#: ``--smoke``: both cases' code paths on the CPU, tiny shapes, 4 logical GPUs.
+SMOKE: dict[str, Any] = {
+    "model": "tiny-qwen2",
+    "lrs": [1e-3],
+    "ranks": [8],
+    "tokens": 48,
+    "steps": 3,
+    "warmup_steps": 1,
+    "train_rows": 64,
+    "eval_rows": 16,
+    "gpus": 4,
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -122,10 +171,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--work", type=Path, default=None, help="models, data, sweep dirs (default: beside --out)"
     )
     ap.add_argument(
-        "--systems", default=",".join(SYSTEMS), help="comma list of plora,tune,tune-frac"
+        "--case", choices=sorted(CASES), default=None, help="issue 27's case L or M (defaults)"
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="cases L and M on the CPU, tiny shapes (CI)"
+    )
+    ap.add_argument(
+        "--systems", default="plora,tune,tune-frac", help=f"comma list of {', '.join(SYSTEMS)}"
     )
     ap.add_argument("--gpus", type=int, default=1, help="GPUs every system may use")
     ap.add_argument("--gpu-fraction", type=float, default=0.25, help="GPU per trial of tune-frac")
+    ap.add_argument(
+        "--gpus-per-trial", type=int, default=2, help="GPUs of a tune-fsdp / tune-devmap trial"
+    )
+    ap.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="the Tune baselines' model.gradient_checkpointing_enable() (plora decides its own)",
+    )
     ap.add_argument(
         "--gpu-type", default=None, help="plora hardware.gpu_type (default: from nvidia-smi)"
     )
@@ -135,7 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup-steps", type=int, default=5)
     ap.add_argument("--schedule", default="cosine", choices=("constant", "linear", "cosine"))
-    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--batch-sizes", "--batch-size", type=ints, default=[4])
     ap.add_argument("--tokens", type=int, default=600, help="tokens per row (max_seq_len = +40)")
     ap.add_argument("--train-rows", type=int, default=2000)
     ap.add_argument("--eval-rows", type=int, default=64)
@@ -160,6 +223,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="plan from an empty plora profile store (no measurements of earlier sweeps)",
     )
+    known, _ = ap.parse_known_args(argv)
+    if known.case is not None:
+        ap.set_defaults(**CASES[known.case])
+    if known.smoke:
+        ap.set_defaults(**SMOKE)
     args = ap.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(args.systems) - set(SYSTEMS)
@@ -167,13 +235,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     if not 0 < args.gpu_fraction <= 1:
         ap.error(f"--gpu-fraction {args.gpu_fraction}: must be in (0, 1]")
+    wide = {"tune-fsdp", "tune-devmap"} & set(args.systems)
+    if wide and not 1 <= args.gpus_per_trial <= args.gpus:
+        ap.error(f"--gpus-per-trial {args.gpus_per_trial}: {sorted(wide)} need 1..--gpus")
+    if "tune-fsdp" in args.systems and min(args.batch_sizes) < args.gpus_per_trial:
+        ap.error(
+            f"--batch-sizes {args.batch_sizes}: tune-fsdp splits a batch over "
+            f"{args.gpus_per_trial} ranks; use batch sizes >= --gpus-per-trial"
+        )
     if args.model in TINY and args.tokens + 40 > 512:
         ap.error(f"--tokens {args.tokens}: {args.model} has 512 positions; use --tokens <= 472")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if not args.smoke:
+        return 0 if run_case(args, argv, args.out)["agreement"]["ok"] else 2
+    from plora.utils import atomic_write_json
+
+    cases = {}
+    for case in CASES if args.case is None else [args.case]:
+        out = args.out.with_name(f"{args.out.stem}-{case}.json")
+        cases[case] = run_case(parse_args([*argv, "--case", case]), argv, out)
+    ok = all(rep["agreement"]["ok"] for rep in cases.values())
+    atomic_write_json(args.out, {"benchmark": "e2e", "smoke": True, "ok": ok, "cases": cases})
+    return 0 if ok else 2
+
+
+def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, Any]:
+    """One run of ``args.systems`` (a case of ``--case``, or the flags as given); its report,
+    written to ``out`` after every system."""
     from plora.config import SweepConfig
     from plora.cost.build import plan_fused_kernels
     from plora.tune.space import expand
@@ -182,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     device, gpus, gpu, gpu_type = choose_gpus(args.gpus, args.gpu_type)
     stamp = dt.datetime.now(dt.UTC)
     work = (args.work or args.out.absolute().parent / "e2e-work").absolute()
-    run_dir = work / f"run-{stamp:%Y%m%dT%H%M%S}"
+    run_dir = work / f"run-{stamp:%Y%m%dT%H%M%S}-{args.case or 'custom'}"
     run_dir.mkdir(parents=True, exist_ok=False)
     env = child_env(profile_dir=run_dir / "profiles" if args.fresh_profile else None)
     if device == "cuda":
@@ -203,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parsed = SweepConfig.from_yaml(sweep_yaml)  # fails here on a bad sweep
     configs = expand(parsed)
     spec = run_dir / "tune_spec.json"
-    atomic_write_json(spec, tune_spec(sweep))
+    atomic_write_json(spec, tune_spec(sweep, gradient_checkpointing=args.gradient_checkpointing))
     ctx = {
         "run_dir": run_dir,
         "sweep_yaml": sweep_yaml,
@@ -215,11 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         "timeout_s": args.timeout_s,
     }
 
-    keys = [key(c.lr, c.rank) for c in configs]
+    keys = [key(c.lr, c.rank, c.batch_size) for c in configs]
     info: dict[str, Any] = {
         "benchmark": "e2e",
         "date": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": "python benchmarks/e2e.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "command": "python benchmarks/e2e.py " + shlex.join(argv),
+        "case": args.case,
         "gpu": gpu,
         "gpu_type": gpu_type,
         "num_gpus": args.gpus,
@@ -243,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "training": {
             "steps": args.steps,
-            "batch_size": args.batch_size,
+            "batch_sizes": args.batch_sizes,
+            "gradient_checkpointing_in_tune": args.gradient_checkpointing,
             "warmup_steps": args.warmup_steps,
             "schedule": args.schedule,
             "lrs": lrs,
@@ -256,10 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "configs": [
             {
-                "key": key(c.lr, c.rank),
+                "key": key(c.lr, c.rank, c.batch_size),
                 "config_id": c.config_id,
                 "lr": c.lr,
                 "rank": c.rank,
+                "batch_size": c.batch_size,
                 "alpha": c.alpha,
             }
             for c in configs
@@ -272,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         """Write the JSON as it stands (after every system: a killed run keeps what it has)."""
         rep = report(info, systems, keys, base, rtol=args.rtol,
                      min_drop_ratio=args.min_drop_ratio, complete=complete)  # fmt: skip
-        atomic_write_json(args.out, rep)
+        atomic_write_json(out, rep)
         return rep
 
     print("e2e: base model eval loss", flush=True)
@@ -280,10 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     save(base, complete=False)
     for name in args.systems:
         print(f"e2e: {name} ...", flush=True)
-        if name == "plora":
+        trial = SYSTEMS[name]
+        if trial is None:
             systems[name] = run_plora(ctx)
         else:
-            systems[name] = run_tune(ctx, name, 1.0 if name == "tune" else args.gpu_fraction)
+            mode, flag = trial
+            systems[name] = run_tune(ctx, name, mode, 1.0 if flag is None else getattr(args, flag))
         row = systems[name]
         print(
             f"e2e: {name}: {row['wall_s']:.1f} s, GPU busy {fmt(row['gpu_busy'], '.2f')}, "
@@ -296,9 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"e2e: worst eval-loss disagreement {100 * agr['worst']['rel_diff']:.2f} % "
         f"({agr['worst']['config']}); missing {agr['missing'] or 'none'}; not below the base model "
-        f"{agr['not_trained'] or 'none'} -> {'ok' if agr['ok'] else 'FAILED'}; JSON in {args.out}"
+        f"{agr['not_trained'] or 'none'} -> {'ok' if agr['ok'] else 'FAILED'}; JSON in {out}"
     )
-    return 0 if agr["ok"] else 2
+    return rep
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ LABELS = {
     "plora": "plora sweep",
     "tune": "Ray Tune + PEFT, 1 GPU/trial",
     "tune-frac": "Ray Tune + PEFT, {f:g} GPU/trial",
+    "tune-fsdp": "Ray Tune + Ray Train FSDP2 + PEFT, {f:g} GPUs/trial",
+    "tune-devmap": "Ray Tune + PEFT, device_map=auto, {f:g} GPUs/trial",
 }
 
 
@@ -117,6 +119,24 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def jobs_text(jobs: list[dict[str, Any]]) -> str:
+    """``3 × d=2 pp, 1 × d=1``: the jobs that ran by GPU count and strategy."""
+    kinds: dict[str, int] = {}
+    for j in jobs:
+        label = f"d={j['gpus']}" + (f" {j['strategy']}" if j.get("strategy") else "")
+        kinds[label] = kinds.get(label, 0) + 1
+    return ", ".join(f"{n} × {label}" for label, n in kinds.items()) or "none"
+
+
+def failed_trials(row: dict[str, Any]) -> list[str]:
+    """The Tune trials that ended with an error (an OOM counts), as ``key: first line``."""
+    return [
+        f"lr={t['lr']:g},r={t['rank']},bs={t.get('batch_size')}: {t['error']}"
+        for t in row.get("trials", [])
+        if t.get("error")
+    ]
+
+
 def fmt(x: float | None, spec: str = ".1f") -> str:
     return "–" if x is None else format(x, spec)
 
@@ -129,9 +149,11 @@ def markdown(rep: dict[str, Any]) -> str:
         f"{len(rep['configs'])} configs × {t['steps']} steps — {rep['gpu']} × {rep['num_gpus']}",
         "",
         f"{rep['date']} · `{rep['command']}` · torch {sw['torch']}, transformers {sw['transformers']}, "
-        f"peft {sw['peft']}, ray {sw['ray']} · batch {t['batch_size']}, ~{rep['data']['tokens_per_row']} "
+        f"peft {sw['peft']}, ray {sw['ray']} · batch {t['batch_sizes']}, ~{rep['data']['tokens_per_row']} "
         f"tokens/row (max_seq_len {rep['data']['max_seq_len']}), all 7 projections, {t['schedule']} "
-        f"({t['warmup_steps']} warm-up), grid lr {t['lrs']} × rank {t['ranks']}, alpha 2r",
+        f"({t['warmup_steps']} warm-up), grid lr {t['lrs']} × rank {t['ranks']} × batch "
+        f"{t['batch_sizes']}, alpha 2r; gradient checkpointing in the Tune baselines: "
+        f"{'on' if t['gradient_checkpointing_in_tune'] else 'off'}",
         "",
         "| system | wall (s) | plora speedup | GPU busy | configs finished | best eval loss | notes |",
         "|---|---|---|---|---|---|---|",
@@ -144,12 +166,15 @@ def markdown(rep: dict[str, Any]) -> str:
                 f"first plan's makespan {fmt(row.get('predicted_makespan_s'))} s (coordinator clock: "
                 f"after process + Ray start); measured on that clock "
                 f"{fmt(row.get('measured_makespan_s'))} s ({fmt(row.get('measured_over_predicted'), '.2f')}× "
-                f"the plan); {len(row.get('jobs', []))} jobs, {row.get('plans', 0)} plans"
+                f"the plan); {len(row.get('jobs', []))} jobs ({jobs_text(row.get('jobs', []))}), "
+                f"{row.get('plans', 0)} plans"
             )
         else:
+            failed = failed_trials(row)
             note = (
                 f"Ray start {fmt(row.get('ray_init_s'))} s; per trial: load {fmt(row.get('mean_trial_load_s'))} s, "
-                f"train {fmt(row.get('mean_trial_train_s'))} s, eval {fmt(row.get('mean_trial_eval_s'))} s"
+                f"train {fmt(row.get('mean_trial_train_s'))} s, eval {fmt(row.get('mean_trial_eval_s'))} s; "
+                f"{len(failed)} failed trials" + (f" (first: {failed[0][:160]})" if failed else "")
             )
         speed = rep["speedups"].get(name)
         label = LABELS[name].format(f=row.get("gpu_per_trial", 0))

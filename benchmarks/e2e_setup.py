@@ -214,15 +214,19 @@ def write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
 
 
 def grid(args: argparse.Namespace) -> tuple[list[float], list[int]]:
-    """The lr and rank lists, trimmed to a ``--configs`` sub-grid."""
-    lrs, ranks = args.lrs, args.ranks
+    """The lr and rank lists, trimmed so that lr x rank x batch size has ``--configs`` configs."""
+    lrs, ranks, sizes = args.lrs, args.ranks, args.batch_sizes
     k = args.configs
-    if k is None or k == len(lrs) * len(ranks):
+    if k is None or k == len(lrs) * len(ranks) * len(sizes):
         return lrs, ranks
-    for n_ranks in range(min(k, len(ranks)), 0, -1):
-        if k % n_ranks == 0 and k // n_ranks <= len(lrs):
-            return lrs[: k // n_ranks], ranks[:n_ranks]
-    raise SystemExit(f"--configs {k}: not a lr x rank sub-grid of {len(lrs)} x {len(ranks)}")
+    pairs, left = divmod(k, len(sizes))
+    for n_ranks in range(min(pairs, len(ranks)), 0, -1):
+        if not left and pairs % n_ranks == 0 and pairs // n_ranks <= len(lrs):
+            return lrs[: pairs // n_ranks], ranks[:n_ranks]
+    raise SystemExit(
+        f"--configs {k}: not a lr x rank x batch sub-grid of {len(lrs)} x {len(ranks)} x "
+        f"{len(sizes)}"
+    )
 
 
 def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_type: str) -> dict:
@@ -241,7 +245,7 @@ def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_typ
             "lr": lrs,
             "rank": ranks,
             "alpha_ratio": 2.0,
-            "batch_size": args.batch_size,
+            "batch_size": args.batch_sizes,
             "target_modules": "all",
             "dropout": 0.0,
             "max_steps": args.steps,
@@ -255,11 +259,13 @@ def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_typ
         "metric": "eval_loss",
         "mode": "min",
         "hardware": {"gpu_type": gpu_type, "num_gpus": args.gpus},
+        # jobs of several GPUs where the cost model prefers them (the planner's choice per pack)
+        **({"planner": {"strategies": ["tp", "fsdp", "pp"]}} if args.gpus > 1 else {}),
         "training": {"fused_kernels": getattr(args, "fused_kernels", "auto")},
     }
 
 
-def tune_spec(sweep: dict) -> dict:
+def tune_spec(sweep: dict, *, gradient_checkpointing: bool = False) -> dict:
     """What ``e2e_tune.py`` needs, from the same sweep definition."""
     ds, sp = sweep["dataset"], sweep["space"]
     return {
@@ -270,7 +276,8 @@ def tune_spec(sweep: dict) -> dict:
         "lrs": sp["lr"],
         "ranks": sp["rank"],
         "alpha_ratio": sp["alpha_ratio"],
-        "batch_size": sp["batch_size"],
+        "batch_sizes": sp["batch_size"],
+        "gradient_checkpointing": gradient_checkpointing,
         "steps": sp["max_steps"],
         "warmup_steps": sp["warmup_steps"],
         "schedule": sp["schedule"],
@@ -291,5 +298,5 @@ def tune_spec(sweep: dict) -> dict:
     }
 
 
-def key(lr: float, rank: int) -> str:
-    return f"lr={lr:g},r={int(rank)}"
+def key(lr: float, rank: int, batch_size: int) -> str:
+    return f"lr={lr:g},r={int(rank)},bs={int(batch_size)}"

@@ -7,7 +7,8 @@ environment of :func:`child_env` (the same plora as this process, no network):
 * :func:`run_system` -- one system's command, and the first fields of its row;
 * :func:`run_plora` -- ``plora sweep``; the first plan, the jobs and the eval losses from its
   sweep directory;
-* :func:`run_tune` -- ``e2e_tune.py`` (Ray Tune + PEFT) at a GPU fraction per trial; its trials;
+* :func:`run_tune` -- ``e2e_tune.py`` (Ray Tune + PEFT): trials on a GPU (or a fraction), Ray
+  Train FSDP trials, or ``device_map`` trials; its trials;
 * :func:`base_eval_loss` -- the base model's eval loss with the trainables' own eval code.
 
 See ``benchmarks/e2e.py`` for the benchmark itself.
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e_report import finite
+from e2e_report import failed_trials, finite
 from e2e_setup import GpuSampler, key
 
 HERE = Path(__file__).resolve().parent
@@ -132,6 +133,7 @@ def run_plora(ctx: dict[str, Any]) -> dict[str, Any]:
             {
                 "configs": len(j["config_ids"]),
                 "gpus": j["gpus"],
+                "strategy": j.get("strategy"),
                 "start_s": j["start_s"],
                 "end_s": j["end_s"],
             }
@@ -142,9 +144,13 @@ def run_plora(ctx: dict[str, Any]) -> dict[str, Any]:
                 "job_id": j.job_id,
                 "configs": len(list(j.config_ids)),
                 "gpus": j.gpus,
+                "strategy": j.strategy,
                 "start_s": float(j.start),
                 "end_s": float(j.end),
                 "status": j.status,
+                "load_s": float(j.load_s),
+                "train_s": float(j.train_s),
+                "eval_s": float(j.eval_s),
             }
             for j in jobs.itertuples()
         ],
@@ -152,12 +158,13 @@ def run_plora(ctx: dict[str, Any]) -> dict[str, Any]:
     res = load(out).results
     for r in res.itertuples():
         ok = str(r.status) in ("done", "completed") and finite(r.eval_loss)
-        row["eval_loss"][key(r.lr, r.rank)] = float(r.eval_loss) if ok else None
+        row["eval_loss"][key(r.lr, r.rank, r.batch_size)] = float(r.eval_loss) if ok else None
     return row
 
 
-def run_tune(ctx: dict[str, Any], name: str, fraction: float) -> dict[str, Any]:
-    """``e2e_tune.py`` (Ray Tune + PEFT) in a subprocess with ``fraction`` GPU per trial."""
+def run_tune(ctx: dict[str, Any], name: str, mode: str, per_trial: float) -> dict[str, Any]:
+    """``e2e_tune.py`` (Ray Tune + PEFT) in a subprocess: trials of ``mode`` (single, fsdp,
+    devmap) with ``per_trial`` GPUs each."""
     result = ctx["run_dir"] / f"{name}.json"
     cmd = [
         sys.executable,
@@ -170,14 +177,16 @@ def run_tune(ctx: dict[str, Any], name: str, fraction: float) -> dict[str, Any]:
         ctx["device"],
         "--gpus",
         str(ctx["num_gpus"]),
+        "--mode",
+        mode,
         "--gpu-per-trial",
-        str(fraction),
+        str(per_trial),
         "--storage",
         str(ctx["run_dir"] / "tune_storage"),
         "--name",
         name,
     ]
-    row = run_system(ctx, cmd, name, gpu_per_trial=fraction)
+    row = run_system(ctx, cmd, name, mode=mode, gpu_per_trial=per_trial)
     if not result.is_file():
         return row
     data = json.loads(result.read_text())
@@ -185,7 +194,9 @@ def run_tune(ctx: dict[str, Any], name: str, fraction: float) -> dict[str, Any]:
     row.update(data, trials=trials)
     for t in trials:
         loss = t["eval_loss"]
-        row["eval_loss"][key(t["lr"], t["rank"])] = float(loss) if finite(loss) else None
+        cfg = key(t["lr"], t["rank"], t["batch_size"])
+        row["eval_loss"][cfg] = float(loss) if finite(loss) else None
+    row["failed_trials"] = failed_trials(row)
     for part in ("load_s", "train_s", "eval_s"):
         values = [t[part] for t in trials if t.get(part) is not None]
         row[f"mean_trial_{part}"] = sum(values) / len(values) if values else None

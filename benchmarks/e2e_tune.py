@@ -1,9 +1,9 @@
-"""The baseline of ``benchmarks/e2e.py``: a LoRA sweep the way users write it today.
+"""The baselines of ``benchmarks/e2e.py``: a LoRA sweep the way users write it today.
 
 Ray Tune + PEFT, one trial per config. Each trial is an ordinary single-adapter fine-tune:
 
-1. ``AutoModelForCausalLM.from_pretrained(model, dtype=bf16)`` on the GPU Ray gave the trial
-   (float32 on CPU), the tokenizer beside it;
+1. ``AutoModelForCausalLM.from_pretrained(model, dtype=bf16)`` (float32 on CPU), the tokenizer
+   beside it;
 2. ``get_peft_model(model, LoraConfig(r, lora_alpha, target_modules, lora_dropout))`` after
    ``torch.manual_seed(seed)`` (PEFT draws A from the global RNG; B = 0);
 3. the JSONL prompt/completion rows tokenized as ``tok(prompt) + tok(completion) + [eos]``,
@@ -11,20 +11,37 @@ Ray Tune + PEFT, one trial per config. Each trial is an ordinary single-adapter 
    epoch-wise seeded order (``numpy.random.default_rng([seed, epoch]).permutation``: the order
    plora draws for a config with that seed, so both systems see the same batches and differ only
    in the LoRA A initialisation and the kernels), right-padded;
-4. ``steps`` optimizer steps: bf16 autocast on the GPU, the HF loss (mean over completion
-   tokens), ``clip_grad_norm_``, ``torch.optim.AdamW`` (weight decay as configured) and
-   transformers' ``get_{constant,linear,cosine}_schedule_with_warmup``;
+4. ``steps`` optimizer steps: the HF loss (mean over completion tokens), ``clip_grad_norm_``,
+   ``torch.optim.AdamW`` (weight decay as configured) and transformers'
+   ``get_{constant,linear,cosine}_schedule_with_warmup``;
 5. the eval loss on the eval file (token-weighted mean NLL over completion tokens, what plora's
-   ``eval_loss`` is) and ``tune.report({"eval_loss": ...})``.
+   ``eval_loss`` is) and a report of ``{"eval_loss": ...}`` to Tune.
 
-The grid is ``tune.grid_search`` over ``lr`` and ``rank`` (alpha = ``alpha_ratio`` x rank), run
-by ``tune.Tuner(tune.with_resources(tune.with_parameters(train_lora, spec=spec), {"gpu": g,
-"cpu": c}))``: ``g = 1`` is one trial per GPU, ``g = 0.25`` packs four trials (four processes,
-four model copies) onto each GPU. ``c`` defaults to ``min(1, CPUs / trials at once)``.
+How a trial holds its GPUs (``--mode``):
+
+* ``single`` -- the model on the one GPU (or fraction, ``--gpu-per-trial``) Ray gave the trial,
+  bf16 autocast: ``tune.with_resources(train_lora, {"gpu": g, "cpu": c})``; ``g = 1`` is one
+  trial per GPU, ``g = 0.25`` packs four trials (four processes, four model copies) onto a GPU.
+* ``fsdp`` -- each trial is a Ray Train ``TorchTrainer`` with ``--gpu-per-trial`` GPU workers
+  (Ray Train V2's Tune integration: the Tune trial is the trainer's driver, its workers reserve
+  the GPUs, ``TuneReportCallback`` hands rank 0's report to Tune). Every worker loads the model
+  on the host, wraps it with PEFT and shards it with torch FSDP2 (``fully_shard`` per decoder
+  layer, then the root; bf16 parameters, fp32 gradient reduction), the batch split over the
+  ranks; the eval rows split too, sums all-reduced. ``max_concurrent_trials`` = GPUs / workers.
+* ``devmap`` -- HF's naive model parallelism: ``from_pretrained(..., device_map="auto")`` over the
+  trial's ``--gpu-per-trial`` GPUs (layers placed in order, one GPU busy at a time), bf16.
+
+``gradient_checkpointing`` in the spec turns on ``model.gradient_checkpointing_enable()``
+(non-reentrant), as users do for a base that does not otherwise fit.
+
+The grid is ``tune.grid_search`` over ``lr``, ``rank`` and ``batch_size`` (alpha =
+``alpha_ratio`` x rank). ``c`` (CPUs per trial or per worker) defaults to ``min(1, CPUs / (trials
+or workers at once))``.
 
 This file is run as a script by ``benchmarks/e2e.py`` (which times it from start to exit)::
 
     python benchmarks/e2e_tune.py --spec SPEC.json --out RESULT.json --gpu-per-trial 1
+    python benchmarks/e2e_tune.py --spec SPEC.json --out R.json --mode fsdp --gpu-per-trial 2
     python benchmarks/e2e_tune.py --spec SPEC.json --out BASE.json --base-eval   # no adapter
 
 ``SPEC.json`` holds the model directory, the data files and the training settings (see
@@ -105,19 +122,20 @@ def batches(n: int, batch_size: int, seed: int):
 
 
 @torch.no_grad()
-def eval_loss(model, rows, pad_id: int, device: str, batch_size: int) -> float:
-    """Token-weighted mean NLL of the completion tokens of ``rows``."""
+def eval_sums(model, rows, pad_id: int, device, batch_size: int) -> tuple[float, int]:
+    """Summed NLL and count of the completion tokens of ``rows`` (bf16 autocast on a GPU)."""
     model.eval()
     total, count = 0.0, 0
+    cuda = torch.device(device).type == "cuda"
     for i in range(0, len(rows), batch_size):
         batch = collate(rows[i : i + batch_size], pad_id, device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
             logits = model(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 use_cache=False,
             ).logits
-        labels = batch["labels"][:, 1:]
+        labels = batch["labels"][:, 1:].to(logits.device)
         total += F.cross_entropy(
             logits[:, :-1].float().flatten(0, 1),
             labels.flatten(),
@@ -125,25 +143,32 @@ def eval_loss(model, rows, pad_id: int, device: str, batch_size: int) -> float:
             reduction="sum",
         ).item()
         count += int((labels != -100).sum())
+    return total, count
+
+
+def eval_loss(model, rows, pad_id: int, device, batch_size: int) -> float:
+    """Token-weighted mean NLL of the completion tokens of ``rows``."""
+    total, count = eval_sums(model, rows, pad_id, device, batch_size)
     return total / max(count, 1)
 
 
-def load_base(spec: dict, device: str):
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+def load_base(spec: dict, device: str, *, dtype: torch.dtype | None = None, **kwargs):
+    """The tokenizer and the base model: ``dtype`` (default bf16 on a GPU, float32 on the CPU),
+    moved to ``device`` unless ``kwargs`` place it (``device_map``)."""
+    dtype = dtype or (torch.bfloat16 if device != "cpu" else torch.float32)
     tok = AutoTokenizer.from_pretrained(spec["model"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype, **kwargs)
+    if "device_map" not in kwargs:
+        model = model.to(device)
     return model, tok
 
 
-def train_lora(config: dict, spec: dict) -> None:
-    """The Tune trainable: one LoRA config, trained and evaluated (see the module docstring)."""
+def with_lora(model, config: dict, spec: dict):
+    """``get_peft_model`` with the config's rank and alpha, A drawn after ``manual_seed``."""
     from peft import LoraConfig, get_peft_model
-    from ray import tune
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    t0 = time.perf_counter()
-    model, tok = load_base(spec, device)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    if spec.get("gradient_checkpointing"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(spec["seed"])
     rank = config["rank"]
     lora = LoraConfig(
@@ -153,21 +178,24 @@ def train_lora(config: dict, spec: dict) -> None:
         lora_dropout=spec["dropout"],
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(model, lora)
+    return get_peft_model(model, lora)
+
+
+def train_steps(model, tok, config: dict, spec: dict, device, *, rank: int = 0, world: int = 1):
+    """``spec["steps"]`` optimizer steps of ``model`` (see the module docstring); this rank
+    takes rows ``rank::world`` of each batch. Returns the last loss (a tensor)."""
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     train = load_rows(spec["train"], tok, spec["max_seq_len"])
-    evals = load_rows(spec["eval"], tok, spec["max_seq_len"])
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config["lr"], weight_decay=spec["weight_decay"])
     sched = SCHEDULES[spec["schedule"]](opt, spec["warmup_steps"], spec["steps"])
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t1 = time.perf_counter()
+    cuda = torch.device(device).type == "cuda"
     model.train()
-    order = batches(len(train), spec["batch_size"], spec["seed"])
+    order = batches(len(train), config["batch_size"], spec["seed"])
     loss = torch.tensor(float("nan"))
     for _ in range(spec["steps"]):
-        batch = collate([train[i] for i in next(order)], pad_id, device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+        batch = collate([train[i] for i in next(order)[rank::world]], pad_id, device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
             loss = model(**batch, use_cache=False).loss
         loss.backward()
         if spec["max_grad_norm"] is not None:
@@ -175,20 +203,119 @@ def train_lora(config: dict, spec: dict) -> None:
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-    if device == "cuda":
+    return loss
+
+
+def rank_rows(rows: list, rank: int, world: int) -> list:
+    """Rows ``rank::world``, padded with label-less rows to the same count on every rank (each
+    rank then runs as many batches: an FSDP forward is a collective)."""
+    mine = rows[rank::world]
+    pad = (rows[0][0], [-100] * len(rows[0][0]))
+    return mine + [pad] * (-(-len(rows) // world) - len(mine))
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def timed_trial(config: dict, spec: dict, load, device, *, rank: int = 0, world: int = 1) -> dict:
+    """Load (``load()`` -> model, tokenizer), train and evaluate one config; its metrics. With
+    ``world > 1`` the eval rows are split over the ranks and the sums all-reduced."""
+    t0 = time.perf_counter()
+    model, tok = load()
+    sync(device)
+    t1 = time.perf_counter()
+    loss = train_steps(model, tok, config, spec, device, rank=rank, world=world)
+    sync(device)
     t2 = time.perf_counter()
-    loss_eval = eval_loss(model, evals, pad_id, device, spec["eval_batch_size"])
-    t3 = time.perf_counter()
-    tune.report(
-        {
-            "eval_loss": loss_eval,
-            "train_loss": loss.item(),
-            "load_s": t1 - t0,
-            "train_s": t2 - t1,
-            "eval_s": t3 - t2,
-        }
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    rows = rank_rows(load_rows(spec["eval"], tok, spec["max_seq_len"]), rank, world)
+    total, count = eval_sums(model, rows, pad_id, device, spec["eval_batch_size"])
+    if world > 1:
+        import torch.distributed as dist
+
+        sums = torch.tensor([total, float(count), loss.item()], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        total, count, loss = sums[0].item(), int(sums[1].item()), sums[2] / world
+    return {
+        "eval_loss": total / max(count, 1),
+        "train_loss": float(loss),
+        "load_s": t1 - t0,
+        "train_s": t2 - t1,
+        "eval_s": time.perf_counter() - t2,
+    }
+
+
+def train_lora(config: dict, spec: dict, mode: str = "single") -> None:
+    """The Tune trainable of ``single`` and ``devmap``: one config on the trial's GPUs (under
+    ``devmap`` the inputs go to the first GPU, which holds the embedding; HF's loss moves the
+    labels to the logits' GPU)."""
+    from ray import tune
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    place = {"device_map": "auto"} if mode == "devmap" else {}
+
+    def load():
+        model, tok = load_base(spec, device, **place)
+        return with_lora(model, config, spec), tok
+
+    tune.report(timed_trial(config, spec, load, device))
+
+
+def fsdp_worker(loop_config: dict) -> None:
+    """One Ray Train worker of an ``fsdp`` trial (see the module docstring)."""
+    import ray.train
+    import ray.train.torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    config, spec = loop_config["config"], loop_config["spec"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)  # FSDP2 moves each layer to the current device
+
+    def load():
+        # on the host, every rank the whole model (as users write it), then sharded to the GPU
+        model, tok = load_base(spec, "cpu", dtype=torch.bfloat16 if cuda else torch.float32)
+        model = with_lora(model, config, spec)
+        mesh = init_device_mesh(device.type, (world,))
+        mp = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16 if cuda else None,
+            reduce_dtype=torch.float32 if cuda else None,
+        )
+        for layer in model.get_base_model().model.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        return model, tok
+
+    ray.train.report(timed_trial(config, spec, load, device, rank=rank, world=world))
+
+
+def fsdp_trial(config: dict, spec: dict, workers: int, use_gpu: bool, cpus: float, storage: str):
+    """The Tune trainable of ``fsdp``: drive a ``TorchTrainer`` of ``workers`` GPU workers."""
+    from ray import tune
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    resources = {"CPU": cpus, **({"GPU": 1} if use_gpu else {})}
+    trainer = TorchTrainer(
+        fsdp_worker,
+        train_loop_config={"config": config, "spec": spec},
+        scaling_config=ScalingConfig(
+            num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources
+        ),
+        run_config=RunConfig(
+            name=f"train-{tune.get_context().get_trial_id()}",
+            storage_path=storage,
+            callbacks=[TuneReportCallback()],
+        ),
     )
+    trainer.fit()
 
 
 def run_tune(spec: dict, args: argparse.Namespace) -> dict:
@@ -207,23 +334,43 @@ def run_tune(spec: dict, args: argparse.Namespace) -> dict:
     )
     t1 = time.perf_counter()
     cpus = float(ray.cluster_resources().get("CPU", 1.0))
-    concurrent = max(1.0, args.gpus / args.gpu_per_trial)
-    cpu_per_trial = args.cpus_per_trial or min(1.0, cpus / concurrent)
-    trainable = tune.with_resources(
-        tune.with_parameters(train_lora, spec=spec),
-        {"gpu": args.gpu_per_trial, "cpu": cpu_per_trial},
-    )
+    per_trial = args.gpu_per_trial
+    concurrent = max(1, int(args.gpus // per_trial)) if per_trial >= 1 else args.gpus / per_trial
+    storage = str(Path(args.storage).absolute())
+    if args.mode == "fsdp":
+        workers = int(per_trial)
+        cpu_each = args.cpus_per_trial or min(1.0, cpus / (concurrent * (workers + 1)))
+        trainable = tune.with_resources(
+            tune.with_parameters(
+                fsdp_trial,
+                spec=spec,
+                workers=workers,
+                use_gpu=cuda,
+                cpus=cpu_each,
+                storage=storage + "/train",
+            ),
+            {"cpu": cpu_each},  # the driver; the workers reserve the GPUs
+        )
+    else:
+        cpu_each = args.cpus_per_trial or min(1.0, cpus / concurrent)
+        trainable = tune.with_resources(
+            tune.with_parameters(train_lora, spec=spec, mode=args.mode),
+            {"gpu": per_trial, "cpu": cpu_each},
+        )
     tuner = tune.Tuner(
         trainable,
         param_space={
             "lr": tune.grid_search(spec["lrs"]),
             "rank": tune.grid_search(spec["ranks"]),
+            "batch_size": tune.grid_search(spec["batch_sizes"]),
             "alpha_ratio": spec["alpha_ratio"],
         },
-        tune_config=tune.TuneConfig(metric="eval_loss", mode="min"),
-        run_config=tune.RunConfig(
-            name=args.name, storage_path=str(Path(args.storage).absolute()), verbose=1
+        tune_config=tune.TuneConfig(
+            metric="eval_loss",
+            mode="min",
+            max_concurrent_trials=int(concurrent) if args.mode == "fsdp" else None,
         ),
+        run_config=tune.RunConfig(name=args.name, storage_path=storage, verbose=1),
     )
     grid = tuner.fit()
     t2 = time.perf_counter()
@@ -234,6 +381,7 @@ def run_tune(spec: dict, args: argparse.Namespace) -> dict:
             {
                 "lr": cfg["lr"],
                 "rank": cfg["rank"],
+                "batch_size": cfg["batch_size"],
                 "alpha": cfg["alpha_ratio"] * cfg["rank"],
                 "eval_loss": m.get("eval_loss"),
                 "train_loss": m.get("train_loss"),
@@ -246,8 +394,9 @@ def run_tune(spec: dict, args: argparse.Namespace) -> dict:
     ray.shutdown()
     return {
         "device": "cuda" if cuda else "cpu",
-        "gpu_per_trial": args.gpu_per_trial,
-        "cpu_per_trial": cpu_per_trial,
+        "mode": args.mode,
+        "gpu_per_trial": per_trial,
+        "cpu_per_trial": cpu_each,
         "ray_init_s": t1 - t0,
         "fit_s": t2 - t1,
         "shutdown_s": time.perf_counter() - t2,
@@ -256,7 +405,11 @@ def run_tune(spec: dict, args: argparse.Namespace) -> dict:
 
 
 def run_base_eval(spec: dict, args: argparse.Namespace) -> dict:
-    model, tok = load_base(spec, args.device)
+    """The base model's eval loss; on GPUs spread with ``device_map="auto"`` (a 32B base and
+    its full-vocabulary logits do not fit one 80 GB GPU)."""
+    model, tok = load_base(
+        spec, args.device, **({"device_map": "auto"} if args.device == "cuda" else {})
+    )
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     rows = load_rows(spec["eval"], tok, spec["max_seq_len"])
     return {"eval_loss": eval_loss(model, rows, pad_id, args.device, spec["eval_batch_size"])}
@@ -270,7 +423,15 @@ def main(argv: list[str] | None = None) -> None:
         "--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu"
     )
     ap.add_argument("--gpus", type=int, default=1, help="GPUs Ray may use (logical on CPU)")
-    ap.add_argument("--gpu-per-trial", type=float, default=1.0, help="1: one trial per GPU")
+    ap.add_argument(
+        "--mode",
+        choices=("single", "fsdp", "devmap"),
+        default="single",
+        help="how a trial holds GPUs",
+    )
+    ap.add_argument(
+        "--gpu-per-trial", type=float, default=1.0, help="single: 1 or a fraction; fsdp/devmap: N"
+    )
     ap.add_argument(
         "--cpus-per-trial", type=float, default=None, help="default min(1, CPUs/trials at once)"
     )
@@ -279,6 +440,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", default="e2e-tune", help="Tune experiment name")
     ap.add_argument("--base-eval", action="store_true", help="only the base model's eval loss")
     args = ap.parse_args(argv)
+    if args.mode != "single" and (args.gpu_per_trial < 1 or args.gpu_per_trial % 1):
+        ap.error(f"--gpu-per-trial {args.gpu_per_trial}: --mode {args.mode} needs whole GPUs")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     spec = json.loads(Path(args.spec).read_text())
     result = run_base_eval(spec, args) if args.base_eval else run_tune(spec, args)

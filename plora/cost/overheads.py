@@ -83,19 +83,37 @@ COLD_START_MEASURED: dict[str, Any] = {
     "compile_s": 7.6,
     "job_start_s": 2.2,
 }
-_GPU_LOAD = {
-    "load_bytes_per_s": 1.0e9,
-    "model_load_fixed_s": COLD_START_MEASURED["load_s"]
-    - COLD_START_MEASURED["weight_bytes"] / 1.0e9,
-    "job_start_s": COLD_START_MEASURED["job_start_s"],
-}
+#: The model loads behind the GPU defaults' load line: ``plora sweep``'s resident worker groups
+#: on a 4 x H100 host (``benchmarks/e2e.py --case M`` and ``--case L``, 2026-11-27, weights in the
+#: page cache as after a download; the ``load_s`` of ``workers_ready`` in ``decisions.jsonl``,
+#: what a ``model_load`` sample is): Qwen2.5-7B (d = 1, four groups at once) 17.0-18.7 s, median
+#: 17.96 s; Qwen2.5-32B (d = 2 tp, two groups at once, every rank reads the whole checkpoint)
+#: 23.0 and 23.4 s. A line through the two medians: about 9.5 GB/s and 16.4 s fixed (imports,
+#: model construction, the engine's set-up). (The 1 GB/s assumed before charged the 32B 72 s.)
+LOAD_MEASURED: tuple[dict[str, Any], ...] = (
+    {"model": "Qwen/Qwen2.5-7B", "weight_bytes": 2.0 * 7615616512, "load_s": 17.96},
+    {"model": "Qwen/Qwen2.5-32B", "weight_bytes": 2.0 * 32763876352, "load_s": 23.23},
+)
+
+
+def _load_line(small: dict[str, Any], large: dict[str, Any]) -> dict[str, float]:
+    """Bytes per second and fixed seconds of the line through two measured loads."""
+    rate = (large["weight_bytes"] - small["weight_bytes"]) / (large["load_s"] - small["load_s"])
+    return {
+        "load_bytes_per_s": rate,
+        "model_load_fixed_s": small["load_s"] - small["weight_bytes"] / rate,
+    }
+
+
 #: GPU defaults: the worker start is the measured request-to-ready minus the load, plus the
-#: first step's compilation (≈ 14.8 s); write bandwidth and fixed export/checkpoint parts assumed.
+#: first step's compilation (≈ 14.8 s); the model load the line of :data:`LOAD_MEASURED`; write
+#: bandwidth and fixed export/checkpoint parts assumed.
 GPU = DefaultConstants(
     worker_start_s=COLD_START_MEASURED["ready_s"]
     - COLD_START_MEASURED["load_s"]
     + COLD_START_MEASURED["compile_s"],
-    **_GPU_LOAD,
+    **_load_line(*LOAD_MEASURED),
+    job_start_s=COLD_START_MEASURED["job_start_s"],
     write_s_per_gb=1.0,
     export_fixed_s=0.2,
     checkpoint_fixed_s=0.5,

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# benchmarks/e2e.py's cases of issue 27 on one 4-GPU machine, longer than one device call: the
+# first call starts them in a session of their own, every call waits up to $WAIT_S for them and
+# copies the JSON, the logs and plora's plans to $OUT.
+#
+#   device run, kind nvidia-h100-x4, carry [".device"]:
+#     CASES="L M" bash scripts/gpu_e2e.sh start     # then, within 30 s of each return:
+#     bash scripts/gpu_e2e.sh wait
+set -uo pipefail
+RUN=/tmp/e2e-run
+WORK=/tmp/e2e-work
+if [ "${1:-start}" = start ]; then
+  source "$(dirname "$0")/gpu_env.sh"   # copies plora once: a later call must not replace it
+  mkdir -p "$RUN"
+  cases=${CASES:-L M}
+  setsid bash -c "for c in $cases; do
+      python3 benchmarks/e2e.py --case \$c --gpus 4 --out $RUN/e2e-\$c.json --work $WORK \
+        --timeout-s ${SYSTEM_TIMEOUT_S:-900} > $RUN/e2e-\$c.log 2>&1
+      echo \"case \$c exit \$?\" >> $RUN/status
+    done; touch $RUN/done" < /dev/null > /dev/null 2>&1 &
+  sleep 5
+fi
+OUT=${OUT:-/tmp/plora-out}
+deadline=$((SECONDS + ${WAIT_S:-560}))
+while [ ! -e "$RUN/done" ] && [ $SECONDS -lt $deadline ]; do sleep 10; done
+nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader
+cat "$RUN/status" 2>/dev/null
+# few files come back from a call: the JSON and logs as they are, the rest in one archive
+cp "$RUN"/e2e-*.json "$RUN"/e2e-*.log "$OUT/" 2>/dev/null
+(cd "$WORK" && tar -czf "$OUT/runs.tar.gz" --exclude='*/data' --exclude='*/plora/adapters' \
+   --exclude='*/plora/checkpoints' --exclude='*/tune_storage' --exclude='*/profiles' run-* 2>/dev/null)
+tail -5 "$RUN"/e2e-*.log 2>/dev/null
+[ -e "$RUN/done" ] && echo "e2e: all cases done" || echo "e2e: still running"
