@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from plora.cost import within_capacity
 from plora.planner.ilp import ClassTable, KnapsackSolver, Pack, make_pack, solve_pack
-from plora.planner.types import MEM_RTOL
 
 _TOL = 1e-12
 
@@ -201,7 +201,7 @@ class DTM:
                     for j, new in targets:
                         if new is None or new.time > cap:
                             continue
-                        if new.memory > new.option.capacity * (1 + MEM_RTOL):
+                        if not within_capacity(new.memory, new.option.capacity):
                             continue
                         gain = base + new.ratio - (packs[j].ratio if j is not None else 0.0)
                         if gain > _TOL * policy.throughput and (best is None or gain > best[0]):

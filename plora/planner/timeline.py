@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from plora.cost import within_capacity
 from plora.planner.groups import Groups
 from plora.planner.ilp import ClassTable, Pack, make_pack
-from plora.planner.types import GIB, MEM_RTOL, Job, NoFeasibleJobError
+from plora.planner.types import GIB, Job, NoFeasibleJobError
 
 
 def check_feasible(table: ClassTable, num_gpus: int) -> None:
@@ -74,7 +75,7 @@ def _with(pack: Pack, c: int, delta: int, table: ClassTable) -> Pack | None:
     if take[c] < 0:
         return None
     new = make_pack(table, pack.option, take)
-    if new is None or new.memory > new.option.capacity * (1 + MEM_RTOL):
+    if new is None or not within_capacity(new.memory, new.option.capacity):
         return None
     if new.micro_batches > pack.micro_batches:
         return None  # tail repair moves configs, it does not add forwards to a job's steps
