@@ -11,6 +11,10 @@ makespan <= 1.05x its lower bound):
 * ``affine-NxG``: the same configs on :class:`plora.planner.synthetic.AffineCostModel`
   (7B-on-H200-like magnitudes, TP and FSDP).
 
+Each row also times the coordinator's re-plan halfway through the first wave of jobs (every
+other config queued; :func:`mid_sweep_replan`) -- ``replan_*`` -- since the coordinator re-plans
+on the same path while the sweep runs.
+
 Usage::
 
     python benchmarks/planner.py                 # all instances, a table on stdout
@@ -30,7 +34,7 @@ from pathlib import Path
 
 from plora.config import PROJECTIONS, LoRAConfig, SweepConfig
 from plora.cost.build import build_cost_model
-from plora.planner import Baseline, baseline_plan, plan_sweep
+from plora.planner import Baseline, baseline_plan, choose_plan, continue_plan, plan_sweep, replan
 from plora.planner.synthetic import AffineCostModel
 from plora.tune.space import expand
 
@@ -94,6 +98,7 @@ def run(only: str = "") -> list[dict]:
             "lb_h": plan.lower_bound_s / 3600,
             "ratio": plan.lb_ratio,
             "thm61": plan.ratio_bound,
+            **mid_sweep_replan(configs, cost, gpus, plan),
         }
         for kind in Baseline:
             try:
@@ -110,6 +115,31 @@ def run(only: str = "") -> list[dict]:
     return rows
 
 
+def mid_sweep_replan(configs, cost, gpus: int, plan) -> dict:
+    """The coordinator's re-plan in the middle of the first wave (``plora.runtime.scheduling.
+    plan``): the jobs starting at 0 run on their resident groups, every other config is
+    queued, and the re-plan (``replan``) is weighed against the plan in force re-timed
+    (``continue_plan``, ``choose_plan``). Returns its wall and CPU seconds, the re-plan's
+    makespan / lower bound and which plan the guard kept."""
+    first = [j for j in plan.jobs if j.start_s == 0.0]
+    busy = {c for j in first for c in j.config_ids}
+    queued = [c for c in configs if c.config_id not in busy]
+    now = min(j.end_s for j in first) / 2
+    resident = [j.gpu_ids for j in first]
+    t0, c0 = time.perf_counter(), time.process_time()
+    candidate = replan(queued, 0, first, now, cost, gpus, resident=resident)
+    pending = [j for j in plan.jobs if j.start_s > 0.0]
+    current = continue_plan(pending, queued, cost, gpus, now=now, running=first, free_gpus=0,
+                            resident=resident)  # fmt: skip
+    _, choice = choose_plan(current, candidate)
+    return {
+        "replan_wall_s": time.perf_counter() - t0,
+        "replan_cpu_s": time.process_time() - c0,
+        "replan_ratio": candidate.lb_ratio,
+        "replan_choice": str(choice.kind),
+    }
+
+
 COLUMNS = [
     ("instance", "{}"),
     ("configs", "{}"),
@@ -121,6 +151,10 @@ COLUMNS = [
     ("lb_h", "{:.3f}"),
     ("ratio", "{:.4f}"),
     ("thm61", "{:.3f}"),
+    ("replan_wall_s", "{:.2f}"),
+    ("replan_cpu_s", "{:.2f}"),
+    ("replan_ratio", "{:.4f}"),
+    ("replan_choice", "{}"),
     ("min_gpu", "{:.2f}x"),
     ("max_gpu", "{:.2f}x"),
     ("sequential", "{:.2f}x"),
