@@ -103,9 +103,11 @@ class DTM:
         self._time = np.array([o.time for o in opts], dtype=float).reshape(len(opts), -1)
         with np.errstate(divide="ignore"):
             self._ratio = table.value / self._time
-        self._by_degree: dict[int, list[int]] = {}
-        for i, o in enumerate(opts):
-            self._by_degree.setdefault(o.d, []).append(i)
+        self._degrees = sorted({o.d for o in opts})
+        # (D, O): option o is of degree d (divided by d: the bound is per GPU)
+        self._per_gpu = np.array(
+            [[1.0 / d if o.d == d else 0.0 for o in opts] for d in self._degrees]
+        ).reshape(len(self._degrees), len(opts))
 
     def best_pack(self, d: int, counts: tuple[int, ...], time_cap: float) -> Pack | None:
         """F(d, K) maximized over the strategies allowed for d (memoized).
@@ -145,11 +147,8 @@ class DTM:
         pass over every option at once."""
         avail = (np.asarray(counts) > 0) & self._fits & (self._time <= cap)
         per_option = np.where(avail, self._ratio, 0.0).max(axis=1, initial=0.0)
-        out = []
-        for d, rows in self._by_degree.items():
-            if d <= g and (ub := float(per_option[rows].max()) / d) > 0:
-                out.append((ub, d))
-        return out
+        ubs = (self._per_gpu * per_option).max(axis=1, initial=0.0).tolist()
+        return [(ub, d) for ub, d in zip(ubs, self._degrees, strict=True) if d <= g and ub > 0]
 
     def solve(self, g: int, counts: tuple[int, ...], *, time_cap: float = math.inf) -> Policy:
         """The max-throughput policy on ``g`` GPUs for the configs left (``counts`` per class).
