@@ -116,7 +116,8 @@ class DTM:
         ``cap' <= cap``) whose optimum it still allows (its pack ``<= K'`` and
         ``T <= cap'``): the feasible packs of ``(K', cap')`` are a subset of those of
         ``(K, cap)``, so that pack is optimal there too (and no pack fits where none did).
-        Alg. 2 asks such questions over and over -- a greedy chain removes one pack's configs
+        Under a deadline the knapsack is a bounded heuristic (:class:`KnapsackSolver`), and a
+        reused answer is its best pack for the larger problem. Alg. 2 asks such questions over and over -- a greedy chain removes one pack's configs
         at a time, time runs forward under a deadline, and every deadline of the search
         shares this DTM -- which :attr:`CACHE_DEPTH` recent answers per d catch.
         """
