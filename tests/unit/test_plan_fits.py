@@ -13,6 +13,7 @@ from plora.api import make_plan
 from plora.config import ConfigError, SweepConfig
 from plora.cost import within_capacity
 from plora.cost.build import build_cost_model
+from plora.planner import replan
 from plora.planner.fits import check_fits
 from plora.planner.ilp import degrees
 from plora.planner.types import call_strategy
@@ -84,6 +85,13 @@ def plan_or_one_line(sweep: SweepConfig) -> None:
         assert used / GIB == pytest.approx(job.memory_gib_per_gpu, rel=1e-9)
         s = call_strategy(job.gpus, job.strategy)
         assert cost.micro_batches_to_fit(pack, job.gpus, s) == job.micro_batches
+    # the coordinator's re-plan halfway through the first wave takes the same path
+    first = [j for j in report.plan.jobs if j.start_s == 0.0]
+    now = min(j.end_s for j in first) / 2
+    queued = [k for k in configs if all(k.config_id not in j.config_ids for j in first)]
+    resident = [j.gpu_ids for j in first]
+    again = replan(queued, g - sum(j.gpus for j in first), first, now, cost, g, resident=resident)
+    check_plan(again, queued, cost, g, busy=first)
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 4])
