@@ -17,6 +17,22 @@ from typing import Protocol, runtime_checkable
 
 from plora.config import LoRAConfig, Strategy
 
+#: Relative slack of the memory rule (float round-off only).
+MEM_RTOL = 1e-9
+
+
+def memory_limit(capacity: float) -> float:
+    """The most bytes per GPU a job may use on GPUs of ``capacity`` usable bytes: ``capacity``
+    up to :data:`MEM_RTOL`. The one memory rule of plora -- the sweep's validation, the planner
+    (every option, pack and tail move) and the runtime (refills, micro-batch counts) all ask
+    it, so what fits is decided once."""
+    return capacity * (1 + MEM_RTOL)
+
+
+def within_capacity(used: float, capacity: float) -> bool:
+    """Whether a job of ``used`` bytes per GPU fits GPUs of ``capacity`` (:func:`memory_limit`)."""
+    return used <= memory_limit(capacity)
+
 
 @runtime_checkable
 class CostModel(Protocol):
@@ -76,4 +92,4 @@ class CostModel(Protocol):
         ...
 
 
-__all__ = ["CostModel", "Strategy"]
+__all__ = ["MEM_RTOL", "CostModel", "Strategy", "memory_limit", "within_capacity"]

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from plora.config import ConfigError, LoRAConfig
-from plora.cost import Strategy
+from plora.cost import Strategy, memory_limit
 from plora.cost.memory import adapter_memory, base_memory, check_parallel
 from plora.cost.memory_options import MemoryBreakdown, MemoryOptions
 from plora.cost.microbatch import (
@@ -145,7 +145,7 @@ class SweepMemory:
     ) -> int | None:
         """The smallest m whose :meth:`pack_memory` fits :meth:`capacity` (1 when the pack fits
         with every row live); None when not even one row per micro-batch fits."""
-        cap = self.capacity(d) * (1 + 1e-9)
+        cap = memory_limit(self.capacity(d))
         if self.pack_memory(pack, d, strategy) <= cap:
             return 1
         parts = [self.config_memory_parts(k, d, strategy) for k in pack]

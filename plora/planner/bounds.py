@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from plora.planner.ilp import ClassTable
+from plora.planner.ilp import ClassTable, alone_times
 from plora.planner.types import Job
 
 
@@ -88,9 +88,10 @@ def lower_bound(
             continue
         gpu_sec = np.where(opt.fits, opt.d * opt.time, math.inf)
         min_gpu_sec = np.minimum(min_gpu_sec, gpu_sec)
-        alone = np.array([opt.fixed[int(s)] for s in table.steps]) + opt.time
-        longest = np.minimum(longest, np.where(opt.fits, alone, math.inf))
-        min_fixed = min(min_fixed, opt.d * opt.fixed[max_steps])
+        longest = np.minimum(longest, alone_times(table, opt))
+        # a micro-batched job pays the per-step part m' >= 1 times: at least once
+        fixed = opt.fixed if opt.micro is None else opt.micro.fixed[1]
+        min_fixed = min(min_fixed, opt.d * fixed[max_steps])
     gpu_seconds = float(cnt[left] @ min_gpu_sec[left]) + min_fixed
     available = [max(t, 0.0) for t, d in busy for _ in range(d)]
     available += [max(startup, 0.0)] * cold

@@ -17,7 +17,9 @@ Search: depth-first, children in order of per-GPU throughput ``F(d, K) / d``; me
 ``F_j <= F(d_j, K) <= d_j · max_d F(d, K) / d``, and ``Σ d_j <= g``); ``F(d, K) / d`` is
 itself bounded by ``max_k v_k / (d c_k(d))`` (a ratio of sums is at most the largest ratio),
 so F is solved only for degrees that can matter. Each sub-problem prunes against its own
-incumbent, so a memo entry is that sub-problem's optimum (within the node budget). Past
+incumbent, so a memo entry is that sub-problem's optimum (within the node budget). F(d, K)
+is memoized too, and a solved ``(K, cap)`` answers the sub-problems it dominates while its
+pack is still available (:meth:`DTM.best_pack`): most of Alg. 2's questions at scale. Past
 ``node_budget`` nodes per call each node follows only its best child (the greedy chain),
 which keeps the planner's time bounded on 64+ GPUs (noted in the plan).
 
@@ -33,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from plora.cost import within_capacity
 from plora.planner.ilp import ClassTable, KnapsackSolver, Pack, make_pack, solve_pack
-from plora.planner.types import MEM_RTOL
 
 _TOL = 1e-12
 
@@ -46,20 +48,28 @@ class Policy:
     packs: tuple[Pack, ...]
     throughput: float
     """``Σ_j v(pack_j) / T(pack_j)``."""
-
-    @property
-    def gpus(self) -> int:
-        """GPUs the policy uses."""
-        return sum(p.option.d for p in self.packs)
+    gpus: int
+    """GPUs the policy uses, ``Σ_j d_j``."""
 
 
-EMPTY = Policy(packs=(), throughput=0.0)
+EMPTY = Policy(packs=(), throughput=0.0, gpus=0)
 
 
 def _moved(take: tuple[int, ...], c: int, delta: int) -> list[int]:
     out = list(take)
     out[c] += delta
     return out
+
+
+def _dominates(
+    have: np.ndarray, cap: float, pack: Pack | None, counts: np.ndarray, time_cap: float
+) -> bool:
+    """Whether ``pack``, the best pack for ``(have, cap)``, is the best for ``(counts,
+    time_cap)`` too: a subproblem (``counts <= have``, ``time_cap <= cap``) that still allows
+    it (or in which, as there, no pack fits)."""
+    if time_cap > cap or not bool(np.all(counts <= have)):
+        return False
+    return pack is None or (pack.time <= time_cap and bool(np.all(np.asarray(pack.take) <= counts)))
 
 
 def ubs_of(ubs: list[tuple[float, int]], d: int) -> float:
@@ -76,40 +86,70 @@ class DTM:
         node_budget: search nodes per :meth:`solve` call before falling back to greedy chains.
     """
 
+    CACHE_DEPTH = 8
+    """Solved F(d, K) kept per d for :meth:`best_pack`'s dominance test."""
+
     def __init__(self, table: ClassTable, solver: KnapsackSolver, *, node_budget: int = 100):
         self.table = table
         self.solver = solver
         self.node_budget = node_budget
         self.budget_hit = False
         self._packs: dict[tuple[object, ...], Pack | None] = {}
+        self._solved: dict[int, list[tuple[np.ndarray, float, Pack | None]]] = {}
         self._policies: dict[tuple[object, ...], Policy] = {}
         self._nodes = 0
+        opts = table.options  # every option's (C,) costs stacked, for upper_ratios
+        self._fits = np.array([o.fits for o in opts], dtype=bool).reshape(len(opts), -1)
+        self._time = np.array([o.time for o in opts], dtype=float).reshape(len(opts), -1)
+        with np.errstate(divide="ignore"):
+            self._ratio = table.value / self._time
+        self._degrees = sorted({o.d for o in opts})
+        # (D, O): option o is of degree d (divided by d: the bound is per GPU)
+        self._per_gpu = np.array(
+            [[1.0 / d if o.d == d else 0.0 for o in opts] for d in self._degrees]
+        ).reshape(len(self._degrees), len(opts))
 
     def best_pack(self, d: int, counts: tuple[int, ...], time_cap: float) -> Pack | None:
-        """F(d, K) maximized over the strategies allowed for d (memoized)."""
-        key = (d, counts, time_cap)
-        if key not in self._packs:
-            best = None
-            for option in self.table.options:
-                if option.d != d:
-                    continue
-                pack = solve_pack(self.table, option, counts, self.solver, time_cap=time_cap)
-                if pack is not None and (best is None or pack.ratio > best.ratio * (1 + _TOL)):
-                    best = pack
-            self._packs[key] = best
-        return self._packs[key]
+        """F(d, K) maximized over the strategies allowed for d (memoized).
 
-    def upper_ratio(self, d: int, counts: tuple[int, ...], cap: float) -> float:
-        """``max_k v_k / c_k(d, s)`` over available configs and strategies: ``F(d, K) / d <=`` it / d."""
+        A solved ``(K, cap)`` answers every ``(K', cap')`` it dominates (``K' <= K``,
+        ``cap' <= cap``) whose optimum it still allows (its pack ``<= K'`` and
+        ``T <= cap'``): the feasible packs of ``(K', cap')`` are a subset of those of
+        ``(K, cap)``, so that pack is optimal there too (and no pack fits where none did).
+        Under a deadline the knapsack is a bounded heuristic (:class:`KnapsackSolver`), and a
+        reused answer is its best pack for the larger problem. Alg. 2 asks such questions over and over -- a greedy chain removes one pack's configs
+        at a time, time runs forward under a deadline, and every deadline of the search
+        shares this DTM -- which :attr:`CACHE_DEPTH` recent answers per d catch.
+        """
+        key = (d, counts, time_cap)
+        if key in self._packs:
+            return self._packs[key]
         cnt = np.asarray(counts)
-        best = 0.0
+        recent = self._solved.setdefault(d, [])
+        for have, cap, known in recent[::-1]:  # the most recent first
+            if _dominates(have, cap, known, cnt, time_cap):
+                self._packs[key] = known
+                return known
+        best = None
         for option in self.table.options:
             if option.d != d:
                 continue
-            mask = (cnt > 0) & option.fits & (option.time <= cap)
-            if mask.any():
-                best = max(best, float(np.max(self.table.value[mask] / option.time[mask])))
-        return best / d
+            pack = solve_pack(self.table, option, counts, self.solver, time_cap=time_cap)
+            if pack is not None and (best is None or pack.ratio > best.ratio * (1 + _TOL)):
+                best = pack
+        self._packs[key] = best
+        recent.append((cnt, time_cap, best))
+        del recent[: -self.CACHE_DEPTH]
+        return best
+
+    def upper_ratios(self, g: int, counts: tuple[int, ...], cap: float) -> list[tuple[float, int]]:
+        """``(ub_d, d)`` for every d <= g with a config to place: ``ub_d = max_k v_k / c_k(d, s)``
+        over available classes and strategies, over d (``F(d, K) / d <= ub_d``); one numpy
+        pass over every option at once."""
+        avail = (np.asarray(counts) > 0) & self._fits & (self._time <= cap)
+        per_option = np.where(avail, self._ratio, 0.0).max(axis=1, initial=0.0)
+        ubs = (self._per_gpu * per_option).max(axis=1, initial=0.0).tolist()
+        return [(ub, d) for ub, d in zip(ubs, self._degrees, strict=True) if d <= g and ub > 0]
 
     def solve(self, g: int, counts: tuple[int, ...], *, time_cap: float = math.inf) -> Policy:
         """The max-throughput policy on ``g`` GPUs for the configs left (``counts`` per class).
@@ -129,6 +169,8 @@ class DTM:
         leaves GPUs idle. Moving one config out of a pack into a new job on idle GPUs (or into
         a job created by an earlier move) is kept while it raises ``Σ_j v_j / T_j``.
         """
+        if policy.gpus >= g:
+            return policy  # no idle GPU: nothing to spread to
         packs = list(policy.packs)
         fresh: set[int] = set()
         table = self.table
@@ -159,7 +201,7 @@ class DTM:
                     for j, new in targets:
                         if new is None or new.time > cap:
                             continue
-                        if new.memory > new.option.capacity * (1 + MEM_RTOL):
+                        if not within_capacity(new.memory, new.option.capacity):
                             continue
                         gain = base + new.ratio - (packs[j].ratio if j is not None else 0.0)
                         if gain > _TOL * policy.throughput and (best is None or gain > best[0]):
@@ -175,7 +217,11 @@ class DTM:
                 packs[j] = new
         if len(packs) == len(policy.packs) and not fresh:
             return policy
-        return Policy(packs=tuple(packs), throughput=sum(p.ratio for p in packs))
+        return Policy(
+            packs=tuple(packs),
+            throughput=sum(p.ratio for p in packs),
+            gpus=sum(p.option.d for p in packs),
+        )
 
     def _solve(self, g: int, counts: tuple[int, ...], cap: float) -> Policy:
         if g <= 0 or not any(counts):
@@ -190,14 +236,7 @@ class DTM:
         # Upper bounds F(d, K) <= d · ub_d (a ratio of sums is at most the largest ratio), so
         # F is solved only for degrees that may hold the best per-GPU throughput or survive
         # the pruning bound below.
-        ubs: list[tuple[float, int]] = []
-        d = 1
-        while d <= g:
-            ub = self.upper_ratio(d, counts, cap)
-            if ub > 0:
-                ubs.append((ub, d))
-            d *= 2
-        ubs.sort(reverse=True)
+        ubs = sorted(self.upper_ratios(g, counts, cap), reverse=True)
         solved: dict[int, Pack | None] = {}
         rho = 0.0  # best per-GPU throughput of a solved degree
         for ub, d in ubs:
@@ -229,7 +268,11 @@ class DTM:
                 continue
             rest = tuple(c - t for c, t in zip(counts, pack.take, strict=True))
             sub = self._solve(g - d, rest, cap)
-            cand = Policy(packs=(pack, *sub.packs), throughput=pack.ratio + sub.throughput)
+            cand = Policy(
+                packs=(pack, *sub.packs),
+                throughput=pack.ratio + sub.throughput,
+                gpus=d + sub.gpus,
+            )
             cand = self._spread(cand, g, cap)
             if cand.throughput > best.throughput * (1 + _TOL):
                 best = cand

@@ -107,14 +107,18 @@ class Groups:
         of d that tears down the fewest warm GPUs, then the lowest free ids.
         """
         have = set(free)
-        blocks = [
-            tuple(range(s, s + d))
-            for s in range(0, (max(free) + 1 if free else 0), d)
-            if all(g in have for g in range(s, s + d))
-        ]
-        if blocks:
-            block = min(blocks, key=lambda b: (not self.warm(b), self._torn(b), b[0]))
-        else:
+        block: tuple[int, ...] | None = None
+        rank = (True, 0)
+        for s in free:  # aligned blocks in id order; the first of the least rank wins
+            b = tuple(range(s, s + d))
+            if s % d or not all(g in have for g in b):
+                continue
+            r = (not self.warm(b), self._torn(b))
+            if block is None or r < rank:
+                block, rank = b, r
+            if not r[0] or r == (True, 0):
+                break  # warm blocks all rank alike, and none ranks below a cold one tearing none
+        if block is None:
             block = tuple(free[:d])
         for g in block:
             free.remove(g)

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plora.config import ConfigError, LoRAConfig
-from plora.cost import CostModel, Strategy
+from plora.cost import CostModel, Strategy, memory_limit
 from plora.cost.microbatch import rows_per_micro_batch
 from plora.planner import knapsack, knapsack_milp
 from plora.planner.groups import startup_times
 from plora.planner.micro import MicroCosts, micro_fit, micro_options, supports_micro_batches
 from plora.planner.offload import last_resort
-from plora.planner.types import MEM_RTOL, Objective, call_strategy
+from plora.planner.types import Objective, call_strategy
 
 SOLVERS = ("auto", "bnb", "highs", "cvxpy", "gurobi")
 
@@ -73,8 +73,8 @@ class DegreeCosts:
 
     @property
     def mem_budget(self) -> float:
-        """Bytes per GPU left for adapters (with the :data:`MEM_RTOL` round-off slack)."""
-        return self.capacity * (1 + MEM_RTOL) - self.base
+        """Bytes per GPU left for adapters (:func:`plora.cost.memory_limit`)."""
+        return memory_limit(self.capacity) - self.base
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -155,7 +155,7 @@ def build_classes(
             capacity=capacity,
             mem=mem[:, j].copy(),
             time=tim[:, j].copy(),
-            fits=base + mem[:, j] <= capacity * (1 + MEM_RTOL),
+            fits=base + mem[:, j] <= memory_limit(capacity),
             fixed={t: float(cost.fixed_time(t, d, call_strategy(d, s))) for t in distinct_steps},
         )
         options.append(option)
@@ -211,7 +211,7 @@ def make_pack(
             time=option.fixed[longest] + float(option.time @ x),
             memory=option.base + float(option.mem @ x),
         )
-    m, memory = micro_fit(micro, x, option.capacity * (1 + MEM_RTOL))
+    m, memory = micro_fit(micro, x, memory_limit(option.capacity))
     rows = int(micro.rows @ x)
     return Pack(
         option=option,
@@ -222,6 +222,21 @@ def make_pack(
         micro_batches=m,
         max_rows=rows_per_micro_batch(rows, m) if m > 1 else None,
     )
+
+
+def alone_times(table: ClassTable, option: DegreeCosts) -> np.ndarray:
+    """``T({k}, d, s)`` per class: one config of the class alone on ``option``, priced as
+    :func:`make_pack` prices every pack (a micro-batched option with its smallest fitting m);
+    ``inf`` where it does not fit, shape (C,)."""
+    if option.micro is None:
+        alone = np.array([option.fixed[int(s)] for s in table.steps]) + option.time
+    else:
+        alone = np.full(len(table.members), np.inf)
+        for c in np.flatnonzero(option.fits):
+            single = make_pack(table, option, np.eye(len(table.members), dtype=np.int64)[c])
+            assert single is not None  # one config: never empty
+            alone[c] = single.time
+    return np.where(option.fits, alone, np.inf)
 
 
 class KnapsackSolver:

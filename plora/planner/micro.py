@@ -2,13 +2,16 @@
 
 For d = 1 and a sweep whose configs do not all fit one GPU with every row live, the class
 table (:func:`plora.planner.ilp.build_classes`) gets, next to the usual option, options of
-``m = 2, 4, ... <=`` ``cost.max_micro_batches`` forwards per step (:mod:`plora.cost.microbatch`:
+``m = 2, 4, 8, ...`` forwards per step up to ``M = min(cost.max_micro_batches, rows of the
+sweep)``, M itself the last (:mod:`plora.cost.microbatch`:
 the states of every config plus the activations of ``⌈R/m⌉`` rows; the step's fixed part paid
 ``m`` times). The knapsack needs memory linear in the pack, so an option of m charges each
 class ``S_k + b_k·a_max/m`` over a base raised by ``a_max·(m-1)/m`` -- an upper bound on the
 exact memory, so every pack it admits fits. :func:`micro_fit` then prices the chosen pack
 exactly with the smallest ``m' <= m`` that fits it (``m' = 1`` when it fits with every row
-live). The planner compares these packs with the others by predicted throughput as it does
+live). Whether a config fits an option at all is that exact price of it alone
+(:func:`alone_fits`), the one test the validation, the planner and the lower bound share. The
+planner compares these packs with the others by predicted throughput as it does
 any pack: a micro-batched job is chosen only when the cost model predicts it faster than
 more jobs.
 """
@@ -23,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from plora.config import LoRAConfig
+from plora.cost import memory_limit
 from plora.cost.microbatch import rows_per_micro_batch
-from plora.planner.types import MEM_RTOL, call_strategy
+from plora.planner.types import call_strategy
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -64,7 +68,7 @@ def micro_options(
     if option.d != 1 or option.strategy is not None or not supports_micro_batches(cost):
         return []
     counts = np.array([len(m) for m in members], dtype=np.int64)
-    cap = option.capacity * (1 + MEM_RTOL)
+    cap = memory_limit(option.capacity)
     if option.base + float(option.mem @ counts) <= cap:
         return []  # the whole sweep fits one job with every row live
     s = call_strategy(1, None)
@@ -76,21 +80,22 @@ def micro_options(
     total_rows = int(rows @ counts)
     fixed: dict[int, dict[int, float]] = {1: dict(option.fixed)}
     out: list[Any] = []  # plora.planner.ilp.DegreeCosts (that module imports this one)
+    top = min(int(cost.max_micro_batches), total_rows)
     m = 2
-    while m <= min(int(cost.max_micro_batches), total_rows):
+    while m <= top:
         for k in range(len(fixed) + 1, m + 1):
             fixed[k] = {t: float(cost.fixed_time(t, 1, s, micro_batches=k)) for t in distinct_steps}
         base = option.base + a_max * (m - 1) / m
         mem = state + rows * (a_max / m)
-        fits = base + mem <= cap
+        micro = MicroCosts(micro_batches=m, base=option.base, whole=option.mem,
+                           state=state, row_act=row_act, rows=rows,
+                           fixed={k: fixed[k] for k in range(1, m + 1)})  # fmt: skip
+        fits = alone_fits(micro, cap)
         if fits.any():
-            micro = MicroCosts(micro_batches=m, base=option.base, whole=option.mem,
-                               state=state, row_act=row_act, rows=rows,
-                               fixed={k: fixed[k] for k in range(1, m + 1)})  # fmt: skip
             out.append(replace(option, base=base, mem=mem, fits=fits, fixed=fixed[m], micro=micro))
             if base + float(mem @ counts) <= cap:
                 break  # every config fits one job with m forwards: more is only slower
-        m *= 2
+        m = top if m < top < 2 * m else 2 * m  # doubling, and the most forwards last
     return out
 
 
@@ -111,6 +116,16 @@ def micro_fit(micro: MicroCosts, take: np.ndarray, cap: float) -> tuple[int, flo
         m -= 1  # float round-off at the boundary: keep the smallest m that fits
         memory = micro.base + states + rows_per_micro_batch(rows, m) * act
     return m, memory
+
+
+def alone_fits(micro: MicroCosts, cap: float) -> np.ndarray:
+    """Per class, whether one config of it fits ``cap`` bytes with at most m forwards, priced
+    exactly as every pack is (:func:`micro_fit`): a micro-batched option's ``fits``. The
+    knapsack's linear memory is an upper bound, so a config can fit alone where the linear
+    form says it does not; the planner (which starts from single configs), the sweep's
+    validation and the lower bound all go by this test, shape (C,) bool."""
+    eye = np.eye(len(micro.rows), dtype=np.int64)
+    return np.array([micro_fit(micro, one, cap)[1] <= cap for one in eye], dtype=bool)
 
 
 def consolidated(table: Any) -> list[Any]:
@@ -139,6 +154,7 @@ def consolidated(table: Any) -> list[Any]:
 
 __all__ = [
     "MicroCosts",
+    "alone_fits",
     "consolidated",
     "micro_fit",
     "micro_options",

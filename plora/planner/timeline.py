@@ -15,9 +15,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from plora.cost import within_capacity
 from plora.planner.groups import Groups
 from plora.planner.ilp import ClassTable, Pack, make_pack
-from plora.planner.types import GIB, MEM_RTOL, Job, NoFeasibleJobError
+from plora.planner.types import GIB, Job, NoFeasibleJobError
 
 
 def check_feasible(table: ClassTable, num_gpus: int) -> None:
@@ -72,7 +75,7 @@ def _with(pack: Pack, c: int, delta: int, table: ClassTable) -> Pack | None:
     if take[c] < 0:
         return None
     new = make_pack(table, pack.option, take)
-    if new is None or new.memory > new.option.capacity * (1 + MEM_RTOL):
+    if new is None or not within_capacity(new.memory, new.option.capacity):
         return None
     if new.micro_batches > pack.micro_batches:
         return None  # tail repair moves configs, it does not add forwards to a job's steps
@@ -99,6 +102,7 @@ def rebalance(
     """
     init = groups if groups is not None else Groups(num_gpus, {}, None)
     starts = list(started)
+    singles: dict[tuple[int, int], Pack] = {}  # one config of class c on an option
     for _ in range(max_moves):
         if not starts:
             break
@@ -124,10 +128,20 @@ def rebalance(
                 continue
             shrunk = _with(starts[a].pack, c, -1, table)
             a_end = starts[a].start + starts[a].startup + shrunk.time if shrunk else 0.0
+            # A move ends no earlier than ``floor`` (a pack grown by c takes at least c's own
+            # time longer); one whose floor cannot beat the bar is not priced.
+            floor = max(a_end, others)
+            if _no_gain(floor, span, best[0] if best else math.inf):
+                continue
             for b in tails - {a}:
-                grown = _with(starts[b].pack, c, +1, table)
+                sb = starts[b]
+                if _no_gain(
+                    max(floor, sb.end + sb.pack.option.time[c]), span, best[0] if best else math.inf
+                ):
+                    continue
+                grown = _with(sb.pack, c, +1, table)
                 if grown is not None:
-                    new = max(a_end, others, starts[b].start + starts[b].startup + grown.time)
+                    new = max(floor, sb.start + sb.startup + grown.time)
                     if new < span * (1 - 1e-9) and (best is None or new < best[0]):
                         best = (new, c, b, grown, None)
             for opt in table.options:
@@ -137,8 +151,12 @@ def rebalance(
                 begin = max(f for f, _ in free_from[: opt.d])
                 if any(g in starts[a].gpu_ids for g in ids) and shrunk is not None:
                     continue
-                single = make_pack(table, opt, [int(k == c) for k in range(len(table.members))])
-                assert single is not None  # one config: never empty
+                if (single := singles.get((id(opt), c))) is None:
+                    single = make_pack(table, opt, np.eye(len(table.members), dtype=np.int64)[c])
+                    assert single is not None  # one config: never empty
+                    singles[id(opt), c] = single
+                if _no_gain(max(floor, begin + single.time), span, best[0] if best else math.inf):
+                    continue
                 block = tuple(sorted(ids))
                 left = {**after, **without_a} if shrunk is None else after
                 warm = init.track and not init.never_warm
@@ -146,7 +164,7 @@ def rebalance(
                     wait = 0.0
                 else:
                     wait = table.startup.get(len(block), 0.0)
-                new = max(a_end, others, begin + wait + single.time)
+                new = max(floor, begin + wait + single.time)
                 if new < span * (1 - 1e-9) and (best is None or new < best[0]):
                     best = (new, c, None, single, Start(single, begin, block, wait))
         if best is None:
@@ -166,6 +184,13 @@ def rebalance(
         else:
             starts[a] = Start(shrunk, starts[a].start, starts[a].gpu_ids, starts[a].startup)
     return starts
+
+
+def _no_gain(floor: float, span: float, best_end: float) -> bool:
+    """Whether a move that ends no earlier than ``floor`` can neither lower the makespan
+    ``span`` nor beat the best move so far, ending at ``best_end`` (with a 1e-12 margin for
+    the floor's round-off)."""
+    return floor * (1 - 1e-12) >= min(span * (1 - 1e-9), best_end)
 
 
 def _groups_after(

@@ -10,10 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from plora.config import ConfigError
-from plora.cost import Strategy
-
-#: Relative slack on the memory constraint ``M_base + Σ M_k <= capacity`` (float round-off only).
-MEM_RTOL = 1e-9
+from plora.cost import MEM_RTOL, Strategy
 
 GIB = float(1 << 30)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plora.config import LoRAConfig
+from plora.cost import within_capacity
 from plora.runtime.costs import job_memory
 
 
@@ -66,7 +67,7 @@ def choose_refills(
             break
         used, cap = job_memory(cost, [*pack, cand], gpus, strategy)
         steps = int(cost.steps(cand))
-        if used > cap or (steps > left and not may_extend):
+        if not within_capacity(used, cap) or (steps > left and not may_extend):
             continue
         pack.append(cand)
         out.append(
