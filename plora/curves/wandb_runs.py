@@ -50,7 +50,7 @@ class WandbSink:
         self.mode: Any = options.mode or os.environ.get("WANDB_MODE") or "online"
         if self.mode == "online":
             try:  # an API key from WANDB_API_KEY or `wandb login`'s netrc; no prompt without a tty
-                wandb.login(anonymous="never", verify=False)
+                wandb.login(verify=False)
             except Exception as err:
                 raise ConfigError(
                     f"W&B cannot log in: {type(err).__name__}: {str(err).strip().splitlines()[0]}",
