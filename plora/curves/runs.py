@@ -50,8 +50,9 @@ class RunInfo:
 
 
 def varied_params(space: SearchSpace) -> tuple[str, ...]:
-    """The hyperparameters ``space`` varies (``alpha_ratio`` names ``alpha``), in its order."""
-    names = [n for n, dom in space.domains().items() if not dom.is_fixed]
+    """The hyperparameters ``space`` varies (a range, or more than one value; ``alpha_ratio``
+    names ``alpha``), in its order."""
+    names = [n for n, dom in space.domains().items() if not dom.is_fixed and len(dom.values) != 1]
     return tuple(dict.fromkeys("alpha" if n == "alpha_ratio" else n for n in names))
 
 
