@@ -47,10 +47,12 @@ class TensorBoardSink:
         self._writers[run.config_id] = writer
 
     def log_steps(self, config_id: str, steps: Sequence[Step]) -> None:
+        from tensorboardX.proto.summary_pb2 import Summary
+
         writer = self._writers[config_id]
-        for step, wall, scalars in steps:
-            for tag, value in scalars.items():
-                writer.add_scalar(tag, value, step, walltime=wall)
+        for step, wall, scalars in steps:  # one event per step holds all its scalars
+            values = [Summary.Value(tag=tag, simple_value=v) for tag, v in scalars.items()]
+            writer.file_writer.add_summary(Summary(value=values), step, wall)
 
     def end_run(self, config_id: str, *, step: int, scalars: dict[str, float], status: str) -> None:
         writer = self._writers.pop(config_id)
