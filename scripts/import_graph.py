@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("plora.utils", "plora.config", "plora.model_spec", "plora.tasks"),
     ("plora.cost",),
     ("plora.planner",),
-    ("plora.sweepdir",),
+    ("plora.sweepdir", "plora.curves"),  # the sweep directory and the curves its writer feeds
     ("plora.models", "plora.engine"),
     ("plora.parallel",),
     ("plora.tune",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -50,6 +51,16 @@ def sweep(
             "Tuner.restore(resume_errored=True); off by default).",
         ),
     ] = False,
+    log_to: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--log-to",
+            metavar="SINK",
+            help="Also send the live curves to mlflow or wandb (repeatable): the sweep file's "
+            "logging: settings, else the sink's defaults (TensorBoard's go under --out unless "
+            "the file says tensorboard: false).",
+        ),
+    ] = None,
     allow_changed: Annotated[
         bool,
         typer.Option(
@@ -65,7 +76,8 @@ def sweep(
     the same ``--out`` is refused while the first runs (a lock beside the directory).
     ``--resume`` refuses a SWEEP.yaml that differs from the one the directory ran, naming the
     keys that changed, unless ``--allow-changed``; failed configs are retried only with
-    ``--retry-failed``."""
+    ``--retry-failed``. Curves are written as configs train: ``tensorboard --logdir OUT``, and
+    MLflow / W&B runs with ``--log-to`` or the sweep file's ``logging:``."""
     from plora import api
     from plora.runtime.driver import RunOptions
     from plora.runtime.progress import Progress
@@ -73,6 +85,8 @@ def sweep(
     try:
         with user_errors(str(sweep_file)):
             spec = load_sweep(sweep_file)
+            if log_to:
+                spec = dataclasses.replace(spec, logging=spec.logging.with_sinks(log_to))
             print_warnings(spec)
             out = out if out is not None else Path("runs") / spec.name
             workers = "workers" if spec.hardware.is_cpu else "GPUs"  # CPU sweeps: worker slots

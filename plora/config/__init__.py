@@ -42,6 +42,7 @@ from plora.config.sweep import (
     SweepConfig,
     TrainingOptions,
 )
+from plora.config.tracking import LoggingOptions, MlflowOptions, WandbOptions
 
 __all__ = [
     "BUILTIN_DATASETS",
@@ -64,6 +65,8 @@ __all__ = [
     "GPUSpec",
     "HardwareConfig",
     "LoRAConfig",
+    "LoggingOptions",
+    "MlflowOptions",
     "ModelRef",
     "PlannerOptions",
     "Schedule",
@@ -72,6 +75,7 @@ __all__ = [
     "Strategy",
     "SweepConfig",
     "TrainingOptions",
+    "WandbOptions",
     "gpu_spec",
     "looks_like_path",
     "normalize_targets",

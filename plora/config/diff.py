@@ -14,10 +14,15 @@ def sweep_changes(saved: SweepConfig, given: SweepConfig) -> list[str]:
     """Every key whose value differs, as ``key.path: OLD -> NEW`` (empty: the same sweep).
 
     Both sweeps are compared in their resolved form (``to_dict``: defaults filled in, relative
-    paths resolved), so a file that only moved or was reformatted is unchanged.
+    paths resolved), so a file that only moved or was reformatted is unchanged. ``logging:``
+    is left out: where the curves go changes nothing the sweep trains (``--resume`` logs where
+    the given file says).
     """
     out: list[str] = []
-    _diff(saved.to_dict(), given.to_dict(), "", out)
+    old, new = saved.to_dict(), given.to_dict()
+    for d in (old, new):  # where the curves go is not what the sweep runs: the given one holds
+        d.pop("logging", None)
+    _diff(old, new, "", out)
     return out
 
 

@@ -371,17 +371,26 @@ class SearchSpace:
 
 def _domain_yaml(name: str, dom: Domain) -> Any:
     if name == "target_modules" and dom.kind is not Kind.FIXED:
-        return {str(dom.kind): [_targets_yaml(v) for v in dom.values]}
-    return dom.to_yaml(_targets_yaml if name == "target_modules" else plain_value)
+        return {str(dom.kind): [targets_yaml(v) for v in dom.values]}
+    return dom.to_yaml(targets_yaml if name == "target_modules" else plain_value)
 
 
 def plain_value(v: Any) -> Any:
     return str(v) if isinstance(v, StrEnum) else v
 
 
-def _targets_yaml(t: tuple[str, ...]) -> Any:
+def targets_yaml(t: tuple[str, ...]) -> Any:
+    """Target modules as YAML writes them: a preset's name (all, attention, mlp) or the list."""
     presets = {PROJECTIONS: "all", PROJECTIONS[:4]: "attention", PROJECTIONS[4:]: "mlp"}
     return presets.get(tuple(t), list(t))
 
 
-__all__ = ["PARAMS", "TARGET_PRESETS", "Domain", "Kind", "SearchSpace", "plain_value"]
+__all__ = [
+    "PARAMS",
+    "TARGET_PRESETS",
+    "Domain",
+    "Kind",
+    "SearchSpace",
+    "plain_value",
+    "targets_yaml",
+]

@@ -31,6 +31,7 @@ from plora.config.sweep_options import (
     TrainingOptions,
     job_strategies,
 )
+from plora.config.tracking import LoggingOptions
 from plora.config.validate import (
     as_choice,
     as_int,
@@ -89,6 +90,9 @@ class SweepConfig:
     """Training options shared by all jobs."""
     early_stop: EarlyStopConfig | None = None
     """Stop lagging configs early inside their packs (``early_stop:``; None: train all steps)."""
+    logging: LoggingOptions = field(default_factory=LoggingOptions)
+    """Where the live curves go (``logging:``): TensorBoard under the sweep directory by
+    default; MLflow, W&B when asked (:mod:`plora.config.tracking`)."""
     source: str | None = field(default=None, compare=False)
     """The YAML file this sweep was read from (for error messages); not part of the sweep."""
     key_lines: Mapping[str, int] | None = field(default=None, compare=False, repr=False)
@@ -101,7 +105,8 @@ class SweepConfig:
             raise ConfigError("must be letters, digits, '.', '_' or '-'", key="name", value=name,
                               fix="it names the sweep directory; e.g. qwen-lr-rank")  # fmt: skip
         for key, cls in (("model", ModelRef), ("dataset", DatasetSpec), ("space", SearchSpace),
-                         ("hardware", HardwareConfig), ("planner", PlannerOptions), ("training", TrainingOptions)):  # fmt: skip
+                         ("hardware", HardwareConfig), ("planner", PlannerOptions), ("training", TrainingOptions),
+                         ("logging", LoggingOptions)):  # fmt: skip
             if not isinstance(getattr(self, key), cls):
                 raise ConfigError(f"must be a {cls.__name__}", key=key, value=getattr(self, key))
         if self.early_stop is not None and not isinstance(self.early_stop, EarlyStopConfig):
@@ -224,6 +229,7 @@ class SweepConfig:
             },
             "training": {k: _plain(getattr(self.training, k)) for k in _fields(TrainingOptions)},
             **({"early_stop": self.early_stop.to_dict()} if self.early_stop is not None else {}),
+            **({"logging": self.logging.to_dict()} if self.logging != LoggingOptions() else {}),
         }
 
     def to_yaml(self, path: str | os.PathLike[str] | None = None) -> str:
@@ -273,7 +279,7 @@ class SweepConfig:
 
 
 _TOP_KEYS = ("name", "model", "dataset", "space", "search", "num_samples", "metric", "mode",
-             "seed", "hardware", "planner", "training", "seq_len", "early_stop")  # fmt: skip
+             "seed", "hardware", "planner", "training", "seq_len", "early_stop", "logging")  # fmt: skip
 
 
 def _or_empty(section: Any) -> Any:
@@ -353,6 +359,11 @@ def _parse_sweep(cls: type[SweepConfig], data: Any, space_cls: Any, *, source: s
     }
     if data.get("early_stop") is not None:
         kwargs["early_stop"] = _section(EarlyStopConfig, data["early_stop"], "early_stop")
+    if data.get("logging") is not None:
+        try:
+            kwargs["logging"] = LoggingOptions.from_dict(data["logging"], base_dir=base_dir)
+        except ConfigError as err:
+            raise err.located(prefix="logging") from None
     try:
         kwargs["space"] = space_cls.from_dict(data["space"])
     except ConfigError as err:

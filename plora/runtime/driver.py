@@ -32,6 +32,7 @@ absolute path on storage every node mounts (NFS, a shared volume), as for Ray Tu
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
@@ -42,6 +43,7 @@ from typing import Any
 
 from plora.config import ConfigError, SweepConfig
 from plora.config.diff import sweep_changes
+from plora.curves import open_curves, open_sinks
 from plora.models.hub import check_hub_model
 from plora.planner import NoFeasibleJobError
 from plora.planner.fits import no_fit_error, widest_degree
@@ -163,6 +165,7 @@ def _run(
     hw = sweep.hardware
     with sweep.located():  # a local Ray would find fewer GPUs than the sweep wants: say so first
         check_local_gpus(hw.num_gpus, cpu=hw.is_cpu, address=address)
+    sinks = open_sinks(sweep, out)  # MLflow / W&B that cannot start: one line, before Ray
     # The dataset check and cost model (imports, tokenizing) run beside Ray's start and the
     # workers' start, not before them.
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="plora-prepare")
@@ -234,6 +237,8 @@ def _run(
                 except NoFeasibleJobError as err:
                     spec, strategies = getattr(cost, "spec", None), cost.strategies()
                     raise no_fit_error(sweep, err, spec=spec, strategies=strategies) from None
+        store.curves = open_curves(sinks, sweep, configs=coord.configs, metric_name=metric_name,
+                                   finished=list(coord.results))  # fmt: skip
         setup_s = time.monotonic() - t0
         driver.run(first)
         ended = time.monotonic()
@@ -246,11 +251,22 @@ def _run(
             concurrent.futures.wait([prepared])  # never leave it running into a shut-down Ray
         if driver is not None:
             driver.close()
+        _close_curves(store, sinks)
         shutdown_cluster(started=started_ray)
     done = time.monotonic()
     return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=done - t0, setup_s=setup_s,
                         ray_start_s=ray_start_s, inputs_wait_s=inputs_wait_s,
                         teardown_s=done - ended, data_lines=data_lines)  # fmt: skip
+
+
+def _close_curves(store: SweepStore | None, sinks: list[Any]) -> None:
+    """Write the queued curves and close the sinks (also those a failed start left unfed)."""
+    if store is not None and store.curves is not None:
+        store.close_curves()
+        return
+    for sink in sinks:
+        with contextlib.suppress(Exception):  # nothing was logged to it
+            sink.close()
 
 
 def _resumed_sweep(
@@ -260,6 +276,7 @@ def _resumed_sweep(
     saved = SweepConfig.from_yaml(store.sweep_yaml)
     if given is None:
         return saved, []
+    saved = dataclasses.replace(saved, logging=given.logging)  # the curves go where told now
     changed = sweep_changes(saved, given)
     if not changed:
         return saved, []

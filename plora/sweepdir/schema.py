@@ -16,6 +16,8 @@ module is the one place that says what is in it. Layout (``DIR`` is ``plora swee
     DIR/adapters/<id>/      PEFT adapters; DIR/checkpoints/<job_id>/ train-state checkpoints
     DIR/state.json          coordinator state for ``--resume`` (holds :data:`SCHEMA_VERSION`)
     DIR/data.json           rows per split: read, cut to max_seq_len, left out (no target left)
+    DIR/tensorboard/<run>/  TensorBoard event files, one run per config (append-only, as it trains;
+                            ``tensorboard --logdir DIR``; :mod:`plora.curves`)
     PARENT/.DIR.lock        beside DIR: the running writer's lock (:mod:`plora.sweepdir.lock`)
 
 Dtypes are pandas' names as ``DataFrame.dtypes`` shows them after a round trip through
@@ -68,6 +70,7 @@ ADAPTERS_DIR = "adapters"
 CHECKPOINTS_DIR = "checkpoints"
 STATE_JSON = "state.json"
 DATA_JSON = "data.json"
+TENSORBOARD_DIR = "tensorboard"
 
 #: Hyperparameter columns of ``results.parquet`` (``LoRAConfig.hparams()``), in the order
 #: tables and plots show them.
@@ -186,6 +189,7 @@ __all__ = [
     "STATE_JSON",
     "SWEEP_YAML",
     "TABLES",
+    "TENSORBOARD_DIR",
     "ConfigStatus",
     "JobStatus",
 ]

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from plora.config import ConfigError
 from plora.sweepdir import schema
@@ -32,6 +32,17 @@ if TYPE_CHECKING:  # pandas (and pyarrow) load on the first table written or rea
     import pandas as pd  # driver: its prepare thread imports them beside Ray's start
 
 
+class RowFeed(Protocol):
+    """What :attr:`SweepStore.curves` is told (:class:`plora.curves.feed.Curves`): the rows
+    the store writes, as it writes them; it must not block (it queues)."""
+
+    def add_metrics(self, rows: Iterable[Mapping[str, Any]]) -> None: ...
+
+    def add_results(self, rows: Iterable[Mapping[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class SweepStore:
     """Reads and writes one sweep directory (see the module docstring for the layout)."""
 
@@ -39,6 +50,9 @@ class SweepStore:
         self.root = Path(root)
         self._metrics_buffer: list[dict[str, Any]] = []
         self._metrics: pd.DataFrame | None = None
+        self.curves: RowFeed | None = None
+        """The live curves (``DIR/tensorboard/``, MLflow, W&B: :mod:`plora.curves`): told every
+        metric and result row written here; None: none."""
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -118,8 +132,12 @@ class SweepStore:
             os.fsync(f.fileno())
 
     def append_metrics(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Buffer metric rows; :meth:`flush_metrics` makes them durable."""
-        self._metrics_buffer.extend(dict(r) for r in rows)
+        """Buffer metric rows; :meth:`flush_metrics` makes them durable (the curves get them
+        now)."""
+        added = [dict(r) for r in rows]
+        self._metrics_buffer.extend(added)
+        if self.curves is not None:
+            self.curves.add_metrics(added)
 
     def flush_metrics(self) -> None:
         """Rewrite ``metrics.parquet`` with every row so far (atomic)."""
@@ -152,6 +170,14 @@ class SweepStore:
 
         rows = list(rows)
         _write_parquet(self.results_parquet, pd.DataFrame(rows))
+        if self.curves is not None:
+            self.curves.add_results(rows)
+
+    def close_curves(self) -> None:
+        """Write the curves still queued and close their sinks (the sweep's end)."""
+        if self.curves is not None:
+            self.curves.close()
+            self.curves = None
 
     def write_data_report(self, report: Mapping[str, Any]) -> None:
         """Replace ``data.json``: rows per split read, cut and left out
@@ -326,6 +352,7 @@ def write_sweep_yaml(store: SweepStore, yaml_text: str) -> None:
 __all__ = [
     "JOB_COLUMNS",
     "METRIC_COLUMNS",
+    "RowFeed",
     "SweepStore",
     "check_out_dir",
     "create_sweep_dir",

@@ -27,10 +27,15 @@ proxies wait at once and the planner sees many configs; the service bounds what 
 :func:`plora_trainable` raises ``TUNE_MAX_PENDING_TRIALS_PG`` for that unless it is set.
 
 Result keys (every report): ``loss`` (the adapter's train loss of that step), ``adapter_step``,
-``lr``, ``grad_norm``, ``tokens``, ``config_id``, ``max_steps`` (0: by epochs),
+``lr``, ``grad_norm``, ``tokens``, ``tokens_per_s`` (its tokens over the packed step's wall
+time), ``config_id``, ``max_steps`` (0: by epochs),
 ``plora_relay`` (the sweep's relay actor, for :class:`~plora.tune.scheduler.PLoRAScheduler`); the last report adds
 ``eval_loss``, ``eval_metric``, ``final_train_loss``, ``status`` (done / stopped),
-``early_stopped`` and ``steps``. A trial its scheduler paused (HyperBand, a soft median rule)
+``early_stopped`` and ``steps``. Tune's own loggers get every report: its default
+TensorBoard, CSV and JSON loggers write each trial's curves into the trial's folder of the
+experiment (``tensorboard --logdir <storage>/<name>``), as any callback passed to ``RunConfig``
+(MLflow, W&B) gets them; the packed sweep's own curves are in ``<experiment>/plora/tensorboard/``
+(and its ``logging:`` sinks). A trial its scheduler paused (HyperBand, a soft median rule)
 is stopped by Tune while its adapter leaves its pack with its train-state; when Tune runs the
 trial again its proxy asks for the config to be queued again and follows it on from there.
 """
@@ -211,8 +216,8 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
         for m in rows:
             last = {
                 "loss": m.loss, "adapter_step": m.step, "lr": m.lr, "grad_norm": m.grad_norm,
-                "tokens": m.tokens, "config_id": config_id, "plora_relay": relay_name,
-                "max_steps": max_steps,
+                "tokens": m.tokens, "tokens_per_s": m.tokens / m.time_s if m.time_s > 0 else 0.0,
+                "config_id": config_id, "plora_relay": relay_name, "max_steps": max_steps,
             }  # fmt: skip
             tune.report(last)
             last_step = m.step

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +77,26 @@ def test_quickstart_sweep_trains_every_config_and_adapters_reload(ray_cluster, t
     assert len(good) >= 2 and (last[good] < first[good]).all()
     # and hyperparameters matter: the best config beats the worst clearly on the eval metric
     assert res["eval_metric"].max() - res["eval_metric"].min() >= 0.1
+
+    # live curves by default: `tensorboard --logdir out` finds a run per config, named by its
+    # id and the hyperparameters the space varies, with every tag at every step
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(str(out))
+    mux.Reload()
+    runs = {run.split("/")[-1].split("_")[0]: run for run in mux.Runs()}
+    assert set(runs) == {c.config_id for c in configs}
+    tags = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "eval/loss",
+            "eval/exact_match"}  # fmt: skip
+    for c in configs:
+        run = runs[c.config_id]
+        assert run.startswith("tensorboard/") and f"rank={c.rank}" in run and "lr=" in run
+        assert set(mux.GetAccumulator(run).Tags()["scalars"]) == tags
+        assert [e.step for e in mux.Scalars(run, "train/loss")] == list(range(1, c.max_steps + 1))
+        (ev,) = mux.Scalars(run, "eval/exact_match")
+        assert ev.value == pytest.approx(res.loc[c.config_id, "eval_metric"])
+        assert "_hparams_/session_start_info" in mux.PluginRunToTagToContent("hparams")[run]
 
     base = AutoModelForCausalLM.from_pretrained(out / "base_model")
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])

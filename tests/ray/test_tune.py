@@ -80,6 +80,19 @@ def test_tuner_asha_over_16_configs_stops_adapters_inside_packs(ray_cluster, tmp
     analysis = ExperimentAnalysis(str(tmp_path / "asha16"))
     assert len(analysis.trials) == 16
     assert all(t.last_result.get("status") in ("done", "stopped") for t in analysis.trials)
+    # the proxies' reports reach Tune's own loggers: every trial's folder in the experiment
+    # holds its TensorBoard events (`tensorboard --logdir <storage>/asha16`), a point per report
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for r in results:
+        assert list(Path(r.path).glob("events.out.tfevents.*")), r.path
+        events = EventAccumulator(r.path)
+        events.Reload()
+        tags = set(events.Tags()["scalars"])
+        assert {"ray/tune/loss", "ray/tune/tokens_per_s", "ray/tune/eval_loss"} <= tags, tags
+        assert len(events.Scalars("ray/tune/loss")) == len(r.metrics_dataframe)
+    # and the packed sweep below writes its own curves: a run per config
+    assert len(list((tmp_path / "asha16" / "plora" / "tensorboard").iterdir())) == 16
 
 
 def _notebook_tune_table(sweep_dir: Path):

@@ -133,3 +133,27 @@ def test_status_and_progress_read_a_sweep_dir(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert (tmp_path / "r.md").is_file() and (tmp_path / "r_files" / "jobs_gantt.png").is_file()
     assert_one_error(run("report", str(tmp_path), "--out", str(tmp_path / "r.pdf")), ".html or .md")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needles"),
+    [
+        (["--log-to", "mlflow"], {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"},
+         ("logging.mlflow", "MLflow cannot start (tracking URI http://127.0.0.1:9)")),
+        (["--log-to", "wandb"], {"WANDB_MODE": "online"},
+         ("logging.wandb", "W&B cannot log in", "mode: offline")),
+        (["--log-to", "tensorboard"], {}, ("--log-to='tensorboard'", "must be one of mlflow, wandb")),
+    ],
+)  # fmt: skip
+def test_a_sink_that_cannot_start_is_one_line_before_any_dir(tmp_path, monkeypatch, args, env,
+                                                             needles) -> None:  # fmt: skip
+    """An MLflow server that does not answer, W&B online without credentials: one line, exit 2,
+    before Ray starts or anything is written (the sinks open before anything else starts)."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no W&B credentials
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "out"
+    result = run("sweep", str(ROOT / "sweeps" / "quickstart.yaml"), "--out", str(out), *args)
+    assert_one_error(result, *needles)
+    no_sweep_dir(out)
