@@ -105,9 +105,11 @@ RESULT_DTYPES: dict[str, str] = {
     "error": "object",  # str or None
 }
 
-#: ``metrics.parquet``: one row per (config, optimizer step, job attempt). A step trained again
-#: (a job resumed from a checkpoint older than its last metrics, a retried config) has a row per
-#: attempt; ``plora.sweepdir.reader.read_metrics`` keeps the latest by default.
+#: ``metrics.parquet``: one row per (config, optimizer step). A step trained again (a job
+#: resumed from a checkpoint older than its last metrics, a retried config) keeps the row of the
+#: attempt that counts, the latest (``attempt`` names it); ``decisions.jsonl`` records the redone
+#: range (``redo_steps``). Sweep directories written before this held a row per attempt:
+#: ``plora.sweepdir.reader.read_metrics`` keeps the latest of those.
 METRIC_DTYPES: dict[str, str] = {
     "config_id": "str",
     "job_id": "str",

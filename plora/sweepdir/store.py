@@ -122,7 +122,9 @@ class SweepStore:
         self._metrics_buffer.extend(dict(r) for r in rows)
 
     def flush_metrics(self) -> None:
-        """Rewrite ``metrics.parquet`` with every row so far (atomic)."""
+        """Rewrite ``metrics.parquet`` with every row so far (atomic): one row per (config,
+        step), a step trained again (a retry from a checkpoint older than its last metrics)
+        keeping the row that came last -- the attempt the adapter went on from."""
         import pandas as pd
 
         if self._metrics is None:  # rows already on disk (a resumed sweep appends to them)
@@ -137,6 +139,7 @@ class SweepStore:
         self._metrics_buffer = []
         frames = [f for f in (self._metrics, new) if len(f)]
         df = pd.concat(frames, ignore_index=True) if frames else new
+        df = df.drop_duplicates(["config_id", "step"], keep="last", ignore_index=True)
         self._metrics = df
         _write_parquet(self.metrics_parquet, df)
 

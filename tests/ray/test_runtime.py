@@ -125,6 +125,9 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tmp_path) -> None:
     kinds = [d["kind"] for d in store.read_decisions()]
     assert "retry" in kinds
     m = store.read_metrics()
+    assert not m.duplicated(["config_id", "step"]).any()  # redone steps: the retry's rows only
+    redo = [d for d in store.read_decisions() if d["kind"] == "redo_steps"]
+    redone = {c: s for d in redo for c, s in d["inputs"]["steps"].items()}
     retry = m[m["job_id"] == jobs.iloc[1]["job_id"]]
     after = m[m["time"] >= jobs.iloc[1]["start"]]
     for c in cs:
@@ -133,6 +136,9 @@ def test_killed_worker_resumes_from_checkpoint(ray_cluster, tmp_path) -> None:
         # resumed exactly after a checkpoint (every 5 steps), one at least as late as the one
         # the killer saw (a newer one may land between reading it and the kill)
         assert (first - 1) % 5 == 0 and first - 1 >= killed["steps"][c.config_id]
+        if c.config_id in redone:  # steps reported before the kill were trained again
+            assert redone[c.config_id][0] == first
+            assert (m[m["config_id"] == c.config_id]["attempt"] == 1).sum() > 0
     assert len(retry) and store.read_results().set_index("config_id")["steps"].to_dict() == {
         c.config_id: c.max_steps for c in cs
     }
