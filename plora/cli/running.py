@@ -114,6 +114,8 @@ def sweep(
             )
     for line in summary.data_lines:  # repeated at the end: the progress view may have hidden it
         typer.echo(line)
+    if summary.samples_line:
+        typer.echo(summary.samples_line)
     if not summary.ok:
         if not retry_failed:
             typer.echo(

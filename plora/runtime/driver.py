@@ -58,6 +58,7 @@ from plora.runtime.costs import record_profile
 from plora.runtime.dispatch import Dispatcher
 from plora.runtime.options import RunOptions
 from plora.runtime.prepare import config_source, fits_one_gpu, prepare
+from plora.runtime.progress import samples_line
 from plora.runtime.records import ConfigSource
 from plora.sweepdir.lock import SweepLock
 from plora.sweepdir.store import (
@@ -88,6 +89,9 @@ class SweepSummary:
     """After the sweep's last event: workers stopped, profile recorded, Ray shut down."""
     data_lines: tuple[str, ...] = ()
     """What loading the dataset cut or left out, one line per split (also ``data.json``)."""
+    samples_line: str | None = None
+    """Fewer distinct configs than the sweep asked for: how many and why
+    (:func:`plora.runtime.progress.samples_line`)."""
 
     @property
     def ok(self) -> bool:
@@ -250,7 +254,10 @@ def _run(
     done = time.monotonic()
     return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=done - t0, setup_s=setup_s,
                         ray_start_s=ray_start_s, inputs_wait_s=inputs_wait_s,
-                        teardown_s=done - ended, data_lines=data_lines)  # fmt: skip
+                        teardown_s=done - ended, data_lines=data_lines,
+                        samples_line=samples_line(
+                            store.read_decisions(), search=str(sweep.search),
+                            asked=sweep.num_configs, finished=coord.is_done()))  # fmt: skip
 
 
 def _resumed_sweep(
