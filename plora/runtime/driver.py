@@ -194,8 +194,8 @@ def _run(
             cost, source, metric_name, data_report = prepared.result()
         inputs_wait_s = time.monotonic() - t_wait
         data_lines = tuple(data_report.lines()) if data_report is not None else ()
-        for line in data_lines:  # never silently: the user sees what the data lost
-            logging.getLogger(__name__).warning("%s", line)
+        for line in data_lines:  # never silently: SweepSummary.data_lines, which plora sweep
+            logging.getLogger(__name__).info("%s", line)  # prints once, as the sweep ends
 
         def make(store: SweepStore) -> Coordinator:
             return Coordinator(
