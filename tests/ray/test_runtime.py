@@ -260,7 +260,7 @@ def test_rows_cut_or_left_out_are_reported_on_the_console_and_in_the_sweep_dir(
         }
     )
     out = tmp_path / "sweep"
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("INFO"):  # logged at info: plora sweep prints the summary's once
         summary = run_sweep(
             sweep, out, options=RunOptions(engine=PackFnEngine, record_profile=False)
         )
