@@ -27,7 +27,9 @@ def varying_params(results: pd.DataFrame, params: Sequence[str] | None = None) -
 
     Parameters whose values determine each other one to one (``alpha`` with ``rank`` when the
     space fixes ``alpha_ratio``) form one group: ``[["lr"], ["rank", "alpha"], ...]``; the first
-    of a group is the one plotted. Constant and absent columns are left out.
+    of a group is the one plotted. Only a relation the values show counts: parameters drawn
+    afresh per config (``lr``, ``alpha``, ``seed`` of a random or Optuna sweep: no value repeats)
+    are one to one by chance and stay apart. Constant and absent columns are left out.
 
     Args:
         results: ``SweepResults.results``.
@@ -42,6 +44,8 @@ def varying_params(results: pd.DataFrame, params: Sequence[str] | None = None) -
     groups: list[list[str]] = []
     for p in varying:
         for g in groups:
+            if keys[g[0]].nunique(dropna=False) == len(results):  # unique per config: no relation
+                continue
             pair = pd.DataFrame({"a": keys[g[0]], "b": keys[p]})
             one_to_one = (
                 pair.groupby("a", dropna=False)["b"].nunique(dropna=False) == 1
@@ -147,7 +151,9 @@ def plot_hp_effects(
     one to one (``alpha`` with ``rank`` under a fixed ``alpha_ratio``) share a panel named after
     both. Numeric hyperparameters are scattered (``lr`` on a log axis) with the per-value mean
     drawn; categorical ones (``target_modules``, ``schedule``, ``use_rslora``) as a strip per
-    category. Panels wrap at four per row.
+    category. Panels wrap at four per row. When ``metric`` is the same for every config (exact
+    match 0 everywhere after a short sweep) a second set of panels shows ``eval_loss``, which
+    still tells the configs apart.
 
     Args:
         results: ``SweepResults.results``.
@@ -157,43 +163,59 @@ def plot_hp_effects(
     """
     df = results[results[metric].notna()] if metric in results.columns else results.iloc[:0]
     groups = varying_params(df, params) if not df.empty else []
+    shown = [(metric, mode)]
+    flat = not df.empty and df[metric].nunique() <= 1
+    if flat and metric != "eval_loss" and "eval_loss" in df and df["eval_loss"].nunique() > 1:
+        shown.append(("eval_loss", "min"))
+    panels = [(m, md, g) for m, md in shown for g in groups]
     ncols = min(4, max(1, len(groups)))
-    nrows = max(1, -(-len(groups) // ncols))
+    nrows = max(1, len(shown) * -(-len(groups) // ncols))
     fig = Figure(figsize=(3.6 * ncols, 3.4 * nrows))
     axes = np.atleast_1d(fig.subplots(nrows, ncols)).ravel()
     if not groups:
         axes[0].text(0.5, 0.5, "no varying hyperparameters", ha="center", va="center")
         return fig
-    for ax in axes[len(groups) :]:
-        ax.set_visible(False)
-    best_idx = None
-    if mode in ("min", "max"):
-        best_idx = df[metric].idxmin() if mode == "min" else df[metric].idxmax()
-    for ax, group in zip(axes, groups, strict=False):
-        p = group[0]
-        col = df[p].map(_hashable)
-        numeric = pd.to_numeric(col, errors="coerce")
-        if numeric.notna().all() and not pd.api.types.is_bool_dtype(df[p]):
-            xs = numeric.astype(float)
-            ax.scatter(xs, df[metric], s=18, alpha=0.7)
-            means = df[metric].groupby(xs).mean().sort_index()
-            ax.plot(means.index.astype(float), means.to_numpy(), color="black", linewidth=1)
-            if p == "lr" or ((xs > 0).all() and xs.max() / xs.min() >= 100):
-                ax.set_xscale("log")
-            bx = None if best_idx is None else float(xs.loc[best_idx])
-        else:
-            cats = sorted(col.astype(str).unique())
-            pos = {c: k for k, c in enumerate(cats)}
-            ax.scatter([pos[str(v)] for v in col], df[metric], s=18, alpha=0.7)
-            ax.set_xticks(range(len(cats)))
-            ax.set_xticklabels([_short(c) for c in cats], rotation=30, ha="right", fontsize=7)
-            bx = None if best_idx is None else pos[str(col.loc[best_idx])]
-        if bx is not None:
-            ax.scatter([bx], [df.loc[best_idx, metric]], marker="*", s=160, color="red")
-        ax.set_xlabel(" & ".join(group))
-        ax.set_ylabel(metric)
+    per_metric = -(-len(groups) // ncols) * ncols  # each metric's panels start a new row
+    used = [k * per_metric + n for k in range(len(shown)) for n in range(len(groups))]
+    for k, ax in enumerate(axes):
+        ax.set_visible(k in used)
+    for k, (m, md, group) in zip(used, panels, strict=True):
+        _hp_panel(axes[k], df[df[m].notna()], group, m, md)
+        if m == metric and flat:
+            axes[k].set_title(f"{metric}: the same for every config", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _hp_panel(
+    ax: Axes, df: pd.DataFrame, group: Sequence[str], metric: str, mode: str | None
+) -> None:
+    """One panel of :func:`plot_hp_effects`: ``metric`` against ``group[0]``."""
+    best_idx = None
+    if mode in ("min", "max") and len(df):
+        best_idx = df[metric].idxmin() if mode == "min" else df[metric].idxmax()
+    p = group[0]
+    col = df[p].map(_hashable)
+    numeric = pd.to_numeric(col, errors="coerce")
+    if numeric.notna().all() and not pd.api.types.is_bool_dtype(df[p]):
+        xs = numeric.astype(float)
+        ax.scatter(xs, df[metric], s=18, alpha=0.7)
+        means = df[metric].groupby(xs).mean().sort_index()
+        ax.plot(means.index.astype(float), means.to_numpy(), color="black", linewidth=1)
+        if p == "lr" or ((xs > 0).all() and xs.max() / xs.min() >= 100):
+            ax.set_xscale("log")
+        bx = None if best_idx is None else float(xs.loc[best_idx])
+    else:
+        cats = sorted(col.astype(str).unique())
+        pos = {c: k for k, c in enumerate(cats)}
+        ax.scatter([pos[str(v)] for v in col], df[metric], s=18, alpha=0.7)
+        ax.set_xticks(range(len(cats)))
+        ax.set_xticklabels([_short(c) for c in cats], rotation=30, ha="right", fontsize=7)
+        bx = None if best_idx is None else pos[str(col.loc[best_idx])]
+    if bx is not None:
+        ax.scatter([bx], [df.loc[best_idx, metric]], marker="*", s=160, color="red")
+    ax.set_xlabel(" & ".join(group))
+    ax.set_ylabel(metric)
 
 
 def best_config_table(

@@ -126,8 +126,10 @@ def sweep(
                 f"plan: {fmt_duration(check.planned_s)} predicted, "
                 f"{fmt_duration(check.measured_s)} taken from it ({check.ratio:.2f}x)"
             )
-    for line in summary.data_lines:  # repeated at the end: the progress view may have hidden it
+    for line in summary.data_lines:  # once, here: a line before would scroll off the progress
         typer.echo(line)
+    if summary.samples_line:
+        typer.echo(summary.samples_line)
     if not summary.ok:
         if not retry_failed:
             typer.echo(

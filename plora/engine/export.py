@@ -50,14 +50,15 @@ def peft_lora_config(config: LoRAConfig, *, base_model_name_or_path: str | None 
 
 
 def adapter_base_name(ref: Any, model_path: str, out_dir: str | os.PathLike[str]) -> str:
-    """What an adapter's ``adapter_config.json`` names as its base model, so that a sweep
-    directory copied elsewhere still loads with ``AutoPeftModelForCausalLM``:
+    """What an adapter's ``adapter_config.json`` names as its base model -- what
+    ``AutoPeftModelForCausalLM.from_pretrained(adapter_dir)`` loads, from any working directory:
 
-    * a hub id: the id (loads anywhere the hub or the HF cache is);
-    * a built-in tiny model saved in the sweep directory (``base_model/``): ``base_model``, a path
-      relative to the sweep directory -- load from there (``cd DIR``), or with
-      ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(DIR / "base_model"), ...)``;
-    * a local model directory: its absolute path, as the user gave it (not copied into the sweep).
+    * a hub id: the id, as PEFT writes it (loads anywhere the hub or the HF cache is);
+    * a built-in tiny model saved in the sweep directory (``base_model/``): that directory's
+      absolute path (a copy of the sweep directory loads while it is there; where it is not, load
+      the copy's own ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(COPY /
+      "base_model"), ...)``);
+    * a local model directory: its absolute path (not copied into the sweep).
 
     Args:
         ref: the sweep's :class:`~plora.config.ModelRef`.
@@ -69,7 +70,7 @@ def adapter_base_name(ref: Any, model_path: str, out_dir: str | os.PathLike[str]
 
     builtin = is_builtin(ref)
     if builtin and (Path(out_dir) / BASE_MODEL_DIR).is_dir():
-        return BASE_MODEL_DIR
+        return str((Path(out_dir) / BASE_MODEL_DIR).absolute())
     name = ref if isinstance(ref, str) else str(getattr(ref, "name_or_path", model_path))
     if not builtin and not Path(name).expanduser().exists():
         return name  # a hub id

@@ -141,6 +141,7 @@ class Coordinator:
         self._stop_requests: set[str] = set()
         self._done_logged = False
         self._attempts: dict[str, int] = {}  # job id -> its latest attempt (metric rows)
+        self._reporter: dict[str, tuple[str, int]] = {}  # config -> (job, attempt) of its last rows
         self._by_hparams: dict[str, str] = {}  # hyperparameter fingerprint -> config id
         self._aliases: dict[str, list[str]] = {}  # config id -> later suggestions of it, untold
         self.early_stop = early_stop
@@ -208,6 +209,7 @@ class Coordinator:
         now = self.now()
         attempt = self._attempts.get(job_id, 0)
         out = [row for r in reports for row in metric_rows(job_id, r, now, attempt=attempt)]
+        recording.note_redone(self, job_id, out)
         for r in out:
             self.progress[r["config_id"]] = max(self.progress.get(r["config_id"], 0), r["step"])
         if self.early_stop is not None:

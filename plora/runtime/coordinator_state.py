@@ -81,6 +81,7 @@ class CoordinatorState(Protocol):
     _need_plan: bool
     _stop_requests: set[str]
     _attempts: dict[str, int]
+    _reporter: dict[str, tuple[str, int]]
     _by_hparams: dict[str, str]
     _aliases: dict[str, list[str]]
 

@@ -60,6 +60,7 @@ from plora.runtime.costs import record_profile
 from plora.runtime.dispatch import Dispatcher
 from plora.runtime.options import RunOptions
 from plora.runtime.prepare import config_source, fits_one_gpu, prepare
+from plora.runtime.progress import samples_line
 from plora.runtime.records import ConfigSource
 from plora.sweepdir.lock import SweepLock
 from plora.sweepdir.store import (
@@ -90,6 +91,9 @@ class SweepSummary:
     """After the sweep's last event: workers stopped, profile recorded, Ray shut down."""
     data_lines: tuple[str, ...] = ()
     """What loading the dataset cut or left out, one line per split (also ``data.json``)."""
+    samples_line: str | None = None
+    """Fewer distinct configs than the sweep asked for: how many and why
+    (:func:`plora.runtime.progress.samples_line`)."""
 
     @property
     def ok(self) -> bool:
@@ -193,8 +197,8 @@ def _run(
             cost, source, metric_name, data_report = prepared.result()
         inputs_wait_s = time.monotonic() - t_wait
         data_lines = tuple(data_report.lines()) if data_report is not None else ()
-        for line in data_lines:  # never silently: the user sees what the data lost
-            logging.getLogger(__name__).warning("%s", line)
+        for line in data_lines:  # never silently: SweepSummary.data_lines, which plora sweep
+            logging.getLogger(__name__).info("%s", line)  # prints once, as the sweep ends
 
         def make(store: SweepStore) -> Coordinator:
             return Coordinator(
@@ -256,7 +260,10 @@ def _run(
     done = time.monotonic()
     return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=done - t0, setup_s=setup_s,
                         ray_start_s=ray_start_s, inputs_wait_s=inputs_wait_s,
-                        teardown_s=done - ended, data_lines=data_lines)  # fmt: skip
+                        teardown_s=done - ended, data_lines=data_lines,
+                        samples_line=samples_line(
+                            store.read_decisions(), search=str(sweep.search),
+                            asked=sweep.num_configs, finished=coord.is_done()))  # fmt: skip
 
 
 def _close_curves(store: SweepStore | None, sinks: list[Any]) -> None:

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
-from plora.config import ConfigError
+from plora.config import ConfigError, SweepConfig
 from plora.sweepdir.reader import objective, read_sweep
 
 
@@ -33,6 +33,42 @@ def summary_line(snap: Mapping[str, Any], *, workers: str = "GPUs", eta: str | N
         + (f" paused {c['paused']}" if c.get("paused") else "")
         + f" | jobs {c['jobs_running']} | {workers} busy {c['gpus_busy']}/{snap['num_gpus']}"
         f" | ETA {eta_text}"
+    )
+
+
+def samples_line(
+    decisions: Iterable[Mapping[str, Any]], *, search: str, asked: int, finished: bool
+) -> str | None:
+    """One line when a sweep trained fewer distinct configs than it asked its searcher for:
+    how many, and why -- suggestions that repeated an earlier config's hyperparameters (trained
+    once: the ``ask`` decisions' ``duplicates``) or, once the sweep ``finished``, a searcher that
+    stopped early. None when it got what it asked (and for a grid, which has no draws).
+
+    Args:
+        decisions: the coordinator's decisions (``decisions.jsonl`` records).
+        search: the sweep's ``search`` (grid, random, optuna, hyperopt).
+        asked: configs the sweep asks for (``SweepConfig.num_configs``).
+        finished: the sweep ended (no config will come any more).
+    """
+    if search == "grid":
+        return None
+    asks = [d for d in decisions if d.get("kind") == "ask"]
+    distinct = sum(len(d.get("config_ids") or ()) for d in asks)
+    dups = {
+        k: v for d in asks for k, v in ((d.get("inputs") or {}).get("duplicates") or {}).items()
+    }
+    missing = asked - distinct - len(dups) if finished else 0
+    if not dups and missing <= 0:
+        return None
+    why = []
+    if dups:
+        same = ", ".join(f"{a} = {b}" for a, b in list(dups.items())[:3])
+        more = f", +{len(dups) - 3} more" if len(dups) > 3 else ""
+        why.append(f"{len(dups)} repeated a config already asked ({same}{more}), trained once")
+    if missing > 0:
+        why.append(f"{missing} never came: the searcher finished early")
+    return f"search: {distinct} distinct configs of the {asked} asked of {search}; " + "; ".join(
+        why
     )
 
 
@@ -230,6 +266,12 @@ def status_text(root: str) -> str:
                     f"max_seq_len {data.get('max_seq_len')}, {s.get('dropped', 0)} left out "
                     "(no target token left)"
                 )
+    sweep = read_sweep(path)
+    with contextlib.suppress(ConfigError, TypeError, ValueError):  # a partial or odd sweep.yaml
+        note = samples_line(decisions.to_dict("records"), search=str(sweep.get("search", "grid")),
+                            asked=SweepConfig.from_dict(sweep).num_configs, finished=done)  # fmt: skip
+        if note:
+            lines.append(note)
     plan = reader.read_plan(path, missing) or None
     if plan is not None:
         lines.append(
@@ -238,7 +280,7 @@ def status_text(root: str) -> str:
         )
     if len(results) and "status" in results:
         ok = results[results["status"] == "done"]
-        lines.extend(_best(ok, *objective(read_sweep(Path(root)))))
+        lines.extend(_best(ok, *objective(sweep)))
         failed = results[results["status"] == "failed"]
         for _, r in failed.head(5).iterrows():
             lines.append(f"failed {r['config_id']}: {r.get('error')}")
@@ -269,4 +311,4 @@ def _best(ok: Any, key: str, mode: str) -> list[str]:
     return out
 
 
-__all__ = ["EtaTracker", "Progress", "status_text", "summary_line"]
+__all__ = ["EtaTracker", "Progress", "samples_line", "status_text", "summary_line"]

@@ -9,6 +9,8 @@ memory (``decisions``, ``job_rows``).
   ``decisions.jsonl``;
 * :func:`record_metrics` buffers ``metrics.parquet`` rows and flushes them -- with a fresh
   ``state.json`` -- at most every ``metrics_flush_s``; :func:`flush_metrics` flushes now;
+* :func:`note_redone` logs the steps an attempt trains again (their rows replace the earlier
+  attempt's in ``metrics.parquet``);
 * :func:`record_job` replaces or adds a job attempt's ``jobs.parquet`` row;
 * :func:`persist` writes everything: metrics, jobs, results, state.
 """
@@ -53,6 +55,26 @@ def record_metrics(coord: CoordinatorState, rows: list[dict[str, Any]], *, now: 
         coord._last_flush = now
 
 
+def note_redone(coord: CoordinatorState, job_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Log a :attr:`Decision.REDO_STEPS` for the configs whose rows in ``rows`` (new
+    ``metrics.parquet`` rows, before ``progress`` counts them) come from another job attempt
+    than their last ones and start at a step already reported: ``steps`` = ``[first, last]``
+    redone step per config."""
+    redone: dict[str, list[int]] = {}
+    attempt = 0
+    for r in rows:
+        cid, step, attempt = r["config_id"], int(r["step"]), int(r["attempt"])
+        if coord._reporter.get(cid) == (job_id, attempt):
+            continue
+        coord._reporter[cid] = (job_id, attempt)
+        last = coord.progress.get(cid, 0)
+        if step <= last:
+            redone[cid] = [step, last]
+    if redone:
+        coord._decide(Decision.REDO_STEPS, job_id=job_id, config_ids=sorted(redone),
+                      attempt=attempt, steps=redone)  # fmt: skip
+
+
 def flush_metrics(coord: CoordinatorState) -> None:
     """Make every metric row received so far durable."""
     if coord.store is not None:
@@ -92,4 +114,4 @@ def persist(coord: CoordinatorState) -> None:
     coord.store.write_state(coord.get_state())
 
 
-__all__ = ["decide", "flush_metrics", "persist", "record_job", "record_metrics"]
+__all__ = ["decide", "flush_metrics", "note_redone", "persist", "record_job", "record_metrics"]

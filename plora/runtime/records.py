@@ -55,6 +55,11 @@ class Decision(StrEnum):
     """A job ended normally; its GPUs are free."""
     RETRY = "retry"
     """A job's worker died; the job restarts from its last checkpoint."""
+    REDO_STEPS = "redo_steps"
+    """A job attempt trains again steps an earlier attempt had reported (it resumed from a
+    checkpoint older than its last metrics, or a failed config is retried): ``steps`` maps each
+    config to ``[first, last]`` redone step and ``attempt`` names the attempt that counts;
+    ``metrics.parquet`` keeps that attempt's rows only."""
     SPLIT_OOM = "split_oom"
     """A job ran out of memory; its pack is split in halves."""
     JOB_FAILED = "job_failed"

@@ -78,9 +78,10 @@ Missing = dict[str, str] | None
 
 
 def read_results(path: Path, missing: Missing = None) -> pd.DataFrame:
-    """``results.parquet``: one row per config, hyperparameters as flat columns."""
+    """``results.parquet``: one row per config, hyperparameters as flat columns, adapter paths
+    under ``path``."""
     df = _read_parquet(path / schema.RESULTS_PARQUET, schema.RESULT_COLUMNS, missing)
-    return _normalize_results(df)
+    return schema.resolve_paths(_normalize_results(df), path)  # this copy's paths
 
 
 def read_metrics(

@@ -20,6 +20,11 @@ module is the one place that says what is in it. Layout (``DIR`` is ``plora swee
                             ``tensorboard --logdir DIR``; :mod:`plora.curves`)
     PARENT/.DIR.lock        beside DIR: the running writer's lock (:mod:`plora.sweepdir.lock`)
 
+Paths to files inside ``DIR`` (``results.parquet``'s ``adapter_path``, the same in
+``state.json``'s results) are stored relative to ``DIR`` (:func:`stored_path`) and resolved
+against the directory they are read from (:func:`resolved_path`): a copied sweep directory
+names its own adapters.
+
 Dtypes are pandas' names as ``DataFrame.dtypes`` shows them after a round trip through
 Parquet (``str`` columns may hold None; ``object`` columns hold lists, or values that may be
 None throughout).
@@ -27,7 +32,11 @@ None throughout).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Mapping
 from enum import StrEnum
+from pathlib import Path
+from typing import Any
 
 
 class ConfigStatus(StrEnum):
@@ -108,9 +117,11 @@ RESULT_DTYPES: dict[str, str] = {
     "error": "object",  # str or None
 }
 
-#: ``metrics.parquet``: one row per (config, optimizer step, job attempt). A step trained again
-#: (a job resumed from a checkpoint older than its last metrics, a retried config) has a row per
-#: attempt; ``plora.sweepdir.reader.read_metrics`` keeps the latest by default.
+#: ``metrics.parquet``: one row per (config, optimizer step). A step trained again (a job
+#: resumed from a checkpoint older than its last metrics, a retried config) keeps the row of the
+#: attempt that counts, the latest (``attempt`` names it); ``decisions.jsonl`` records the redone
+#: range (``redo_steps``). Sweep directories written before this held a row per attempt:
+#: ``plora.sweepdir.reader.read_metrics`` keeps the latest of those.
 METRIC_DTYPES: dict[str, str] = {
     "config_id": "str",
     "job_id": "str",
@@ -152,6 +163,42 @@ JOB_DTYPES: dict[str, str] = {
     "model_loads": "int64",
 }
 
+#: Fields of a result row that hold a path inside the sweep directory.
+PATH_FIELDS: tuple[str, ...] = ("adapter_path",)
+
+
+def stored_path(root: str | os.PathLike[str], path: Any) -> Any:
+    """``path`` as the sweep directory ``root`` stores it: relative to ``root`` when inside it
+    (``adapters/<id>``), else unchanged (None, a path elsewhere)."""
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        return path
+    p, base = Path(path).absolute(), Path(root).absolute()
+    return p.relative_to(base).as_posix() if p.is_relative_to(base) else str(path)
+
+
+def resolved_path(root: str | os.PathLike[str], stored: Any) -> Any:
+    """A stored path read from the sweep directory ``root``: a relative one joined to ``root``
+    (as the reader named it), an absolute one (a directory written before paths were stored
+    relative) unchanged."""
+    if not isinstance(stored, str) or not stored or Path(stored).is_absolute():
+        return stored
+    return str(Path(root) / stored)
+
+
+def resolve_paths(frame: Any, root: str | os.PathLike[str]) -> Any:
+    """A ``results.parquet`` frame (pandas) with its :data:`PATH_FIELDS` resolved against
+    ``root``, in place; returned for chaining."""
+    for col in PATH_FIELDS:
+        if col in frame.columns:
+            frame[col] = frame[col].map(lambda p: resolved_path(root, p))
+    return frame
+
+
+def with_paths(row: Mapping[str, Any], convert: Callable[[Any], Any]) -> dict[str, Any]:
+    """``row`` with its :data:`PATH_FIELDS` passed through ``convert``."""
+    return {k: convert(v) if k in PATH_FIELDS else v for k, v in row.items()}
+
+
 HPARAM_COLUMNS: tuple[str, ...] = tuple(HPARAM_DTYPES)
 RESULT_COLUMNS: tuple[str, ...] = tuple(RESULT_DTYPES)
 METRIC_COLUMNS: tuple[str, ...] = tuple(METRIC_DTYPES)
@@ -180,6 +227,7 @@ __all__ = [
     "METRICS_PARQUET",
     "METRIC_COLUMNS",
     "METRIC_DTYPES",
+    "PATH_FIELDS",
     "PLANS_DIR",
     "PLAN_JSON",
     "RESULTS_PARQUET",
@@ -192,4 +240,8 @@ __all__ = [
     "TENSORBOARD_DIR",
     "ConfigStatus",
     "JobStatus",
+    "resolve_paths",
+    "resolved_path",
+    "stored_path",
+    "with_paths",
 ]

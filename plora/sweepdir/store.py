@@ -140,7 +140,9 @@ class SweepStore:
             self.curves.add_metrics(added)
 
     def flush_metrics(self) -> None:
-        """Rewrite ``metrics.parquet`` with every row so far (atomic)."""
+        """Rewrite ``metrics.parquet`` with every row so far (atomic): one row per (config,
+        step), a step trained again (a retry from a checkpoint older than its last metrics)
+        keeping the row that came last -- the attempt the adapter went on from."""
         import pandas as pd
 
         if self._metrics is None:  # rows already on disk (a resumed sweep appends to them)
@@ -155,6 +157,7 @@ class SweepStore:
         self._metrics_buffer = []
         frames = [f for f in (self._metrics, new) if len(f)]
         df = pd.concat(frames, ignore_index=True) if frames else new
+        df = df.drop_duplicates(["config_id", "step"], keep="last", ignore_index=True)
         self._metrics = df
         _write_parquet(self.metrics_parquet, df)
 
@@ -165,10 +168,11 @@ class SweepStore:
         _write_parquet(self.jobs_parquet, pd.DataFrame(list(rows), columns=list(JOB_COLUMNS)))
 
     def write_results(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Replace ``results.parquet`` with ``rows`` (one per config)."""
+        """Replace ``results.parquet`` with ``rows`` (one per config; paths inside the directory
+        stored relative to it)."""
         import pandas as pd
 
-        rows = list(rows)
+        rows = [self._paths(r, stored=True) for r in rows]
         _write_parquet(self.results_parquet, pd.DataFrame(rows))
         if self.curves is not None:
             self.curves.add_results(rows)
@@ -186,7 +190,23 @@ class SweepStore:
 
     def write_state(self, state: Mapping[str, Any]) -> None:
         """Replace ``state.json`` (what ``--resume`` reads), stamped with the schema version."""
+        if "results" in state:  # adapter paths relative to the directory
+            results = state["results"]
+            state = {
+                **state,
+                "results": {c: self._paths(r, stored=True) for c, r in results.items()},
+            }
         atomic_write_json(self.state_json, {**state, "sweepdir_version": schema.SCHEMA_VERSION})
+
+    def _paths(self, row: Mapping[str, Any], *, stored: bool) -> dict[str, Any]:
+        """``row`` with its paths inside the directory as stored (relative) or resolved."""
+        return schema.with_paths(row, self._stored if stored else self._resolved)
+
+    def _stored(self, path: Any) -> Any:
+        return schema.stored_path(self.root, path)
+
+    def _resolved(self, stored: Any) -> Any:
+        return schema.resolved_path(self.root, stored)
 
     # -- readers -----------------------------------------------------------------------------
     def read_state(self) -> dict[str, Any]:
@@ -207,6 +227,10 @@ class SweepStore:
                 f"{self.state_json}: sweep directory version {state['sweepdir_version']} is newer "
                 f"than this plora's ({schema.SCHEMA_VERSION}); upgrade plora to read it"
             )
+        if "results" in state:
+            state["results"] = {
+                c: self._paths(r, stored=False) for c, r in state["results"].items()
+            }
         return state
 
     def read_metrics(self) -> pd.DataFrame:
@@ -232,7 +256,7 @@ class SweepStore:
 
         if not self.results_parquet.is_file():
             return pd.DataFrame()
-        return pd.read_parquet(self.results_parquet)
+        return schema.resolve_paths(pd.read_parquet(self.results_parquet), self.root)
 
     def read_decisions(self) -> list[dict[str, Any]]:
         """Decision records in order; a torn last line (driver killed mid-write) is skipped."""

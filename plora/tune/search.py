@@ -123,6 +123,8 @@ def make_searcher(sweep: SweepConfig) -> Any:
             from ray.tune.search.optuna import OptunaSearch
         except ImportError as e:  # pragma: no cover - optuna is a dependency
             raise ConfigError(f"{where}: optuna needs `pip install optuna` ({e})") from None
+        # converted here: given Tune's domains, the searcher warns on the console and converts
+        space = OptunaSearch.convert_search_space(space)
         return OptunaSearch(space=space, metric=sweep.metric, mode=mode, seed=sweep.seed)
     if str(sweep.search) == "hyperopt":
         try:
@@ -131,7 +133,7 @@ def make_searcher(sweep: SweepConfig) -> Any:
             raise ConfigError(f"{where}: hyperopt needs `pip install hyperopt` ({e})") from None
         n_initial = max(1, min(20, sweep.num_samples // 2))
         return HyperOptSearch(
-            space=space,
+            space=HyperOptSearch.convert_search_space(space),  # as Optuna's, above
             metric=sweep.metric,
             mode=mode,
             random_state_seed=sweep.seed,

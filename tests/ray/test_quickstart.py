@@ -259,3 +259,23 @@ def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> Non
     assert kinds.count("start_workers") == kinds.count("workers_ready") <= 8
     assert store.plan_json.is_file() and (out / "base_model" / "config.json").is_file()
     assert not list(tmp_path.glob(".sweep.tmp-*"))
+
+
+def test_each_data_line_once_on_the_console(ray_cluster, tmp_path) -> None:
+    """Issue 29: a 2-worker sweep whose rows are cut to ``max_seq_len`` says so once (it was
+    logged as the data loaded and printed again as the sweep ended)."""
+    import yaml
+
+    sweep = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
+    sweep["dataset"] = {"path": str(ROOT / "plora" / "data" / "reverse_200.jsonl"),
+                        "max_seq_len": 20}  # fmt: skip
+    sweep["space"].update(max_steps=3, warmup_steps=0, lr=[1e-3], rank=[4, 8])
+    sweep["hardware"]["num_gpus"] = 2
+    path = tmp_path / "cut.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    address = ray_cluster.get_runtime_context().gcs_address
+    proc = plora("sweep", str(path), "--out", str(tmp_path / "cut"), "--address", address)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [x for x in (proc.stdout + proc.stderr).splitlines() if x.startswith("data: ")]
+    assert lines and len(lines) == len(set(lines)), proc.stdout + proc.stderr
+    assert any("cut to dataset.max_seq_len=20" in x for x in lines), lines

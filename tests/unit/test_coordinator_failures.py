@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 from runtime_fakes import finish, lora, make, report, run_to_end
 
@@ -114,3 +115,44 @@ def test_state_roundtrip_resumes_without_retraining(tmp_path) -> None:
     assert any(d["kind"] == "resume" for d in store.read_decisions())
     jobs = store.read_jobs()
     assert "interrupted" in set(jobs["status"])
+
+
+def _steps(coord, spec, steps, *, loss: float, clock) -> None:
+    for s in steps:
+        clock.t += 0.1
+        coord.on_reports(spec.job_id, [report(
+            *({"config_id": c, "step": s, "loss": loss + s} for c in spec.config_ids))])  # fmt: skip
+
+
+@pytest.mark.parametrize("restart", ["retry", "resume"])
+def test_steps_trained_again_keep_one_metric_row_and_are_logged(tmp_path, restart) -> None:
+    """Issue 29: after a killed worker (``retry``) or a killed driver (``resume``) a job goes
+    on from its step-3 checkpoint though steps 4-6 were reported: ``metrics.parquet`` holds one
+    row per (config, step) -- the new attempt's -- and ``redo_steps`` names the redone range."""
+    store = SweepStore(tmp_path)
+    configs = [lora(0, rank=30, steps=8), lora(1, rank=30, steps=8)]
+    coord, clock = make(configs, gpus=1, store=store)
+    (spec,) = coord.start()
+    _steps(coord, spec, range(1, 7), loss=0.0, clock=clock)
+    if restart == "retry":
+        (again,) = coord.on_job_failed(spec.job_id, FailureKind.DIED, "actor died")
+    else:
+        state = json.loads(store.state_json.read_text())
+        store = SweepStore(tmp_path)  # a new driver: the rows so far are read from disk
+        coord, clock = make(configs, gpus=1, store=store)
+        coord.set_state(state)
+        (again,) = coord.start()
+    assert again.job_id == spec.job_id and again.attempt == 1 and again.resume
+    _steps(coord, again, range(4, 9), loss=100.0, clock=clock)
+    coord._persist()
+
+    rows = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert not rows.duplicated(["config_id", "step"]).any()
+    for cid in spec.config_ids:
+        mine = rows[rows["config_id"] == cid].sort_values("step")
+        assert mine["step"].tolist() == list(range(1, 9))
+        assert mine["attempt"].tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
+        assert mine["loss"].tolist() == [1.0, 2.0, 3.0, *(100.0 + s for s in range(4, 9))]
+    (redo,) = [d for d in store.read_decisions() if d["kind"] == Decision.REDO_STEPS]
+    assert redo["job_id"] == spec.job_id and redo["inputs"]["attempt"] == 1
+    assert redo["inputs"]["steps"] == {cid: [4, 6] for cid in spec.config_ids}

@@ -69,8 +69,9 @@ def test_programmatic_example_runs_a_short_sweep(tmp_path: Path) -> None:
     best = ranked.iloc[0]
     line = f"best by eval_metric (max): {best['config_id']} eval_metric={best['eval_metric']:.4g}"
     assert line in proc.stdout, proc.stdout
-    assert f"adapter: {best['adapter_path']}" in proc.stdout
-    assert (Path(best["adapter_path"]) / "adapter_config.json").exists()
+    assert best["adapter_path"] == f"adapters/{best['config_id']}"  # stored relative to `out`
+    assert f"adapter: {out / best['adapter_path']}" in proc.stdout
+    assert (out / best["adapter_path"] / "adapter_config.json").exists()
 
     # a second run into the same directory is refused with a one-line error
     again = subprocess.run(

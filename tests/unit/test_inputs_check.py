@@ -152,9 +152,11 @@ def test_hub_that_never_answers_times_out(monkeypatch) -> None:
     assert time.perf_counter() - t0 < 4.0
 
 
-def test_copied_sweep_dir_loads_with_auto_peft(tmp_path, monkeypatch, one_thread) -> None:
-    """The adapter names its base ``base_model`` (relative to the sweep dir): after the model
-    cache is gone and the directory was copied, ``AutoPeftModelForCausalLM`` still loads it."""
+def test_copied_sweep_dir_loads_with_auto_peft_from_anywhere(tmp_path, monkeypatch, one_thread):
+    """Issue 29: the adapter names its base by the absolute path of the sweep's ``base_model/``
+    (PEFT's way for a local base): with the model cache gone, a copy of the sweep directory
+    loads with ``AutoPeftModelForCausalLM`` from any working directory; with the original gone
+    too, the copy's own base loads it the explicit way."""
     import torch
     from peft import AutoPeftModelForCausalLM, PeftModel
     from transformers import AutoModelForCausalLM
@@ -173,7 +175,7 @@ def test_copied_sweep_dir_loads_with_auto_peft(tmp_path, monkeypatch, one_thread
     data = DatasetSpec(builtin="arithmetic", num_examples=16, max_seq_len=32)
     run_pack(model=ref, configs=[cfg], dataset=data, out_dir=sweep_dir, evaluate=False)
     meta = json.loads((sweep_dir / "adapters" / "c0" / "adapter_config.json").read_text())
-    assert meta["base_model_name_or_path"] == "base_model"
+    assert meta["base_model_name_or_path"] == str(sweep_dir / "base_model")
     ids = torch.tensor([[1, 5, 9, 13, 2]])
     with torch.no_grad():
         base = AutoModelForCausalLM.from_pretrained(sweep_dir / "base_model")
@@ -181,10 +183,16 @@ def test_copied_sweep_dir_loads_with_auto_peft(tmp_path, monkeypatch, one_thread
     shutil.rmtree(cache)
     copy = tmp_path / "elsewhere" / "qs"
     shutil.copytree(sweep_dir, copy)
+    for cwd in (tmp_path, copy, copy / "adapters"):
+        monkeypatch.chdir(cwd)
+        with torch.no_grad():
+            got = AutoPeftModelForCausalLM.from_pretrained(copy / "adapters" / "c0")(ids).logits
+        torch.testing.assert_close(got, want)
     shutil.rmtree(tmp_path / "runs")
-    monkeypatch.chdir(copy)
+    monkeypatch.chdir(tmp_path)
     with torch.no_grad():
-        got = AutoPeftModelForCausalLM.from_pretrained("adapters/c0")(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(copy / "base_model")
+        got = PeftModel.from_pretrained(base, copy / "adapters" / "c0")(ids).logits
     torch.testing.assert_close(got, want)
 
 
@@ -197,7 +205,12 @@ def test_adapter_base_name_by_kind(tmp_path) -> None:
     tiny = ModelRef(name_or_path="tiny-qwen2")
     assert adapter_base_name(tiny, "/cache/tiny-qwen2-x", tmp_path) == "/cache/tiny-qwen2-x"
     (tmp_path / "base_model").mkdir()
-    assert adapter_base_name(tiny, "/cache/tiny-qwen2-x", tmp_path) == "base_model"
+    assert adapter_base_name(tiny, "/cache/tiny-qwen2-x", tmp_path) == str(tmp_path / "base_model")
+    (tmp_path / "base_model" / "config.json").write_text("{}")
+    local = ModelRef(name_or_path=str(tmp_path / "base_model"))  # a local base: its absolute path
+    assert adapter_base_name(local, str(tmp_path / "base_model"), tmp_path / "out") == str(
+        tmp_path / "base_model"
+    )
 
 
 def test_builtin_task_size_is_bounded_and_validate_samples_it(tmp_path) -> None:

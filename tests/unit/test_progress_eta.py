@@ -98,3 +98,32 @@ def test_cpu_sweep_progress_says_workers(tmp_path, monkeypatch) -> None:
     result = run("sweep", str(sweep_file(tmp_path)), "--out", str(tmp_path / "o"))
     assert result.exit_code == 0, result.output
     assert "workers busy 1/1" in result.output and "GPUs busy" not in result.output
+
+
+def _ask(ids, dups=None):
+    return {"kind": "ask", "config_ids": list(ids), "inputs": {"duplicates": dups or {}}}
+
+
+@pytest.mark.parametrize(
+    ("search", "asked", "decisions", "finished", "want"),
+    [
+        ("grid", 8, [_ask(["a"])], True, None),  # a grid has no draws
+        ("optuna", 2, [_ask(["a"]), _ask(["b"])], True, None),  # got what it asked
+        ("hyperopt", 5, [_ask(["a", "b"], {"c": "a"}), _ask(["d"], {"e": "b"})], True,
+         "search: 3 distinct configs of the 5 asked of hyperopt; 2 repeated a config already "
+         "asked (c = a, e = b), trained once"),
+        ("optuna", 4, [_ask(["a"])], True,
+         "search: 1 distinct configs of the 4 asked of optuna; 3 never came: the searcher "
+         "finished early"),
+        ("optuna", 4, [_ask(["a"])], False, None),  # still running: more may come
+        ("random", 6, [_ask(["a", "b"], {"c": "a", "d": "a", "e": "b", "f": "b"})], True,
+         "search: 2 distinct configs of the 6 asked of random; 4 repeated a config already "
+         "asked (c = a, d = a, e = b, +1 more), trained once"),
+    ],
+)  # fmt: skip
+def test_fewer_distinct_configs_than_asked_is_one_line(search, asked, decisions, finished, want):
+    from plora.runtime.progress import samples_line
+
+    plan = {"kind": "plan", "config_ids": ["x"], "inputs": {}}  # other decisions do not count
+    got = samples_line([plan, *decisions], search=search, asked=asked, finished=finished)
+    assert got == want

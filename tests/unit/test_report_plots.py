@@ -81,3 +81,36 @@ def test_plots_on_an_axes_of_a_subfigure_return_the_root_figure() -> None:
     fig = plots.plot_jobs_gantt(pd.DataFrame(), ax=ax)
     assert fig is root  # savefig-able, as the annotation says
     assert plots.plot_jobs_gantt(pd.DataFrame()) is not root  # no axes: a new figure
+
+
+def test_hp_effects_of_a_random_sweep_give_each_drawn_parameter_its_axis() -> None:
+    """Issue 29: lr, alpha and seed drawn afresh per config are one to one by chance; each gets
+    its own readable axis (they shared one panel, "alpha & lr & seed", plotted against alpha)."""
+    rows = [
+        {"config_id": f"c{k}", "lr": 10 ** (-4 + k / 3), "alpha": 4.0 + 1.7 * k, "seed": 100 + k,
+         "rank": (4, 8)[k % 2], "status": "done", "eval_loss": 1.0 + k / 10}
+        for k in range(6)
+    ]  # fmt: skip
+    fig = plots.plot_hp_effects(pd.DataFrame(rows), "eval_loss", mode="min")
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert sorted(ax.get_xlabel() for ax in axes) == ["alpha", "lr", "rank", "seed"]
+    (lr,) = [ax for ax in axes if ax.get_xlabel() == "lr"]
+    assert lr.get_xscale() == "log"
+    assert sorted(lr.collections[0].get_offsets()[:, 0]) == pytest.approx([r["lr"] for r in rows])
+
+
+def test_hp_effects_show_eval_loss_beside_a_metric_that_does_not_separate() -> None:
+    """Issue 29: exact match 0 for every config (a short sweep) is a flat line in every panel;
+    eval loss is drawn beside it."""
+    res = _results()
+    res["eval_metric"] = 0.0
+    fig = plots.plot_hp_effects(res, "eval_metric", mode="max")
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    by_metric = {m: [ax.get_xlabel() for ax in axes if ax.get_ylabel() == m]
+                 for m in ("eval_metric", "eval_loss")}  # fmt: skip
+    assert sorted(by_metric["eval_metric"]) == sorted(by_metric["eval_loss"])
+    assert len(by_metric["eval_loss"]) == 6
+    assert all("same for every config" in ax.get_title() for ax in axes
+               if ax.get_ylabel() == "eval_metric")  # fmt: skip
+    separating = plots.plot_hp_effects(res.assign(eval_metric=range(len(res))), "eval_metric")
+    assert {ax.get_ylabel() for ax in separating.axes if ax.get_visible()} == {"eval_metric"}

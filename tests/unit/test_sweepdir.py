@@ -103,3 +103,46 @@ def test_the_schema_lists_a_configs_hparams_and_every_table() -> None:
     cfg = LoRAConfig(rank=4, alpha=8, lr=1e-3, batch_size=2, max_steps=3)
     assert tuple(cfg.hparams()) == schema.HPARAM_COLUMNS
     assert set(schema.TABLES) == {"results.parquet", "metrics.parquet", "jobs.parquet"}
+
+
+def test_a_copied_sweep_dir_names_its_own_adapters(tmp_path) -> None:
+    """Issue 29: paths inside the sweep directory are stored relative to it and resolved on
+    read, so ``plora status``, :func:`plora.analysis.load` and ``--resume`` on a copy name the
+    copy's adapters, not those of the place where the sweep ran."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from runtime_fakes import finish, lora, make
+    from test_sweep_cli import run, sweep_file
+
+    from plora import analysis
+
+    root = tmp_path / "ran" / "sweep"
+    root.mkdir(parents=True)
+    (root / "sweep.yaml").write_text(sweep_file(tmp_path).read_text())
+    store = SweepStore(root)
+    coord, _ = make([lora(0, rank=30), lora(1, rank=30)], gpus=2, store=store)
+    for spec in coord.start():  # the worker reports the adapter where it wrote it: absolute
+        finish(coord, spec)
+    for cid, r in coord.results.items():
+        r["adapter_path"] = str(root / "adapters" / cid)
+    coord._persist()
+    assert set(pd.read_parquet(root / "results.parquet")["adapter_path"]) == {
+        "adapters/c00",
+        "adapters/c01",
+    }
+    copy = tmp_path / "copied" / "sweep"
+    shutil.copytree(root, copy)
+    shutil.rmtree(tmp_path / "ran")
+
+    status = run("status", str(copy))
+    assert status.exit_code == 0, status.output
+    assert str(copy / "adapters" / "c00") in status.output
+    assert str(tmp_path / "ran") not in status.output
+    paths = analysis.load(copy).results.set_index("config_id")["adapter_path"].to_dict()
+    assert paths == {c: str(copy / "adapters" / c) for c in ("c00", "c01")}
+    state = SweepStore(copy).read_state()  # what --resume continues from
+    assert {c: r["adapter_path"] for c, r in state["results"].items()} == paths
+    assert SweepStore(copy).read_results()["adapter_path"].tolist() == list(paths.values())
