@@ -122,17 +122,17 @@ def start_group(
         .remote(rank=r, world_size=d, relay=relay, engine=engine, spec=spec, strategy=strategy)
         for r in range(d)
     ]
-    if d > 1:
-        port = ray.get(workers[0].free_port.remote())
-        addr = ray.get(workers[0].node_info.remote()).ip
-        ray.get([w.init_group.remote(addr, port) for w in workers])
+    # d > 1: each rank joins the process group inside its load, at rank 0's address once rank 0
+    # is up (an ObjectRef argument): the driver never waits for a group's processes, so the
+    # groups of a plan start side by side
+    master = workers[0].rendezvous.remote() if d > 1 else None
     return WorkerGroup(
         gpu_ids=tuple(gpu_ids),
         strategy=strategy,
         name=name,
         pg=pg,
         workers=workers,
-        load_refs=[w.load.remote() for w in workers],
+        load_refs=[w.load.remote(master) for w in workers],
         started_at=started,
     )
 

@@ -194,12 +194,17 @@ class PackWorker:
             build_s=build_s,
         )
 
-    def load(self) -> WorkerInfo:
-        """Build the engine (load the base model and the dataset) once; where and how long."""
+    def load(self, master: tuple[str, int] | None = None) -> WorkerInfo:
+        """Join the group's process group first when ``master`` (rank 0's :meth:`rendezvous`)
+        is given, then build the engine (load the base model and the dataset) once; where and
+        how long the build took."""
         if self._spec is None:
             raise RuntimeError("this worker was created without an engine spec to load")
         t0, built_before = time.perf_counter(), _tiny_build_s()
         try:
+            if master is not None:
+                self.init_group(*master)
+                t0 = time.perf_counter()
             if self._engine_cls is None and self.world_size > 1:
                 from plora.parallel.session import ParallelPackSession
 
@@ -219,6 +224,10 @@ class PackWorker:
             self._loaded.set()
         build_s = _tiny_build_s() - built_before
         return self.node_info(load_s=time.perf_counter() - t0 - build_s, build_s=build_s)
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's IP and a free port on it: where rank 0 hosts the process-group store."""
+        return ray.util.get_node_ip_address(), self.free_port()
 
     def free_port(self) -> int:
         """A free TCP port on this worker's node (rank 0 hosts the process-group store)."""
