@@ -63,6 +63,7 @@ from plora.runtime.prepare import config_source, fits_one_gpu, prepare
 from plora.runtime.progress import samples_line
 from plora.runtime.records import ConfigSource
 from plora.sweepdir.lock import SweepLock
+from plora.sweepdir.logfile import SweepLog, sweep_log
 from plora.sweepdir.store import (
     SweepStore,
     check_out_dir,
@@ -133,13 +134,14 @@ def run_sweep(
     out = check_out_dir(out, resume=resume, force_unlock=options.force_unlock).absolute()
     check_address(address)
     # one writer per sweep directory, from here to the last record (released on every exit)
-    with SweepLock.acquire(out, force=options.force_unlock) as lock:
+    # ... and the driver's logging: plora's warnings on the console, everything in plora.log
+    with SweepLock.acquire(out, force=options.force_unlock) as lock, sweep_log() as log:
         if lock.note:
             logging.getLogger(__name__).warning("note: %s", lock.note)
         check_out_dir(out, resume=resume, lock=lock)  # again: a sweep may have ended meanwhile
         return _run(
             sweep, out, t0=t0, address=address, resume=resume, options=options, source=source,
-            cost=cost, on_update=on_update,
+            cost=cost, on_update=on_update, log=log,
         )  # fmt: skip
 
 
@@ -154,12 +156,14 @@ def _run(
     source: ConfigSource | None,
     cost: Any,
     on_update: Callable[[dict[str, Any]], None] | None,
+    log: SweepLog,
 ) -> SweepSummary:
     """:func:`run_sweep` once ``out`` is checked and its lock is held."""
     store: SweepStore | None = None
     changed: list[str] = []
     if resume:
         store = SweepStore(out)
+        log.attach(out)
         state = store.read_state()
         sweep, changed = _resumed_sweep(store, sweep, allow_changed=options.allow_changed)
     elif sweep is None:
@@ -241,6 +245,7 @@ def _run(
                 except NoFeasibleJobError as err:
                     spec, strategies = getattr(cost, "spec", None), cost.strategies()
                     raise no_fit_error(sweep, err, spec=spec, strategies=strategies) from None
+            log.attach(out)  # published: the set-up's records, then the rest
         store.curves = open_curves(sinks, sweep, configs=coord.configs, metric_name=metric_name,
                                    finished=list(coord.results))  # fmt: skip
         setup_s = time.monotonic() - t0

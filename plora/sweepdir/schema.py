@@ -80,6 +80,7 @@ CHECKPOINTS_DIR = "checkpoints"
 STATE_JSON = "state.json"
 DATA_JSON = "data.json"
 TENSORBOARD_DIR = "tensorboard"
+LOG_FILE = "plora.log"  # the driver's log (plora.sweepdir.logfile)
 
 #: Hyperparameter columns of ``results.parquet`` (``LoRAConfig.hparams()``), in the order
 #: tables and plots show them.
@@ -224,6 +225,7 @@ __all__ = [
     "JOB_COLUMNS",
     "JOB_DTYPES",
     "JOB_TIMINGS",
+    "LOG_FILE",
     "METRICS_PARQUET",
     "METRIC_COLUMNS",
     "METRIC_DTYPES",

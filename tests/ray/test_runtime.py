@@ -283,3 +283,6 @@ def test_rows_cut_or_left_out_are_reported_on_the_console_and_in_the_sweep_dir(
         summary.data_lines
     )
     assert "data: train" in status_text(str(out)) or "data: eval" in status_text(str(out))
+    # and in the sweep's log file, logged before the directory existed
+    log = (out / "plora.log").read_text()
+    assert all(line in log for line in summary.data_lines), log[-2000:]
