@@ -45,7 +45,19 @@ scores ``eval_loss`` (``dataset.metric: none``: no generation in either system).
 Configs: the grid ``--lrs`` x ``--ranks`` (default 1e-4, 3e-4, 1e-3, 3e-3 x 8, 16, 32, 64: 16
 configs), alpha = 2 rank, batch ``--batch-size`` 4, all seven projections, ``--steps`` 40,
 cosine with 5 warm-up steps, clipping at 1.0, no weight decay, no dropout, seed 0; ``--configs
-K`` keeps a K-config sub-grid (the first ranks, then the first lrs).
+K`` keeps a K-config sub-grid (the first ranks, then the first lrs). ``--draw K`` replaces the
+grid with K configs drawn from the paper's Table 1 ranges (``e2e_setup.TABLE1``: lr
+log-uniform in [2e-5, 4e-4], batch size 1..32, rank 8..128, alpha r/4..4r): plora's sweep file
+says ``search: random``, ``num_samples: K``, ``seed: --draw-seed``, and its expansion is the
+list both systems train (Tune's ``grid_search`` over those config dicts, alpha per config);
+a config is then named ``lr=...,r=...,bs=...,a=...``.
+
+Cases (``--case``; each sets the flags' defaults): issue 27's ``L`` (a 32B shape, plora vs Ray
+Train FSDP2 and ``device_map`` trials of 2 GPUs) and ``M`` (7B, one and 0.25-GPU trials) on 4
+GPUs; issue 31's ``T`` on 8 GPUs: the paper's setting, 48 configs of the 7B shape drawn from
+Table 1's ranges, 1,024 tokens, 20 steps each, plora vs one Tune trial per GPU (8 at a time;
+gradient checkpointing in the trials). ``--smoke`` runs L and M on the CPU with tiny shapes;
+``--smoke --case T`` runs T's code path (4 drawn configs, 8 logical GPUs).
 
 Reported per system: wall seconds, GPU-busy fraction (``nvidia-smi`` utilization sampled every
 0.5 s while the system runs, summed over the GPUs the run may use / 100·N; null without
@@ -95,6 +107,7 @@ from typing import Any
 import yaml
 from e2e_report import fmt, report, versions
 from e2e_setup import (
+    TABLE1,
     TINY,
     choose_gpus,
     ensure_model,
@@ -117,7 +130,8 @@ SYSTEMS: dict[str, tuple[str, str | None] | None] = {
     "tune-devmap": ("devmap", "gpus_per_trial"),
 }
 
-#: Issue 27's two cases on a 4-GPU machine (``--case``): their flags' defaults.
+#: Issue 27's two cases on a 4-GPU machine and issue 31's on an 8-GPU one (``--case``): their
+#: flags' defaults.
 CASES: dict[str, dict[str, Any]] = {
     # a base one 80 GB GPU cannot train at 1,024 tokens: plora's planner picks each job's d and
     # strategy; users run a 2-GPU Ray Train FSDP trainer per trial, or device_map="auto"
@@ -144,8 +158,23 @@ CASES: dict[str, dict[str, Any]] = {
         "warmup_steps": 3,
         "systems": "plora,tune,tune-frac",
     },
+    # the paper's setting (issue 31): a Table-1-style sweep on one 8-GPU node, 48 configs drawn
+    # from Table 1's ranges; users run one trial per GPU, 8 at a time (gradient checkpointing
+    # on: batch 32 x 1,024 tokens of a 7B does not fit an 80 GB GPU without it)
+    "T": {
+        "model": "Qwen/Qwen2.5-7B",
+        "draw": 48,
+        "draw_seed": 0,
+        "tokens": 984,
+        "steps": 20,
+        "warmup_steps": 2,
+        "systems": "plora,tune",
+        "gpus": 8,
+        "gradient_checkpointing": True,
+    },
 }
-#: ``--smoke``: both cases' code paths on the CPU, tiny shapes, 4 logical GPUs.
+#: ``--smoke``: the cases' code paths on the CPU, tiny shapes, 4 logical GPUs (case T: 8, and
+#: 4 drawn configs); without ``--case`` it runs :data:`SMOKE_CASES`.
 SMOKE: dict[str, Any] = {
     "model": "tiny-qwen2",
     "lrs": [1e-3],
@@ -157,6 +186,9 @@ SMOKE: dict[str, Any] = {
     "eval_rows": 16,
     "gpus": 4,
 }
+SMOKE_CASE: dict[str, dict[str, Any]] = {"T": {"gpus": 8, "draw": 4}}
+#: What ``--smoke`` alone runs: issue 27's cases (case T's smoke is ``--smoke --case T``).
+SMOKE_CASES = ("L", "M")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -171,10 +203,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--work", type=Path, default=None, help="models, data, sweep dirs (default: beside --out)"
     )
     ap.add_argument(
-        "--case", choices=sorted(CASES), default=None, help="issue 27's case L or M (defaults)"
+        "--case",
+        choices=sorted(CASES),
+        default=None,
+        help="issue 27's case L or M, issue 31's T (defaults)",
     )
     ap.add_argument(
-        "--smoke", action="store_true", help="cases L and M on the CPU, tiny shapes (CI)"
+        "--smoke",
+        action="store_true",
+        help="cases L and M (or --case) on the CPU, tiny shapes (CI)",
     )
     ap.add_argument(
         "--systems", default="plora,tune,tune-frac", help=f"comma list of {', '.join(SYSTEMS)}"
@@ -195,6 +232,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lrs", type=floats, default=[1e-4, 3e-4, 1e-3, 3e-3])
     ap.add_argument("--ranks", type=ints, default=[8, 16, 32, 64])
     ap.add_argument("--configs", type=int, default=None, help="keep a K-config sub-grid")
+    ap.add_argument(
+        "--draw",
+        type=int,
+        default=None,
+        help="K configs drawn from Table 1's ranges instead of the grid (lr, batch, rank, alpha)",
+    )
+    ap.add_argument("--draw-seed", type=int, default=0, help="seed of --draw")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup-steps", type=int, default=5)
     ap.add_argument("--schedule", default="cosine", choices=("constant", "linear", "cosine"))
@@ -227,7 +271,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if known.case is not None:
         ap.set_defaults(**CASES[known.case])
     if known.smoke:
-        ap.set_defaults(**SMOKE)
+        ap.set_defaults(**{**SMOKE, **SMOKE_CASE.get(known.case, {})})
     args = ap.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(args.systems) - set(SYSTEMS)
@@ -238,6 +282,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     wide = {"tune-fsdp", "tune-devmap"} & set(args.systems)
     if wide and not 1 <= args.gpus_per_trial <= args.gpus:
         ap.error(f"--gpus-per-trial {args.gpus_per_trial}: {sorted(wide)} need 1..--gpus")
+    if args.draw is not None and args.draw < 1:
+        ap.error(f"--draw {args.draw}: draw at least 1 config")
+    if args.draw is not None and args.configs is not None:
+        ap.error("--configs keeps a sub-grid; with --draw K the K draws are the configs")
+    if args.draw is not None and "tune-fsdp" in args.systems:
+        ap.error("--draw: tune-fsdp splits a batch over its ranks, and batch size 1 is drawn")
     if "tune-fsdp" in args.systems and min(args.batch_sizes) < args.gpus_per_trial:
         ap.error(
             f"--batch-sizes {args.batch_sizes}: tune-fsdp splits a batch over "
@@ -256,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     from plora.utils import atomic_write_json
 
     cases = {}
-    for case in CASES if args.case is None else [args.case]:
+    for case in SMOKE_CASES if args.case is None else [args.case]:
         out = args.out.with_name(f"{args.out.stem}-{case}.json")
         cases[case] = run_case(parse_args([*argv, "--case", case]), argv, out)
     ok = all(rep["agreement"]["ok"] for rep in cases.values())
@@ -289,14 +339,35 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
     data = {"train": run_dir / "data" / "train.jsonl", "eval": run_dir / "data" / "eval.jsonl"}
     write_jsonl(data["train"], make_rows(args.train_rows, args.tokens, seed=1))
     write_jsonl(data["eval"], make_rows(args.eval_rows, args.tokens, seed=2))
-    lrs, ranks = grid(args)
+    lrs, ranks = ([], []) if args.draw else grid(args)
     sweep = sweep_dict(args, model_dir, data, lrs, ranks, gpu_type)
     sweep_yaml = run_dir / "sweep.yaml"
     atomic_write_text(sweep_yaml, yaml.safe_dump(sweep, sort_keys=False))
     parsed = SweepConfig.from_yaml(sweep_yaml)  # fails here on a bad sweep
+    # the configs plora trains (its expansion of the sweep file: the grid, or --draw's seeded
+    # draws) are Tune's grid too; alpha names a config only when the sweep varies it
     configs = expand(parsed)
+    rows = [
+        {
+            "key": key(c.lr, c.rank, c.batch_size, c.alpha if args.draw else None),
+            "config_id": c.config_id,
+            "lr": c.lr,
+            "rank": c.rank,
+            "batch_size": c.batch_size,
+            "alpha": c.alpha,
+        }
+        for c in configs
+    ]
+    keys = [r["key"] for r in rows]
+    if len(set(keys)) < len(keys):
+        dup = next(k for i, k in enumerate(keys) if k in keys[:i])
+        raise SystemExit(
+            f"--draw-seed {args.draw_seed}: config {dup} drawn twice; use another seed"
+        )
     spec = run_dir / "tune_spec.json"
-    atomic_write_json(spec, tune_spec(sweep, gradient_checkpointing=args.gradient_checkpointing))
+    atomic_write_json(
+        spec, tune_spec(sweep, rows, gradient_checkpointing=args.gradient_checkpointing)
+    )
     ctx = {
         "run_dir": run_dir,
         "sweep_yaml": sweep_yaml,
@@ -306,9 +377,8 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
         "device": device,
         "num_gpus": args.gpus,
         "timeout_s": args.timeout_s,
+        "keys": {r["config_id"]: r["key"] for r in rows},
     }
-
-    keys = [key(c.lr, c.rank, c.batch_size) for c in configs]
     info: dict[str, Any] = {
         "benchmark": "e2e",
         "date": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -337,29 +407,23 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
         },
         "training": {
             "steps": args.steps,
-            "batch_sizes": args.batch_sizes,
+            "batch_sizes": sorted({c.batch_size for c in configs}),
             "gradient_checkpointing_in_tune": args.gradient_checkpointing,
             "warmup_steps": args.warmup_steps,
             "schedule": args.schedule,
-            "lrs": lrs,
-            "ranks": ranks,
-            "alpha_ratio": 2.0,
+            "lrs": sorted({c.lr for c in configs}),
+            "ranks": sorted({c.rank for c in configs}),
+            "alpha_ratio": None if args.draw else 2.0,
+            # --draw: the domains and seed of the draws (plora's search: random)
+            "draw": {"configs": args.draw, "seed": args.draw_seed, "space": TABLE1}
+            if args.draw
+            else None,
             "target_modules": "all",
             "max_grad_norm": 1.0,
             "weight_decay": 0.0,
             "dropout": 0.0,
         },
-        "configs": [
-            {
-                "key": key(c.lr, c.rank, c.batch_size),
-                "config_id": c.config_id,
-                "lr": c.lr,
-                "rank": c.rank,
-                "batch_size": c.batch_size,
-                "alpha": c.alpha,
-            }
-            for c in configs
-        ],
+        "configs": rows,
         "work_dir": str(run_dir),
     }
     systems: dict[str, dict[str, Any]] = {}

@@ -130,11 +130,18 @@ def jobs_text(jobs: list[dict[str, Any]]) -> str:
 
 def failed_trials(row: dict[str, Any]) -> list[str]:
     """The Tune trials that ended with an error (an OOM counts), as ``key: first line``."""
-    return [
-        f"lr={t['lr']:g},r={t['rank']},bs={t.get('batch_size')}: {t['error']}"
-        for t in row.get("trials", [])
-        if t.get("error")
-    ]
+    return [f"{t['key']}: {t['error']}" for t in row.get("trials", []) if t.get("error")]
+
+
+def space_text(t: dict[str, Any]) -> str:
+    """The configs in words: the grid, or ``--draw``'s seeded draws and their domains."""
+    draw = t.get("draw")
+    if not draw:
+        return f"grid lr {t['lrs']} × rank {t['ranks']} × batch {t['batch_sizes']}, alpha 2r"
+    doms = "; ".join(
+        f"{k} {next(iter(v))} {next(iter(v.values()))}" for k, v in draw["space"].items()
+    )
+    return f"{draw['configs']} configs drawn (seed {draw['seed']}) from Table 1's ranges: {doms}"
 
 
 def fmt(x: float | None, spec: str = ".1f") -> str:
@@ -151,8 +158,7 @@ def markdown(rep: dict[str, Any]) -> str:
         f"{rep['date']} · `{rep['command']}` · torch {sw['torch']}, transformers {sw['transformers']}, "
         f"peft {sw['peft']}, ray {sw['ray']} · batch {t['batch_sizes']}, ~{rep['data']['tokens_per_row']} "
         f"tokens/row (max_seq_len {rep['data']['max_seq_len']}), all 7 projections, {t['schedule']} "
-        f"({t['warmup_steps']} warm-up), grid lr {t['lrs']} × rank {t['ranks']} × batch "
-        f"{t['batch_sizes']}, alpha 2r; gradient checkpointing in the Tune baselines: "
+        f"({t['warmup_steps']} warm-up), {space_text(t)}; gradient checkpointing in the Tune baselines: "
         f"{'on' if t['gradient_checkpointing_in_tune'] else 'off'}",
         "",
         "| system | wall (s) | plora speedup | GPU busy | configs finished | best eval loss | notes |",

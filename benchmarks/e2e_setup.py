@@ -229,7 +229,34 @@ def grid(args: argparse.Namespace) -> tuple[list[float], list[int]]:
     )
 
 
+#: The PLoRA paper's Table 1 ranges (lr 2e-5 .. 4e-4, batch size 1 .. 32, rank 8 .. 128, alpha
+#: r/4 .. 4r) as plora search-space domains: ``--draw K`` configs are K seeded random draws.
+TABLE1: dict[str, Any] = {
+    "lr": {"loguniform": [2.0e-5, 4.0e-4]},
+    "batch_size": {"choice": [1, 2, 4, 8, 16, 32]},
+    "rank": {"choice": [8, 16, 32, 64, 128]},
+    "alpha_ratio": {"choice": [0.25, 0.5, 1.0, 2.0, 4.0]},
+}
+
+
+def space_dict(args: argparse.Namespace, lrs: list[float], ranks: list[int]) -> dict[str, Any]:
+    """The sweep's hyperparameters: the grid ``lrs`` x ``ranks`` x ``--batch-sizes`` with
+    alpha = 2 rank, or with ``--draw K`` the :data:`TABLE1` domains (drawn by the sweep's
+    ``search: random``)."""
+    if getattr(args, "draw", None):
+        return dict(TABLE1)
+    return {"lr": lrs, "rank": ranks, "alpha_ratio": 2.0, "batch_size": args.batch_sizes}
+
+
 def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_type: str) -> dict:
+    """plora's sweep file; ``--draw K``: ``search: random`` with ``num_samples: K`` and
+    ``seed: --draw-seed`` (the list of configs both systems train is its expansion)."""
+    draw = getattr(args, "draw", None)
+    search = (
+        {"search": "random", "num_samples": draw, "seed": args.draw_seed}
+        if draw
+        else {"search": "grid"}
+    )
     return {
         "name": "e2e",
         "model": {"name_or_path": str(model_dir), "dtype": "auto"},
@@ -242,10 +269,7 @@ def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_typ
             "metric": "none",
         },
         "space": {
-            "lr": lrs,
-            "rank": ranks,
-            "alpha_ratio": 2.0,
-            "batch_size": args.batch_sizes,
+            **space_dict(args, lrs, ranks),
             "target_modules": "all",
             "dropout": 0.0,
             "max_steps": args.steps,
@@ -255,7 +279,7 @@ def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_typ
             "weight_decay": 0.0,
             "seed": 0,
         },
-        "search": "grid",
+        **search,
         "metric": "eval_loss",
         "mode": "min",
         "hardware": {"gpu_type": gpu_type, "num_gpus": args.gpus},
@@ -265,18 +289,18 @@ def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_typ
     }
 
 
-def tune_spec(sweep: dict, *, gradient_checkpointing: bool = False) -> dict:
-    """What ``e2e_tune.py`` needs, from the same sweep definition."""
+def tune_spec(
+    sweep: dict, configs: list[dict[str, Any]], *, gradient_checkpointing: bool = False
+) -> dict:
+    """What ``e2e_tune.py`` needs, from the same sweep definition; ``configs`` (key, lr, rank,
+    batch_size, alpha per config: the sweep's expansion) become Tune's grid."""
     ds, sp = sweep["dataset"], sweep["space"]
     return {
         "model": sweep["model"]["name_or_path"],
         "train": ds["path"],
         "eval": ds["eval_path"],
         "max_seq_len": ds["max_seq_len"],
-        "lrs": sp["lr"],
-        "ranks": sp["rank"],
-        "alpha_ratio": sp["alpha_ratio"],
-        "batch_sizes": sp["batch_size"],
+        "configs": configs,
         "gradient_checkpointing": gradient_checkpointing,
         "steps": sp["max_steps"],
         "warmup_steps": sp["warmup_steps"],
@@ -298,5 +322,8 @@ def tune_spec(sweep: dict, *, gradient_checkpointing: bool = False) -> dict:
     }
 
 
-def key(lr: float, rank: int, batch_size: int) -> str:
-    return f"lr={lr:g},r={int(rank)},bs={int(batch_size)}"
+def key(lr: float, rank: int, batch_size: int, alpha: float | None = None) -> str:
+    """A config's name in the report: ``lr=...,r=...,bs=...`` (and ``,a=...`` when the sweep
+    varies alpha)."""
+    out = f"lr={lr:g},r={int(rank)},bs={int(batch_size)}"
+    return out if alpha is None else f"{out},a={alpha:g}"

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e_report import failed_trials, finite
-from e2e_setup import GpuSampler, key
+from e2e_setup import GpuSampler
 
 HERE = Path(__file__).resolve().parent
 
@@ -144,7 +144,7 @@ def run_plora(ctx: dict[str, Any]) -> dict[str, Any]:
                 "job_id": j.job_id,
                 "configs": len(list(j.config_ids)),
                 "gpus": j.gpus,
-                "strategy": j.strategy,
+                "strategy": j.strategy if isinstance(j.strategy, str) else None,  # d=1: none
                 "start_s": float(j.start),
                 "end_s": float(j.end),
                 "status": j.status,
@@ -158,7 +158,7 @@ def run_plora(ctx: dict[str, Any]) -> dict[str, Any]:
     res = load(out).results
     for r in res.itertuples():
         ok = str(r.status) in ("done", "completed") and finite(r.eval_loss)
-        row["eval_loss"][key(r.lr, r.rank, r.batch_size)] = float(r.eval_loss) if ok else None
+        row["eval_loss"][ctx["keys"][r.config_id]] = float(r.eval_loss) if ok else None
     return row
 
 
@@ -194,8 +194,7 @@ def run_tune(ctx: dict[str, Any], name: str, mode: str, per_trial: float) -> dic
     row.update(data, trials=trials)
     for t in trials:
         loss = t["eval_loss"]
-        cfg = key(t["lr"], t["rank"], t["batch_size"])
-        row["eval_loss"][cfg] = float(loss) if finite(loss) else None
+        row["eval_loss"][t["key"]] = float(loss) if finite(loss) else None
     row["failed_trials"] = failed_trials(row)
     for part in ("load_s", "train_s", "eval_s"):
         values = [t[part] for t in trials if t.get(part) is not None]

@@ -34,8 +34,9 @@ How a trial holds its GPUs (``--mode``):
 ``gradient_checkpointing`` in the spec turns on ``model.gradient_checkpointing_enable()``
 (non-reentrant), as users do for a base that does not otherwise fit.
 
-The grid is ``tune.grid_search`` over ``lr``, ``rank`` and ``batch_size`` (alpha =
-``alpha_ratio`` x rank). ``c`` (CPUs per trial or per worker) defaults to ``min(1, CPUs / (trials
+The grid is ``tune.grid_search`` over the spec's ``configs``: one dict per config (``key``,
+``lr``, ``rank``, ``batch_size``, ``alpha``), the list plora expanded from the same sweep file
+(a grid, or seeded random draws), under the trial config's ``hp``. ``c`` (CPUs per trial or per worker) defaults to ``min(1, CPUs / (trials
 or workers at once))``.
 
 This file is run as a script by ``benchmarks/e2e.py`` (which times it from start to exit)::
@@ -170,10 +171,9 @@ def with_lora(model, config: dict, spec: dict):
     if spec.get("gradient_checkpointing"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(spec["seed"])
-    rank = config["rank"]
     lora = LoraConfig(
-        r=rank,
-        lora_alpha=config["alpha_ratio"] * rank,
+        r=config["rank"],
+        lora_alpha=config["alpha"],
         target_modules=spec["target_modules"],
         lora_dropout=spec["dropout"],
         task_type="CAUSAL_LM",
@@ -253,6 +253,7 @@ def train_lora(config: dict, spec: dict, mode: str = "single") -> None:
     labels to the logits' GPU)."""
     from ray import tune
 
+    config = config["hp"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     place = {"device_map": "auto"} if mode == "devmap" else {}
 
@@ -305,7 +306,7 @@ def fsdp_trial(config: dict, spec: dict, workers: int, use_gpu: bool, cpus: floa
     resources = {"CPU": cpus, **({"GPU": 1} if use_gpu else {})}
     trainer = TorchTrainer(
         fsdp_worker,
-        train_loop_config={"config": config, "spec": spec},
+        train_loop_config={"config": config["hp"], "spec": spec},
         scaling_config=ScalingConfig(
             num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources
         ),
@@ -359,12 +360,7 @@ def run_tune(spec: dict, args: argparse.Namespace) -> dict:
         )
     tuner = tune.Tuner(
         trainable,
-        param_space={
-            "lr": tune.grid_search(spec["lrs"]),
-            "rank": tune.grid_search(spec["ranks"]),
-            "batch_size": tune.grid_search(spec["batch_sizes"]),
-            "alpha_ratio": spec["alpha_ratio"],
-        },
+        param_space={"hp": tune.grid_search(spec["configs"])},
         tune_config=tune.TuneConfig(
             metric="eval_loss",
             mode="min",
@@ -376,13 +372,14 @@ def run_tune(spec: dict, args: argparse.Namespace) -> dict:
     t2 = time.perf_counter()
     trials = []
     for result in grid:
-        cfg, m = result.config, result.metrics or {}
+        cfg, m = result.config["hp"], result.metrics or {}
         trials.append(
             {
+                "key": cfg["key"],
                 "lr": cfg["lr"],
                 "rank": cfg["rank"],
                 "batch_size": cfg["batch_size"],
-                "alpha": cfg["alpha_ratio"] * cfg["rank"],
+                "alpha": cfg["alpha"],
                 "eval_loss": m.get("eval_loss"),
                 "train_loss": m.get("train_loss"),
                 "load_s": m.get("load_s"),

@@ -33,21 +33,35 @@ if TYPE_CHECKING:
 
 
 def load_sweep(
-    path: str | os.PathLike[str], *, gpus: int | None = None, gpu_memory_gib: float | None = None
+    path: str | os.PathLike[str],
+    *,
+    gpus: int | None = None,
+    gpu_type: str | None = None,
+    gpu_memory_gib: float | None = None,
 ) -> SweepConfig:
     """Read a sweep file and apply the command-line hardware overrides (validated, keyed by
-    the option name). Raises :class:`ConfigError`."""
+    the option name). ``gpu_type`` replaces the file's GPU with that type's memory and peak
+    (:data:`plora.config.hardware.GPU_TYPES`), ``gpu_memory_gib`` then overrides the memory.
+    Raises :class:`ConfigError`."""
     sweep = SweepConfig.from_yaml(path)
-    overrides: dict[str, Any] = {"num_gpus": gpus, "gpu_memory_gib": gpu_memory_gib}
-    options = {"num_gpus": "--gpus", "gpu_memory_gib": "--gpu-memory-gib"}
-    for key, value in overrides.items():
+    overrides: list[tuple[str, Any, dict[str, Any]]] = [
+        # a new GPU type brings its own memory and peak, not the file's GPU's
+        (
+            "--gpu-type",
+            gpu_type,
+            {"gpu_type": gpu_type, "gpu_memory_gib": gpu_memory_gib, "peak_tflops": None},
+        ),
+        ("--gpus", gpus, {"num_gpus": gpus}),
+        ("--gpu-memory-gib", gpu_memory_gib, {"gpu_memory_gib": gpu_memory_gib}),
+    ]
+    for option, value, fields in overrides:
         if value is None:
             continue
         try:
-            hw = dataclasses.replace(sweep.hardware, **{key: value})
+            hw = dataclasses.replace(sweep.hardware, **fields)
         except ConfigError as err:
             raise ConfigError(
-                err.problem, key=options[key], value=value, fix=err.fix, file=path
+                err.problem, key=option, value=value, fix=err.fix, file=path
             ) from None
         sweep = dataclasses.replace(sweep, hardware=hw)
     return sweep

@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# benchmarks/e2e.py's cases of issue 27 on one 4-GPU machine, longer than one device call: the
-# first call starts them in a session of their own, every call waits up to $WAIT_S for them and
-# copies the JSON, the logs and plora's plans to $OUT.
+# benchmarks/e2e.py's cases on one machine of $GPUS GPUs (default 4: issue 27's L and M; issue
+# 31's T on 8), longer than one device call: the first call starts them in a session of their
+# own, every call waits up to $WAIT_S for them and copies the JSON, the logs and plora's plans
+# to $OUT.
 #
 #   device run, kind nvidia-h100-x4, carry [".device"]:
 #     CASES="L M" bash scripts/gpu_e2e.sh start     # then, within 30 s of each return:
 #     bash scripts/gpu_e2e.sh wait
+#   device run, kind nvidia-h100-x8 (issue 31):
+#     GPUS=8 CASES=T bash scripts/gpu_e2e.sh start  # then: bash scripts/gpu_e2e.sh wait
 set -uo pipefail
 RUN=/tmp/e2e-run
 WORK=/tmp/e2e-work
+GPUS=${GPUS:-4}
+case "$GPUS" in
+  1|2|4|8) ;;
+  *) echo "gpu_e2e.sh: GPUS=$GPUS: use 1, 2, 4 or 8" >&2; exit 2 ;;
+esac
 if [ "${1:-start}" = start ]; then
   source "$(dirname "$0")/gpu_env.sh"   # copies plora once: a later call must not replace it
   mkdir -p "$RUN"
   cases=${CASES:-L M}
   setsid bash -c "for c in $cases; do
-      python3 benchmarks/e2e.py --case \$c --gpus 4 --out $RUN/e2e-\$c.json --work $WORK \
+      python3 benchmarks/e2e.py --case \$c --gpus $GPUS --out $RUN/e2e-\$c.json --work $WORK \
         --timeout-s ${SYSTEM_TIMEOUT_S:-900} > $RUN/e2e-\$c.log 2>&1
       echo \"case \$c exit \$?\" >> $RUN/status
     done; touch $RUN/done" < /dev/null > /dev/null 2>&1 &

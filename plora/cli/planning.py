@@ -88,6 +88,12 @@ def print_plan(report: PlanReport) -> None:
 def plan(
     sweep_file: Annotated[Path, typer.Argument(metavar="SWEEP.yaml", help="Sweep definition.")],
     gpus: Annotated[int | None, typer.Option("--gpus", help="Override hardware.num_gpus.")] = None,
+    gpu_type: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu-type", help="Override hardware.gpu_type (its memory and peak too), e.g. H100."
+        ),
+    ] = None,
     gpu_memory_gib: Annotated[
         float | None, typer.Option("--gpu-memory-gib", help="Override hardware.gpu_memory_gib.")
     ] = None,
@@ -104,7 +110,7 @@ def plan(
     with user_errors(str(sweep_file)):
         check_output_path(out, "--out", (".json",))
         check_output_path(gantt, "--gantt", (".png", ".pdf", ".svg"))
-        sweep = load_sweep(sweep_file, gpus=gpus, gpu_memory_gib=gpu_memory_gib)
+        sweep = load_sweep(sweep_file, gpus=gpus, gpu_type=gpu_type, gpu_memory_gib=gpu_memory_gib)
         key = "--gpu-memory-gib" if gpu_memory_gib is not None else "hardware.gpu_memory_gib"
         report = make_plan(sweep, baseline=baseline, memory_key=key)
         image = _render_gantt(report.plan, gantt) if gantt else None

@@ -77,6 +77,20 @@ def train(trainer, *, refill: bool, rebuild=None, keep=None):
     return losses, norms, trainer, splits
 
 
+#: Base-model shapes a case may train (``tiny_model`` keywords). ``tiny`` (2 layers, 4 heads,
+#: 2 KV heads) takes tp <= 2 and pp <= 2; ``wide8`` (8 layers, 8 heads and 8 KV heads of 8
+#: dims, 64 MLP features) takes every strategy at d = 8 (``ModelSpec.parallel_problem``).
+SHAPES: dict[str, dict[str, int]] = {
+    "tiny": {},
+    "wide8": {"hidden": 64, "intermediate": 64, "layers": 8, "heads": 8, "kv_heads": 8},
+}
+
+
+def base_model(shape: str = "tiny"):
+    """The (seeded) base model of ``shape`` (:data:`SHAPES`)."""
+    return tiny_model("qwen2", **SHAPES[shape])
+
+
 #: Left-padded probe rows for the evaluation forward: adapters "a" (rows 0-1) and "c" (row 2).
 PROBE_IDS = [[0, 0, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [0, 3, 4, 5, 6, 7]]
 PROBE_ROUTES = (("a", 0, 2), ("c", 2, 3))
@@ -108,6 +122,8 @@ class Case:
     """One parallel layout to train."""
 
     name: str
+    shape: str = "tiny"
+    """The base model's shape (:data:`SHAPES`)."""
     pp: int = 1
     fsdp: int = 1
     tp: int = 1
@@ -152,7 +168,7 @@ def _run_case(rank: int, case: Case, store: str, out: Path, device_type: str) ->
         mesh = dims.build_mesh(device_type)
 
         def build():
-            model = tiny_model("qwen2")
+            model = base_model(case.shape)
             stage = parallelize(model, dims=dims, mesh=mesh, shard_base=case.shard_base,
                                 cpu_offload=case.cpu_offload)  # fmt: skip
             return ParallelPackedTrainer(
@@ -190,8 +206,8 @@ def _layout(trainer) -> dict:
     from torch.distributed.tensor import DTensor
 
     decoder = trainer.model.model
-    q = decoder.layers[-1].self_attn.q_proj if trainer.coords["pp"] == trainer.dims.pp - 1 else (
-        decoder.layers[0].self_attn.q_proj)  # fmt: skip
+    held = [b for b in decoder.layers if any(True for _ in b.parameters())]  # PP: this stage's
+    q = held[0].self_attn.q_proj
     weight = q.base_layer.weight
     return {
         "q_local_shape": tuple(

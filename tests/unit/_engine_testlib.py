@@ -27,16 +27,24 @@ PAD = 0
 
 
 def tiny_model(
-    family: str = "qwen2", seed: int = 0, *, hidden: int = 32, intermediate: int = 48
+    family: str = "qwen2",
+    seed: int = 0,
+    *,
+    hidden: int = 32,
+    intermediate: int = 48,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
 ) -> nn.Module:
-    """A 2-layer random causal LM (GQA, untied head), float32, eval-free (dropout 0)."""
+    """A random causal LM (default: 2 layers, 4 heads, GQA with 2 KV heads; untied head),
+    float32, eval-free (dropout 0)."""
     common = dict(
         vocab_size=VOCAB,
         hidden_size=hidden,
         intermediate_size=intermediate,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=64,
         tie_word_embeddings=False,
         pad_token_id=PAD,

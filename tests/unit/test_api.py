@@ -34,3 +34,10 @@ def test_load_sweep_overrides_are_validated() -> None:
     assert api.load_sweep(QUICKSTART, gpus=3).hardware.num_gpus == 3
     with pytest.raises(ConfigError, match="--gpus=0"):
         api.load_sweep(QUICKSTART, gpus=0)
+    # a new GPU type brings its own memory (not the file's GPU's), unless it is given too
+    hw = api.load_sweep(QUICKSTART, gpu_type="A100-40GB").hardware
+    assert (hw.gpu_type, hw.gpu_memory_gib) == ("A100-40GB", 40.0)
+    hw = api.load_sweep(QUICKSTART, gpu_type="H100", gpu_memory_gib=64).hardware
+    assert (hw.gpu_type, hw.gpu_memory_gib) == ("H100", 64.0)
+    with pytest.raises(ConfigError, match="--gpu-type='nope': unknown gpu_type"):
+        api.load_sweep(QUICKSTART, gpu_type="nope")

@@ -67,6 +67,7 @@ def test_bad_sweep_gives_one_error_line_and_writes_nothing(path: Path, tmp_path:
     [
         (["--gpus", "0"], ("--gpus=0", "must be >= 1")),
         (["--gpu-memory-gib", "-5"], ("--gpu-memory-gib=-5", "must be > 0")),
+        (["--gpu-type", "TPU9"], ("--gpu-type='TPU9'", "unknown gpu_type", "H100")),
         (["--out", "{tmp}/plan.txt"], ("--out=", "plan.txt", ".json")),
         (["--gantt", "{tmp}/plan.gif"], ("--gantt=", "plan.gif", ".png")),
         (["--out", "{tmp}"], ("--out=", "is a directory")),
@@ -123,6 +124,18 @@ def test_paper_table1_plans_within_5_seconds(tmp_path: Path) -> None:
     assert (plan["num_configs"], plan["num_gpus"], plan["schedule"]) == (120, 8, "plora")
     check_plan(plan, SweepConfig.from_yaml(PAPER), 8, 40.0)
     assert "makespan" in proc.stdout and "min-gpu" in proc.stdout and "max-gpu" in proc.stdout
+
+
+def test_gpu_type_option_plans_for_that_gpu(tmp_path: Path) -> None:
+    """``--gpu-type H100`` replaces the file's A100-40GB with the H100's 80 GB and peak: the
+    plan's jobs may fill 0.9 x 80 GiB, and the file's GPU would not hold them."""
+    out = tmp_path / "p.json"
+    result = run(["plan", str(PAPER), "--gpus", "8", "--gpu-type", "h100", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(out.read_text())
+    sweep = SweepConfig.from_yaml(PAPER)
+    check_plan(plan, sweep, 8, 80.0)
+    assert max(j["memory_gib_per_gpu"] for j in plan["jobs"]) > 0.9 * 40.0
 
 
 def test_plan_shows_startup_and_overheads_in_the_makespan(tmp_path: Path) -> None:

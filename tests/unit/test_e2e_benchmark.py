@@ -131,3 +131,102 @@ def test_smoke_runs_both_cases_with_every_system(tmp_path):
         assert lo["tune-fsdp"]["eval_loss"][k] == pytest.approx(
             lo["tune-devmap"]["eval_loss"][k], rel=1e-2
         )
+
+
+def test_case_t_draws_one_list_for_both_systems(tmp_path):
+    """``--case T`` (issue 31): 48 configs of the 7B shape drawn from Table 1's ranges, 1,024
+    tokens, 20 steps, 8 GPUs; plora's sweep file (``search: random``, seeded) expands to the
+    configs Tune's grid gets, each with its own alpha and a unique name."""
+    import yaml
+    from e2e import parse_args
+    from e2e_setup import sweep_dict, tune_spec
+
+    from plora.config import SweepConfig
+    from plora.tune.space import expand
+
+    args = parse_args(["--case", "T", "--out", str(tmp_path / "e2e.json")])
+    assert (args.model, args.draw, args.gpus, args.steps, args.tokens + 40) == (
+        "Qwen/Qwen2.5-7B",
+        48,
+        8,
+        20,
+        1024,
+    )
+    assert args.systems == ["plora", "tune"] and args.gradient_checkpointing
+    data = {"train": tmp_path / "train.jsonl", "eval": tmp_path / "eval.jsonl"}
+    for path in data.values():
+        path.write_text('{"prompt": "a", "completion": " b"}\n')
+    sweep = sweep_dict(args, Path(args.model), data, [], [], "H100")  # the shipped shape
+    assert (sweep["search"], sweep["num_samples"], sweep["seed"]) == ("random", 48, 0)
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    configs = expand(SweepConfig.from_yaml(tmp_path / "sweep.yaml"))
+    again = expand(SweepConfig.from_yaml(tmp_path / "sweep.yaml"))
+    assert [c.config_id for c in configs] == [c.config_id for c in again]  # seeded
+    assert len(configs) == 48
+    for c in configs:
+        assert 2e-5 <= c.lr <= 4e-4 and 1 <= c.batch_size <= 32 and 8 <= c.rank <= 128
+        assert c.rank / 4 <= c.alpha <= 4 * c.rank
+    assert len({c.alpha / c.rank for c in configs}) > 1 and len({c.batch_size for c in configs}) > 1
+    rows = [{"key": str(i), "lr": c.lr, "rank": c.rank, "batch_size": c.batch_size,
+             "alpha": c.alpha} for i, c in enumerate(configs)]  # fmt: skip
+    assert tune_spec(sweep, rows)["configs"] == rows
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--draw", "0"], "--draw 0: draw at least 1 config"),
+        (["--draw", "4", "--configs", "2"], "--configs keeps a sub-grid"),
+        (["--case", "T", "--systems", "plora,tune-fsdp"], "--draw: tune-fsdp splits a batch"),
+    ],
+)
+def test_bad_draw_flags_fail_in_one_line(extra, needle, tmp_path, capsys):
+    from e2e import parse_args
+
+    with pytest.raises(SystemExit) as exc:
+        parse_args([*extra, "--out", str(tmp_path / "e2e.json")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert needle in err[-1], err
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_smoke_case_t_drawn_configs_on_eight_logical_gpus(tmp_path):
+    """``e2e.py --smoke --case T``: 4 configs drawn from Table 1's ranges (alpha per config),
+    plora sweep and one Tune trial per GPU on 8 logical GPUs; both systems train every config
+    under the same names, and the losses agree."""
+    out = tmp_path / "e2e.json"
+    cmd = [sys.executable, str(BENCH / "e2e.py"), "--smoke", "--case", "T", "--out", str(out)]
+    cmd += ["--work", str(tmp_path / "work")]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    top = json.loads(out.read_text())
+    assert top["ok"] is True and list(top["cases"]) == ["T"]
+    rep = top["cases"]["T"]
+    assert rep["num_gpus"] == 8 and rep["complete"] is True
+    assert rep["training"]["draw"]["configs"] == 4 and rep["training"]["alpha_ratio"] is None
+    keys = [c["key"] for c in rep["configs"]]
+    assert len(keys) == len(set(keys)) == 4
+    for c in rep["configs"]:
+        assert c["key"].endswith(f",a={c['alpha']:g}")
+        assert c["rank"] / 4 <= c["alpha"] <= 4 * c["rank"] and 1 <= c["batch_size"] <= 32
+    systems = rep["systems"]
+    assert list(systems) == ["plora", "tune"]
+    tune = systems["tune"]
+    assert tune["failed_trials"] == [] and tune["gpu_per_trial"] == 1.0
+    by_key = {t["key"]: t for t in tune["trials"]}
+    for c in rep["configs"]:  # Tune trained the very configs plora did, alpha included
+        t = by_key[c["key"]]
+        assert (t["lr"], t["rank"], t["batch_size"], t["alpha"]) == (
+            c["lr"],
+            c["rank"],
+            c["batch_size"],
+            c["alpha"],
+        )
+    base = rep["base_eval_loss"]
+    for s, row in systems.items():
+        assert all(row["eval_loss"][k] is not None and row["eval_loss"][k] < base for k in keys), s
+    assert sum(j["configs"] for j in systems["plora"]["jobs"]) == 4
+    assert rep["agreement"]["ok"] and "drawn (seed 0)" in rep["markdown"]
