@@ -163,7 +163,6 @@ def _run(
     changed: list[str] = []
     if resume:
         store = SweepStore(out)
-        log.attach(out)
         state = store.read_state()
         sweep, changed = _resumed_sweep(store, sweep, allow_changed=options.allow_changed)
     elif sweep is None:
@@ -220,6 +219,7 @@ def _run(
 
         if resume:
             assert store is not None
+            log.attach(out)  # every check passed: a refused resume leaves DIR as it was
             coord = make(store)
             coord.set_state(state, retry_failed=options.retry_failed, changed=changed)
             if changed:

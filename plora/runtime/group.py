@@ -125,14 +125,14 @@ def start_group(
     # d > 1: each rank joins the process group inside its load, at rank 0's address once rank 0
     # is up (an ObjectRef argument): the driver never waits for a group's processes, so the
     # groups of a plan start side by side
-    master = workers[0].rendezvous.remote() if d > 1 else None
+    master = (workers[0].rendezvous.remote(),) if d > 1 else ()
     return WorkerGroup(
         gpu_ids=tuple(gpu_ids),
         strategy=strategy,
         name=name,
         pg=pg,
         workers=workers,
-        load_refs=[w.load.remote(master) for w in workers],
+        load_refs=[w.load.remote(*master) for w in workers],
         started_at=started,
     )
 
