@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))
 
-from _engine_testlib import TOKENIZER, tiny_model, toy_dataset
+from _engine_testlib import TOKENIZER, assert_same_adapter, tiny_model, toy_dataset
 
 from plora.config import LoRAConfig
 
@@ -115,6 +115,30 @@ def probe_logits(model, slot_of) -> torch.Tensor:
 def trained_ids(refill: bool) -> list[str]:
     """Adapters whose weights a case keeps (a released adapter's are gone)."""
     return ["a", "c", "e"] if refill else [c.config_id for c in CONFIGS]
+
+
+def assert_layout(layout: dict, shape: tuple, bt_cols: int, fsdp: bool, layers: int) -> None:
+    """One rank's split of the base (:func:`_layout`): q_proj's local weight shape and Bt
+    columns, whether FSDP sharded the base, and how many layers the rank holds."""
+    assert layout["q_local_shape"] == shape
+    assert layout["q_bt_cols"] == bt_cols
+    assert (layout["base_dtensors"] > 0) == fsdp
+    assert layout["layers_here"] == layers
+
+
+def assert_same_training(got: dict, ref: dict, trained: list[str]) -> None:
+    """One rank's run equals the single process's: every step's loss and gradient norm, and
+    the final weights of the ``trained`` adapters, each of which moved B from its zero init."""
+    assert sorted(got["losses"]) == sorted(ref["losses"])
+    for cid in ref["losses"]:
+        for part in ("losses", "norms"):
+            torch.testing.assert_close(
+                torch.tensor(got[part][cid]), torch.tensor(ref[part][cid]), rtol=1e-5, atol=1e-6
+            )
+    assert sorted(got["weights"]) == trained
+    for cid in trained:
+        assert_same_adapter(got["weights"][cid], ref["weights"][cid])
+        assert any(v.abs().max() > 1e-4 for k, v in got["weights"][cid].items() if "lora_B" in k)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -18,7 +18,18 @@ import time
 
 import pytest
 import torch
-from _dist_cases import CONFIGS, JOINER, STEPS, Case, probe_logits, spawn, train, trained_ids
+from _dist_cases import (
+    CONFIGS,
+    JOINER,
+    STEPS,
+    Case,
+    assert_layout,
+    assert_same_training,
+    probe_logits,
+    spawn,
+    train,
+    trained_ids,
+)
 from _engine_testlib import TOKENIZER, assert_same_adapter, tiny_model, toy_dataset
 
 from plora.engine.adapters import adapter_state_dict
@@ -101,35 +112,12 @@ def test_parallel_equals_single_process(case, runs, reference):
     for rank in range(case.world_size):
         got = torch.load(runs / f"{case.name}.rank{rank}.pt")
         layout = got["layout"]
-        assert layout["q_local_shape"] == shape
-        assert layout["q_bt_cols"] == bt_cols
-        assert (layout["base_dtensors"] > 0) == fsdp
-        assert layout["layers_here"] == layers
+        assert_layout(layout, shape, bt_cols, fsdp, layers)
         assert layout["idle_micro_batches"] == idle[rank]
         # FSDP2 CPU offload on every unit (the 2 layers and the root) exactly when asked for
         assert layout["offloaded_units"] == (3 if case.cpu_offload else 0)
         assert layout["offloaded_on_cpu"]
-        ref = reference[case.refill]
-        assert sorted(got["losses"]) == sorted(ref["losses"])
-        for cid in ref["losses"]:
-            torch.testing.assert_close(
-                torch.tensor(got["losses"][cid]), torch.tensor(ref["losses"][cid]),
-                rtol=1e-5, atol=1e-6,
-            )  # fmt: skip
-            torch.testing.assert_close(
-                torch.tensor(got["norms"][cid]), torch.tensor(ref["norms"][cid]),
-                rtol=1e-5, atol=1e-6,
-            )  # fmt: skip
-        assert sorted(got["weights"]) == trained_ids(case.refill)
-        for cid in trained_ids(case.refill):
-            assert_same_adapter(got["weights"][cid], ref["weights"][cid])
-            assert any(  # the adapter trained: B moved from its zero init
-                v.abs().max() > 1e-4 for k, v in got["weights"][cid].items() if "lora_B" in k
-            )
-            # the adapter trained: B moved from zero
-            assert any(
-                v.abs().max() > 1e-4 for k, v in got["weights"][cid].items() if "lora_B" in k
-            )
+        assert_same_training(got, reference[case.refill], trained_ids(case.refill))
 
 
 def _least_heaviest(w: list[int], k: int) -> int:
