@@ -44,14 +44,12 @@ class SweepLog:
         self.console.setLevel(logging.WARNING)
         self.console.addFilter(_is_plora)
         self.file: logging.FileHandler | None = None
-        self.path: Path | None = None
 
     def attach(self, directory: str | Path) -> None:
         """Write to ``directory/plora.log`` from now on, the records kept so far first."""
         if self.file is not None:
             return
-        self.path = Path(directory) / LOG_FILE
-        self.file = logging.FileHandler(self.path, mode="a", encoding="utf-8")
+        self.file = logging.FileHandler(Path(directory) / LOG_FILE, mode="a", encoding="utf-8")
         self.file.setLevel(logging.INFO)
         self.file.setFormatter(logging.Formatter(_FORMAT))
         self.early.setTarget(self.file)
