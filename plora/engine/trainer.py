@@ -69,6 +69,9 @@ class PackedTrainer:
         gradient_checkpointing: recompute the frozen base's activations in backward.
         profile_steps: how many first steps :meth:`profile` keeps.
         base_model_name_or_path: written into exported ``adapter_config.json``.
+        cuda_graphs: replay the steady step as a CUDA graph (:mod:`plora.engine.graphed`);
+            None: on for a CUDA device unless ``PLORA_CUDA_GRAPHS=0``. On the CPU, True runs the
+            graph's static-buffer step eagerly (what the tests compare with the eager step).
     """
 
     pausable = True
@@ -88,6 +91,7 @@ class PackedTrainer:
         gradient_checkpointing: bool = False,
         profile_steps: int = 10,
         base_model_name_or_path: str | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else model_device(model)
         self.model = model.to(self.device)
@@ -125,6 +129,7 @@ class PackedTrainer:
         self.optimizer = PackedAdamW(self.layers)
         self.global_step = 0
         self.profile_steps = profile_steps
+        self.cuda_graphs = cuda_graphs
         self._profile: list[StepProfile] = []
         self.last_step: StepProfile | None = None
         """Measurements of the latest step."""
