@@ -8,7 +8,8 @@ first layer pays the host-to-device copy.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -157,12 +158,13 @@ class PackedMeta:
 
     def device_table(self, device: torch.device) -> torch.Tensor:
         """``(8, n_slots + 1)`` int32 table on ``device``: seg, off, rank, scale, p (as bits),
-        key low and high words, first row."""
+        key low and high words, first row. Inside :func:`static_tables`, the store's buffer."""
+        if _STORE:
+            return _STORE[-1].table(self, torch.device(device))
         return _device_table(self, torch.device(device))
 
 
-@lru_cache(maxsize=64)
-def _device_table(meta: PackedMeta, device: torch.device) -> torch.Tensor:
+def _host_table(meta: PackedMeta) -> torch.Tensor:
     n = meta.n_slots
     host = torch.zeros(TABLE_ROWS, n + 1, dtype=torch.int32)
     host[ROW_SEG] = torch.tensor(meta.seg_starts, dtype=torch.int32)
@@ -174,9 +176,98 @@ def _device_table(meta: PackedMeta, device: torch.device) -> torch.Tensor:
     host[ROW_KEY_LO, :n] = (keys & 0xFFFFFFFF).to(torch.int32)  # wraps: the bits are what count
     host[ROW_KEY_HI, :n] = (keys >> 32).to(torch.int32)
     host[ROW_ROW0, :n] = torch.tensor(meta.dropout_rows or (0,) * n, dtype=torch.int32)
+    return host
+
+
+def _shipped(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         host = host.pin_memory()
     return host.to(device, non_blocking=True)
+
+
+@lru_cache(maxsize=64)
+def _device_table(meta: PackedMeta, device: torch.device) -> torch.Tensor:
+    return _shipped(_host_table(meta), device)
+
+
+class TableStore:
+    """Device tables that outlive a step, for a step replayed as a CUDA graph.
+
+    A captured kernel reads its table from a fixed address, so inside :func:`static_tables` every
+    table with the same layout (segments, ranks, scales, dropout probabilities and rows: all but
+    the dropout keys) is one buffer of this store. The keys change with every optimizer step;
+    :meth:`rekey` rewrites them in place before a replay. Tables are made and filled only by an
+    eager pass (:attr:`frozen` False); a frozen store (during capture) refuses a new layout with
+    :class:`GraphUnsafe`, and one whose keys are stale, since a capture may not copy.
+
+    Keys are matched to their owners (any hashable label: the engine uses slots) with
+    :attr:`owners`, ``{key: label}``, set before an eager pass: an entry whose key is 0 (no
+    dropout) stays 0.
+    """
+
+    def __init__(self) -> None:
+        self.frozen = False
+        self.owners: dict[int, object] = {}
+        self._tables: dict[tuple, tuple[torch.Tensor, tuple[object, ...]]] = {}
+        self._keys: dict[tuple, tuple[int, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def table(self, meta: PackedMeta, device: torch.device) -> torch.Tensor:
+        layout = (
+            meta.seg_starts, meta.rank_offsets, meta.ranks, meta.scales, meta.dropout_p,
+            meta.dropout_rows, device,
+        )  # fmt: skip
+        keys = meta.dropout_keys or (0,) * meta.n_slots
+        found = self._tables.get(layout)
+        if found is not None and self._keys[layout] == keys:
+            return found[0]
+        if self.frozen:
+            what = "a new table layout" if found is None else "stale dropout keys"
+            raise GraphUnsafe(f"packed_lora: {what} while capturing; run the step eagerly first")
+        unknown = [k for k in keys if k and k not in self.owners]
+        if unknown:
+            raise GraphUnsafe(f"packed_lora: dropout key {unknown[0]} has no owner in the store")
+        labels = tuple(self.owners[k] if k else None for k in keys)
+        if found is None:
+            buf = _shipped(_host_table(meta), device)
+        else:
+            buf = found[0]
+            buf.copy_(_shipped(_host_table(meta), device), non_blocking=True)
+        self._tables[layout] = (buf, labels)
+        self._keys[layout] = keys
+        return buf
+
+    def rekey(self, keys: dict[object, int]) -> None:
+        """Give every entry owned by label ``l`` the key ``keys[l]`` (one copy per changed table)."""
+        for layout, (buf, labels) in self._tables.items():
+            new = tuple(0 if lab is None else keys[lab] for lab in labels)
+            if new == self._keys[layout]:
+                continue
+            k = torch.tensor(new, dtype=torch.int64)
+            host = torch.stack([(k & 0xFFFFFFFF).to(torch.int32), (k >> 32).to(torch.int32)])
+            buf[ROW_KEY_LO : ROW_KEY_HI + 1, : len(new)].copy_(
+                _shipped(host, buf.device), non_blocking=True
+            )
+            self._keys[layout] = new
+
+
+class GraphUnsafe(RuntimeError):
+    """A step cannot be captured as it stands (it needs host work a replay would not redo)."""
+
+
+_STORE: list[TableStore] = []
+
+
+@contextmanager
+def static_tables(store: TableStore) -> Iterator[TableStore]:
+    """Route every :meth:`PackedMeta.device_table` inside through ``store``."""
+    _STORE.append(store)
+    try:
+        yield store
+    finally:
+        _STORE.pop()
 
 
 def make_meta(

@@ -43,6 +43,22 @@ def packed_loss(
         The scalar loss (fp32) and each slot's detached CE sum in this micro-batch (a 0-d
         float64 tensor on ``hidden``'s device: read it once the step is done, no sync here).
     """
+    where, t, w, owner, slots = loss_targets(labels, segments, denoms)
+    if labels.device != hidden.device:
+        where, t, w, owner = (_to_device(x, hidden.device) for x in (where, t, w, owner))
+    loss, per_slot = targets_loss(head, hidden, where, t, w, owner, len(slots))
+    return loss, dict(zip(slots, per_slot.unbind(), strict=True))
+
+
+def loss_targets(
+    labels: torch.Tensor, segments: Sequence[Any], denoms: dict[int, int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """The target tokens of a packed micro-batch, found where ``labels`` lie.
+
+    Returns ``(where, targets, weights, owner, slots)``: each target's position in the hidden
+    states viewed as ``(R·S, H)``, its label, its weight ``1 / N_i`` and the index in ``slots``
+    of the slot whose rows hold it; ``slots`` are the slots with rows, in segment order.
+    """
     targets = labels[:, 1:]
     valid = targets != _IGNORE
     row_w = torch.zeros(labels.shape[0], dtype=torch.float32, device=labels.device)
@@ -59,14 +75,26 @@ def packed_loss(
     rows, cols = valid.nonzero(as_tuple=True)
     # (row, col) of each target -> its hidden state's row in hidden viewed as (R·S, H)
     where = rows * labels.shape[1] + cols
-    t, w, owner = targets[rows, cols], row_w[rows], row_slot[rows]
-    if labels.device != hidden.device:
-        where, t, w, owner = (_to_device(x, hidden.device) for x in (where, t, w, owner))
+    return where, targets[rows, cols], row_w[rows], row_slot[rows], slots
+
+
+def targets_loss(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    where: torch.Tensor,
+    targets: torch.Tensor,
+    weights: torch.Tensor,
+    owner: torch.Tensor,
+    n_slots: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Σ_t w_t CE_t`` over the targets of :func:`loss_targets` (on ``hidden``'s device) and
+    each slot's detached CE sum, float64 ``(n_slots,)``. An owner of ``n_slots`` or more (a
+    padding target of weight 0, as a captured step's fixed-size buffers hold) counts nowhere."""
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, where)
-    loss, ce = _weighted_ce(head, h, t, w)
-    per_slot = torch.zeros(len(slots), dtype=torch.float64, device=hidden.device)
-    per_slot.index_add_(0, owner, ce.detach().to(torch.float64))
-    return loss, dict(zip(slots, per_slot.unbind(), strict=True))
+    loss, ce = _weighted_ce(head, h, targets, weights)
+    per_slot = torch.zeros(n_slots + 1, dtype=torch.float64, device=hidden.device)
+    per_slot.index_add_(0, owner.clamp(max=n_slots), ce.detach().to(torch.float64))
+    return loss, per_slot[:n_slots]
 
 
 def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -130,4 +158,4 @@ def _weighted_ce(
     return _LinearCrossEntropy.apply(h, weight, head.bias, t, w, chunk, dtype)
 
 
-__all__ = ["packed_loss"]
+__all__ = ["loss_targets", "packed_loss", "targets_loss"]

@@ -254,8 +254,25 @@ class PackedAdamW:
         self.sync()
         if not self._groups:
             return torch.zeros(max(lrs, default=-1) + 1)
-        self._bind_grads()
+        host = self.slot_table(lrs)
         device = self._groups[0].param.device
+        if device.type == "cuda":
+            host = host.pin_memory()
+        norms = self.apply(host.to(device, non_blocking=True))
+        self.count_step(lrs)
+        return norms
+
+    def count_step(self, lrs: Mapping[int, float]) -> None:
+        """Count one step of each slot in ``lrs`` (after :meth:`apply` of its table)."""
+        for slot in lrs:
+            self._slots[slot].step += 1
+
+    def slot_table(self, lrs: Mapping[int, float]) -> torch.Tensor:
+        """The host half of :meth:`step`: the per-slot factors of the next step of the slots in
+        ``lrs``, float32 ``(n, 8)`` on the host, for :meth:`apply` (then :meth:`count_step`). A
+        captured step copies them into its own buffer and replays :meth:`apply`
+        (:mod:`plora.engine.graphed`)."""
+        self.sync()
         unknown = sorted(set(lrs) - set(self._slots))
         if unknown:
             raise KeyError(f"slots {unknown} are not in the optimizer; add_slot them first")
@@ -263,17 +280,20 @@ class PackedAdamW:
         b1, b2 = self.betas
         for slot, lr in lrs.items():
             st = self._slots[slot]
-            st.step += 1
-            bc1, bc2 = 1 - b1**st.step, 1 - b2**st.step
+            t = st.step + 1
+            bc1, bc2 = 1 - b1**t, 1 - b2**t
             max_norm = st.max_grad_norm
             table[slot] = (
                 1 - lr * st.weight_decay, 1 - b1, b2, bc2**0.5, -(lr / bc1),
                 0.0 if max_norm is None else max_norm, float(max_norm is not None), 1.0,
             )  # fmt: skip
-        host = torch.tensor(table, dtype=torch.float64).to(torch.float32)
-        if device.type == "cuda":
-            host = host.pin_memory()
-        tab = host.to(device, non_blocking=True)
+        return torch.tensor(table, dtype=torch.float64).to(torch.float32).reshape(-1, 8)
+
+    def apply(self, tab: torch.Tensor) -> torch.Tensor:
+        """The device half of :meth:`step` with :meth:`slot_table`'s factors on the device:
+        clip, update, zero the gradients; returns the slots' gradient norms. No host work but
+        launches, so a CUDA graph may capture it."""
+        self._bind_grads()
         norm = self._slot_norm_sq().sqrt().float()
         clip = ((norm + _CLIP_EPS).reciprocal() * tab[:, _MAX_NORM]).clamp(max=1.0)
         coef = torch.where(tab[:, _CLIP] > 0, clip, tab[:, _ACTIVE])

@@ -39,6 +39,7 @@ from plora.config import ConfigError, LoRAConfig
 from plora.engine import adapters, optim
 from plora.engine.batch import plan_micro_batches, target_count, truncate
 from plora.engine.device import model_device, peak_memory
+from plora.engine.graphed import StepGraphs, graphs_wanted
 from plora.engine.loss import _to_device, packed_loss
 from plora.engine.packed_optim import PackedAdamW
 from plora.engine.reports import AdapterStatus, PackProfile, StepMetrics, StepProfile
@@ -76,6 +77,8 @@ class PackedTrainer:
 
     pausable = True
     """Whether an adapter may leave with :meth:`adapter_train_state` (:mod:`plora.engine.pause`)."""
+    graphable = True
+    """Whether the step may replay as a CUDA graph (:mod:`plora.engine.graphed`)."""
 
     def __init__(
         self,
@@ -129,7 +132,10 @@ class PackedTrainer:
         self.optimizer = PackedAdamW(self.layers)
         self.global_step = 0
         self.profile_steps = profile_steps
-        self.cuda_graphs = cuda_graphs
+        self.graphs = (
+            StepGraphs(self) if self.graphable and graphs_wanted(cuda_graphs, self.device) else None
+        )
+        """The graphed step (:mod:`plora.engine.graphed`); None: every step eager."""
         self._profile: list[StepProfile] = []
         self.last_step: StepProfile | None = None
         """Measurements of the latest step."""
@@ -231,27 +237,19 @@ class PackedTrainer:
         self.optimizer.sync()  # after adapters joined or left: adopt the new packed parameters
         batches = {ad.slot: self._draw(ad) for ad in active}
         denoms = {s: max(1, sum(target_count(ex) for ex in exs)) for s, exs in batches.items()}
-        while True:
-            try:
-                ce_parts, micros, rows, padded, seq_len = self._accumulate(batches, denoms, active)
-                break
-            except torch.OutOfMemoryError:
-                total = sum(len(b) for b in batches.values())
-                current = min(self.max_rows or total, total)
-                if not self.adapt_to_memory or current <= 1:
-                    raise
-            # Out of memory (the exception and its frames are released by now): gradient
-            # accumulation on demand -- same batches, half the rows per forward. The result is
-            # unchanged since each micro-batch carries its share of every adapter's loss.
-            self.optimizer.zero_grad()
-            if cuda:
-                torch.cuda.empty_cache()
-            self.max_rows = max(1, current // 2)
-            self.oom_splits += 1
         lrs = {ad.slot: ad.config.lr * ad.lr_lambda(ad.step) for ad in active}
-        norms = self.optimizer.step(lrs)
-        # one device -> host read per step: every slot's grad norm, then the micro-batches' CE sums
-        readback = torch.cat([norms.double(), *(sums for _, sums in ce_parts)])
+        graphed = self._graphed_step(active, batches, denoms, lrs)
+        if graphed is not None:
+            readback, ce_slots, rows, padded, seq_len, num_norms = graphed
+            n_micros = len(ce_slots)
+        else:
+            ce_parts, n_micros, rows, padded, seq_len = self._eager_accumulate(
+                batches, denoms, active
+            )
+            norms = self.optimizer.step(lrs)
+            num_norms, ce_slots = norms.shape[0], [slots for slots, _ in ce_parts]
+            # one device -> host read per step: every slot's grad norm, then the micro-batches' CE
+            readback = torch.cat([norms.double(), *(sums for _, sums in ce_parts)])
         host_s = time.perf_counter() - t0
         if cuda:
             torch.cuda.synchronize(self.device)
@@ -262,8 +260,8 @@ class PackedTrainer:
             denoms=denoms,
             lrs=lrs,
             values=readback.tolist(),
-            num_norms=norms.shape[0],
-            ce_slots=[slots for slots, _ in ce_parts],
+            num_norms=num_norms,
+            ce_slots=ce_slots,
             elapsed=elapsed,
         )
         for ad in active:
@@ -279,12 +277,50 @@ class PackedTrainer:
             seq_len=seq_len,
             tokens=tokens_total,
             padded_tokens=padded,
-            micro_batches=len(micros),
+            micro_batches=n_micros,
             peak_memory_bytes=peak_memory(self.device),
         )
         if len(self._profile) < self.profile_steps:
             self._profile.append(self.last_step)
         return metrics
+
+    def _eager_accumulate(self, batches, denoms, active):
+        """:meth:`_accumulate`, on out-of-memory again with half the rows per forward (when
+        ``adapt_to_memory``). Returns ``(ce_parts, micro-batches, rows, padded, seq_len)``."""
+        while True:
+            try:
+                ce_parts, micros, rows, padded, seq_len = self._accumulate(batches, denoms, active)
+                return ce_parts, len(micros), rows, padded, seq_len
+            except torch.OutOfMemoryError:
+                total = sum(len(b) for b in batches.values())
+                current = min(self.max_rows or total, total)
+                if not self.adapt_to_memory or current <= 1:
+                    raise
+            # Out of memory (the exception and its frames are released by now): gradient
+            # accumulation on demand -- same batches, half the rows per forward. The result is
+            # unchanged since each micro-batch carries its share of every adapter's loss.
+            self.optimizer.zero_grad()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.max_rows = max(1, current // 2)
+            self.oom_splits += 1
+
+    def _graphed_step(self, active, batches, denoms, lrs):
+        """The step through :attr:`graphs` (None: not graphed, nothing done). On CUDA anything
+        the graphed step cannot do turns it off for this trainer and the step runs eagerly."""
+        if self.graphs is None or self.graphs.disabled is not None:
+            return None
+        try:
+            out = self.graphs.step(active, batches, denoms, lrs)
+        except Exception as err:
+            if self.device.type != "cuda":
+                raise
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            self.graphs.disable(f"{type(err).__name__}: {first}")
+            self.optimizer.zero_grad()
+            return None
+        self.optimizer.count_step(lrs)
+        return out
 
     def _accumulate(self, batches, denoms, active):
         """Forward + backward of the step's rows in micro-batches of ``max_rows``.

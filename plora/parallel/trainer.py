@@ -59,6 +59,8 @@ class ParallelPackedTrainer(PackedTrainer):
 
     pausable = False
     """Its adapter state is sharded over the job's ranks: pausing is for one-device packs."""
+    graphable = False
+    """Its step has collectives and pipeline schedules around the forward: not captured."""
 
     def __init__(
         self,

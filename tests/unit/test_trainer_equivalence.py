@@ -3,7 +3,10 @@
 fp32 on CPU, tiny random Qwen2/Llama. Four configs that differ in every hyperparameter the
 engine handles per adapter (rank 4..32, alpha, rsLoRA, lr, batch size, target modules, seed,
 schedule, warmup, weight decay, clipping) train packed; each is compared with a plain PEFT loop
-(``_engine_testlib.peft_reference``) on losses at every step and on final weights.
+(``_engine_testlib.peft_reference``) on losses at every step and on final weights. The
+``static-step`` cases run the step a CUDA graph captures (:mod:`plora.engine.graphed`: rows
+padded to a length bucket, no attention mask, fixed-size target buffers, the optimizer's table
+from a buffer) eagerly on the CPU.
 """
 
 from __future__ import annotations
@@ -51,17 +54,23 @@ def _run(trainer: PackedTrainer, steps: int, losses: dict[str, list[float]]) -> 
     for _ in range(steps):
         for m in trainer.step():
             losses.setdefault(m.config_id, []).append(m.loss)
+    if trainer.graphs is not None:  # the static-buffer step really ran, with no fallback
+        assert trainer.graphs.eager_steps >= steps and trainer.graphs.disabled is None
 
 
+GRAPHS = pytest.mark.parametrize("graphs", [False, True], ids=["eager", "static-step"])
+
+
+@GRAPHS
 @pytest.mark.parametrize(
     ("family", "max_rows"),
     [("qwen2", None), ("llama", None), ("qwen2", 3)],
     ids=["qwen2", "llama", "qwen2-microbatch3"],
 )
-def test_pack_equals_peft_alone(family, max_rows):
+def test_pack_equals_peft_alone(family, max_rows, graphs):
     base = tiny_model(family)
     data = toy_dataset()
-    trainer = _trainer(base, data, max_rows=max_rows)
+    trainer = _trainer(base, data, max_rows=max_rows, cuda_graphs=graphs)
     inits = {}
     for cfg in CONFIGS:
         slot = trainer.add(cfg)
@@ -84,11 +93,12 @@ def test_pack_equals_peft_alone(family, max_rows):
         assert any(v.abs().max() > 1e-4 for k, v in ref_w.items() if "lora_B" in k)
 
 
-def test_remove_and_add_between_steps():
+@GRAPHS
+def test_remove_and_add_between_steps(graphs):
     """b leaves after step 2 (early stop), e joins after step 3 into b's freed slot."""
     base = tiny_model("qwen2")
     data = toy_dataset()
-    trainer = _trainer(base, data)
+    trainer = _trainer(base, data, cuda_graphs=graphs)
     inits = {}
     for cfg in CONFIGS:
         slot = trainer.add(cfg)
@@ -122,7 +132,8 @@ def test_remove_and_add_between_steps():
         assert_same_adapter(got, ref_w)
 
 
-def test_dropout_with_shared_keyed_masks():
+@GRAPHS
+def test_dropout_with_shared_keyed_masks(graphs):
     """dropout > 0: the PEFT reference gets the engine's keyed masks (per adapter step and row).
 
     Rows of different lengths are padded to different widths in the pack and alone; the CPU
@@ -136,7 +147,7 @@ def test_dropout_with_shared_keyed_masks():
         LoRAConfig(config_id="q", rank=4, alpha=4, lr=1e-2, batch_size=3, seed=6, dropout=0.1,
                    max_steps=4, target_modules=("q_proj", "v_proj", "gate_proj")),
     ]  # fmt: skip
-    trainer = _trainer(base, data, max_rows=4)
+    trainer = _trainer(base, data, max_rows=4, cuda_graphs=graphs)
     inits = {}
     for cfg in cfgs:
         slot = trainer.add(cfg)

@@ -1,0 +1,289 @@
+"""The steady packed step replayed as a CUDA graph: the host out of the GPU's way.
+
+An eager packed step launches a few thousand kernels (Triton and cuBLAS for every projection,
+forward and backward) and its Python and launch overhead idles the GPU: 18 % of a 3B step on an
+H100 host (``benchmarks/RESULTS.md``). Once a step's shapes repeat, the same work replays as a
+CUDA graph: one launch, no Python.
+
+What makes a step repeat. Within a pack whose adapters neither join nor leave, every step has
+the same rows per adapter (its batch size) and the same micro-batches; what varies is
+
+* the padded length: rows pad to the step's longest row, rounded up here to a *bucket*
+  (:func:`bucket_length`, a multiple of :data:`LENGTH_BUCKET` tokens);
+* the number of target tokens: the loss reads hidden states at target positions only, padded
+  here to a quarter of the bucket's capacity (:func:`bucket_targets`) with weight-0 targets;
+* the data, the dropout keys (each adapter's seed and step) and the optimizer's per-slot
+  factors (learning rate, bias corrections).
+
+A graph is keyed by the pack's layout (the layers' versions, the adapters, the micro-batches),
+the length bucket and the target buckets. Its inputs are buffers of fixed address, refilled
+before each replay: token ids, target positions / labels / weights / owners, the optimizer's
+factor table, and the packed kernels' slot tables (:class:`plora.kernels.meta.TableStore`,
+whose dropout keys are rewritten in place). Its outputs -- each slot's gradient norm and CE sums
+-- land in one buffer read after the step. Rows are right-padded and attention is causal, so the
+graphed step passes no attention mask (padding sits after every real token; it is never
+attended to and is never a target) and the flash kernel runs.
+
+When. The first step of a key runs eagerly through the same static buffers (it compiles the
+kernels and fills the slot tables); the second captures and replays; later ones replay. Adapters
+that join or leave change the layout: the pack's graphs are dropped and the next steps capture
+again. Graphs share one memory pool (no graph output lives in it: every buffer a replay reads or
+writes is allocated outside), so a handful of length buckets costs about one step's
+activations. Anything a capture refuses (out of memory, an operation that needs the host) turns
+graphs off for the trainer with one log line, and the step runs eagerly: the eager step is the
+reference the graphed one is tested against (``tests/gpu/test_graphs_gpu.py``).
+
+On the CPU (``cuda_graphs=True``) the static-buffer step runs eagerly every time: what the CPU
+tests compare with the eager step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from plora.kernels.meta import TableStore, static_tables
+
+from plora.engine import adapters
+from plora.engine.batch import pack_batch, plan_micro_batches
+from plora.engine.fused import dropout_key
+from plora.engine.loss import _to_device, loss_targets, targets_loss
+
+log = logging.getLogger(__name__)
+
+#: Padded lengths round up to a multiple of this.
+LENGTH_BUCKET = 64
+#: Target tokens round up to this fraction of the bucket's capacity (rows × (length - 1)).
+TARGET_STEPS = 4
+#: Graphs kept per trainer (least recently used dropped first).
+MAX_GRAPHS = 8
+#: ``PLORA_CUDA_GRAPHS=0`` turns the graphed step off where the trainer is not told.
+ENV = "PLORA_CUDA_GRAPHS"
+
+
+def graphs_wanted(requested: bool | None, device: torch.device) -> bool:
+    """Whether a trainer on ``device`` runs the static-buffer step (``requested`` None: on for
+    CUDA unless ``PLORA_CUDA_GRAPHS=0``)."""
+    if requested is not None:
+        return requested
+    return device.type == "cuda" and os.environ.get(ENV, "1").strip().lower() not in (
+        "0", "off", "false", "no",
+    )  # fmt: skip
+
+
+def bucket_length(n: int, multiple: int = LENGTH_BUCKET) -> int:
+    """``n`` tokens rounded up to a multiple of ``multiple``."""
+    return -(-max(n, 1) // multiple) * multiple
+
+
+def bucket_targets(n: int, capacity: int, steps: int = TARGET_STEPS) -> int:
+    """``n`` targets rounded up to a ``1 / steps`` fraction of ``capacity`` (at most it)."""
+    quantum = max(1, -(-capacity // steps))
+    return min(capacity, -(-max(n, 1) // quantum) * quantum)
+
+
+@dataclass
+class _Micro:
+    """One micro-batch's buffers (fixed addresses) and routing."""
+
+    segments: tuple[tuple[int, int, int], ...]
+    offsets: dict[int, int]
+    slots: list[int]
+    input_ids: torch.Tensor
+    where: torch.Tensor
+    targets: torch.Tensor
+    weights: torch.Tensor
+    owner: torch.Tensor
+
+
+@dataclass
+class _Entry:
+    micros: list[_Micro]
+    table: torch.Tensor
+    out: torch.Tensor
+    graph: Any = None
+    runs: int = 0
+
+
+class StepGraphs:
+    """The graphed step of one :class:`~plora.engine.trainer.PackedTrainer` (see the module).
+
+    Attributes:
+        captures, replays, eager_steps: counts, for tests and benchmarks.
+        disabled: why graphs were turned off (None while on).
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.capture = trainer.device.type == "cuda"
+        self.store = TableStore()
+        self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self._layout: tuple | None = None
+        self.captures = self.replays = self.eager_steps = 0
+        self.disabled: str | None = None
+
+    # ------------------------------------------------------------------ step
+    def step(self, active: Sequence[Any], batches: dict[int, list[Any]], denoms, lrs):
+        """Forward, backward and optimizer of one step through the buffers of its key.
+
+        Returns ``(out, ce_slots, rows, padded, seq_len, num_norms)``: ``out`` a float64 device
+        buffer (every slot's gradient norm, then the micro-batches' CE sums; read it after the
+        step's synchronize).
+        """
+        tr = self.trainer
+        layout = (
+            tuple(layer.version for layer in tr.layers.values()),
+            tuple(sorted(lrs)),
+            tr.max_rows,
+        )
+        if layout != self._layout:  # adapters joined or left: the old graphs are of no use
+            self.drop()
+            self._layout = layout
+        micros = plan_micro_batches(batches, tr.max_rows)
+        length = bucket_length(max(len(ex.input_ids) for exs in batches.values() for ex in exs))
+        packed = [self._host_micro(m, length, denoms) for m in micros]
+        key = (
+            layout,
+            length,
+            tuple((segs, len(ids), len(where)) for segs, _, _, ids, (where, *_) in packed),
+        )
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self._new_entry(packed, length)
+            self.entries[key] = entry
+            while len(self.entries) > MAX_GRAPHS:
+                self.entries.popitem(last=False)
+        self.entries.move_to_end(key)
+        self._fill(entry, packed)
+        steps = {ad.slot: (ad.config.seed, ad.step) for ad in active}
+        self.store.owners = {dropout_key(seed, st): s for s, (seed, st) in steps.items()}
+        self.store.rekey({s: dropout_key(seed, st) for s, (seed, st) in steps.items()})
+        keys = {s: st for s, (_, st) in steps.items()}
+        if self.capture and entry.runs and entry.graph is None:
+            self._capture(entry, keys)
+        entry.table.copy_(_to_device(tr.optimizer.slot_table(lrs), tr.device), non_blocking=True)
+        if entry.graph is not None:
+            entry.graph.replay()
+            self.replays += 1
+        else:
+            with static_tables(self.store):
+                self._body(entry, keys)
+            self.eager_steps += 1
+        entry.runs += 1
+        rows = sum(len(ids) for _, _, _, ids, _ in packed)
+        ce_slots = [m.slots for m in entry.micros]
+        return entry.out, ce_slots, rows, rows * length, length, entry.table.shape[0]
+
+    def drop(self) -> None:
+        """Forget every graph and buffer (adapters changed, or memory is needed)."""
+        self.entries.clear()
+        self._layout = None
+
+    def disable(self, why: str) -> None:
+        """Turn graphs off for this trainer (one log line) and free their memory."""
+        if self.disabled is None:
+            log.warning("CUDA graphs off for this pack: %s; the step runs eagerly", why)
+        self.disabled = why
+        self.drop()
+        self.pool = None
+        if self.capture:
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------- internals
+    def _host_micro(self, micro, length: int, denoms):
+        """Host tensors of one micro-batch at the bucket's length, targets at their bucket."""
+        tr = self.trainer
+        width = max(micro) + 1
+        rows = [micro[s][1] if s in micro else [] for s in range(width)]
+        pb = pack_batch(rows, tr.pad_id)
+        ids = torch.full((pb.input_ids.shape[0], length), tr.pad_id, dtype=torch.long)
+        ids[:, : pb.input_ids.shape[1]] = pb.input_ids
+        labels = torch.full_like(ids, -100)
+        labels[:, : pb.labels.shape[1]] = pb.labels
+        segs = tuple((s.slot, s.start, s.stop) for s in pb.segments if s.stop > s.start)
+        where, t, w, owner, slots = loss_targets(labels, segs, denoms)
+        size = bucket_targets(len(where), ids.shape[0] * (length - 1))
+        pad = size - len(where)
+        where = torch.cat([where, where.new_zeros(pad)])
+        t = torch.cat([t, t.new_zeros(pad)])
+        w = torch.cat([w, w.new_zeros(pad)])
+        owner = torch.cat([owner, owner.new_full((pad,), len(slots))])
+        offsets = {s: micro[s][0] for s in micro}
+        return segs, offsets, slots, ids, (where, t, w, owner)
+
+    def _new_entry(self, packed, length: int) -> _Entry:
+        dev = self.trainer.device
+        micros = []
+        for segs, offsets, slots, ids, targets in packed:
+            bufs = [torch.empty_like(x, device=dev) for x in (ids, *targets)]
+            micros.append(_Micro(segs, offsets, slots, *bufs))
+        n_ids = self.trainer.optimizer.slot_table({}).shape[0]
+        out = torch.zeros(
+            n_ids + sum(len(m.slots) for m in micros), dtype=torch.float64, device=dev
+        )
+        return _Entry(micros, torch.zeros(n_ids, 8, device=dev), out)
+
+    def _fill(self, entry: _Entry, packed) -> None:
+        for m, (_, offsets, _, ids, targets) in zip(entry.micros, packed, strict=True):
+            m.offsets = offsets
+            for buf, host in zip((m.input_ids, m.where, m.targets, m.weights, m.owner),
+                                 (ids, *targets), strict=True):  # fmt: skip
+                buf.copy_(_to_device(host, buf.device), non_blocking=True)
+
+    def _body(self, entry: _Entry, steps: dict[int, int]) -> None:
+        """Every micro-batch's forward and backward, the optimizer, the outputs: all device work
+        reading the entry's buffers (what a graph captures)."""
+        tr = self.trainer
+        sums = []
+        for m in entry.micros:
+            keys = {s: (steps[s], m.offsets[s]) for s in m.offsets}
+            with adapters.packed_segments(tr.model, m.segments, dropout_keys=keys):
+                with _autocast(tr):
+                    hidden = tr._decoder(input_ids=m.input_ids, use_cache=False).last_hidden_state
+                    loss, per_slot = targets_loss(
+                        tr._head, hidden, m.where, m.targets, m.weights, m.owner, len(m.slots)
+                    )
+                loss.backward()
+            del hidden, loss
+            sums.append(per_slot)
+        norms = tr.optimizer.apply(entry.table)
+        entry.out.copy_(torch.cat([norms.double(), *sums]))
+
+    def _capture(self, entry: _Entry, steps: dict[int, int]) -> None:
+        if not self.captures:  # the eager steps' cached blocks: let the graphs' pool have them
+            torch.cuda.empty_cache()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.trainer.device)
+        self.store.frozen = True
+        try:
+            capture = torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local")
+            with static_tables(self.store), capture:
+                self._body(entry, steps)
+        finally:
+            self.store.frozen = False
+        entry.graph = graph
+        self.captures += 1
+
+
+def _autocast(trainer: Any) -> contextlib.AbstractContextManager[Any]:
+    dev = trainer.device.type
+    if trainer.autocast_dtype is None:
+        return torch.autocast(dev, enabled=False)
+    return torch.autocast(dev, dtype=trainer.autocast_dtype, cache_enabled=False)
+
+
+__all__ = [
+    "ENV",
+    "LENGTH_BUCKET",
+    "StepGraphs",
+    "bucket_length",
+    "bucket_targets",
+    "graphs_wanted",
+]

@@ -1,0 +1,71 @@
+"""The graphed step's shapes repeat: lengths and target counts round up to buckets, and one set of
+buffers (one graph on CUDA) serves every step of a pack until adapters join or leave."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from _engine_testlib import TOKENIZER, tiny_model, toy_dataset
+
+from plora.config import LoRAConfig
+from plora.engine.graphed import LENGTH_BUCKET, bucket_length, bucket_targets, graphs_wanted
+from plora.engine.trainer import PackedTrainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize(
+    ("n", "want"), [(1, 64), (63, 64), (64, 64), (65, 128), (1000, 1024), (1024, 1024)]
+)
+def test_lengths_round_up_to_the_bucket(n, want):
+    assert LENGTH_BUCKET == 64
+    assert bucket_length(n) == want
+
+
+def test_targets_round_up_to_a_quarter_of_the_capacity():
+    cap = 4 * 63  # 4 rows of 64 tokens
+    assert [bucket_targets(n, cap) for n in (1, 63, 64, 126, 127, 252)] == [
+        63,
+        63,
+        126,
+        126,
+        189,
+        252,
+    ]
+    for n in range(1, cap + 1):
+        got = bucket_targets(n, cap)
+        assert n <= got <= cap and got - n < cap / 4
+    assert len({bucket_targets(n, cap) for n in range(1, cap + 1)}) == 4
+
+
+def test_graphs_wanted(monkeypatch):
+    import torch
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not graphs_wanted(None, cpu) and graphs_wanted(True, cpu)
+    assert graphs_wanted(None, cuda) and not graphs_wanted(False, cuda)
+    monkeypatch.setenv("PLORA_CUDA_GRAPHS", "0")
+    assert not graphs_wanted(None, cuda)
+
+
+def test_one_entry_per_pack_layout_and_bucket():
+    data = toy_dataset()  # rows of 5..14 tokens: every step in the 64-token bucket
+    trainer = PackedTrainer(copy.deepcopy(tiny_model()), TOKENIZER, data, device="cpu",
+                            cuda_graphs=True)  # fmt: skip
+    for i, bs in enumerate((2, 3)):
+        trainer.add(LoRAConfig(config_id=f"c{i}", rank=4, alpha=8, lr=1e-2, batch_size=bs,
+                               seed=i, max_steps=6, target_modules="all"))  # fmt: skip
+    graphs = trainer.graphs
+    assert graphs is not None
+    for _ in range(3):
+        trainer.step()
+    assert len(graphs.entries) == 1 and graphs.eager_steps == 3
+    (entry,) = graphs.entries.values()
+    assert entry.runs == 3 and entry.micros[0].input_ids.shape == (5, 64)
+    assert trainer.last_step is not None and trainer.last_step.seq_len == 64
+    trainer.remove("c1")  # the layout changed: the old buffers go
+    trainer.step()
+    assert len(graphs.entries) == 1
+    (entry,) = graphs.entries.values()
+    assert entry.runs == 1 and entry.micros[0].input_ids.shape == (2, 64)
