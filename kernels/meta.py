@@ -242,6 +242,8 @@ class TableStore:
     def rekey(self, keys: dict[object, int]) -> None:
         """Give every entry owned by label ``l`` the key ``keys[l]`` (one copy per changed table)."""
         for layout, (buf, labels) in self._tables.items():
+            if any(lab is not None and lab not in keys for lab in labels):
+                continue  # another pack's table: an eager pass rewrites it if it is used again
             new = tuple(0 if lab is None else keys[lab] for lab in labels)
             if new == self._keys[layout]:
                 continue

@@ -51,6 +51,7 @@ import torch
 from plora.kernels.meta import TableStore, static_tables
 
 from plora.engine import adapters
+from plora.engine.attention import causal_only
 from plora.engine.batch import pack_batch, plan_micro_batches
 from plora.engine.fused import dropout_key
 from plora.engine.loss import _to_device, loss_targets, targets_loss
@@ -182,8 +183,9 @@ class StepGraphs:
         return entry.out, ce_slots, rows, rows * length, length, entry.table.shape[0]
 
     def drop(self) -> None:
-        """Forget every graph and buffer (adapters changed, or memory is needed)."""
+        """Forget every graph, buffer and slot table (adapters changed, or memory is needed)."""
         self.entries.clear()
+        self.store = TableStore()
         self._layout = None
 
     def disable(self, why: str) -> None:
@@ -239,7 +241,13 @@ class StepGraphs:
 
     def _body(self, entry: _Entry, steps: dict[int, int]) -> None:
         """Every micro-batch's forward and backward, the optimizer, the outputs: all device work
-        reading the entry's buffers (what a graph captures)."""
+        reading the entry's buffers (what a graph captures). Attention is causal with no mask
+        (:func:`~plora.engine.attention.causal_only`)."""
+        tr = self.trainer
+        with causal_only(tr.model):
+            self._micro_batches(entry, steps)
+
+    def _micro_batches(self, entry: _Entry, steps: dict[int, int]) -> None:
         tr = self.trainer
         sums = []
         for m in entry.micros:
@@ -259,6 +267,9 @@ class StepGraphs:
     def _capture(self, entry: _Entry, steps: dict[int, int]) -> None:
         if not self.captures:  # the eager steps' cached blocks: let the graphs' pool have them
             torch.cuda.empty_cache()
+        if not any(e.graph is not None for e in self.entries.values()):
+            # the allocator releases a pool with its last graph: a new capture needs a new one
+            self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.trainer.device)
         self.store.frozen = True

@@ -69,3 +69,34 @@ def test_one_entry_per_pack_layout_and_bucket():
     assert len(graphs.entries) == 1
     (entry,) = graphs.entries.values()
     assert entry.runs == 1 and entry.micros[0].input_ids.shape == (2, 64)
+
+
+def test_causal_only_builds_no_mask_and_keeps_real_positions(monkeypatch):
+    """The graphed step's attention: no padding mask, no materialized causal mask (HF builds one
+    whenever a CUDA stream captures), SDPA ``is_causal``; right-padded rows' real positions come
+    out as with the padding mask."""
+    import torch
+    import torch.nn.functional as F
+
+    from plora.engine.attention import causal_only
+
+    model = tiny_model()
+    ids = torch.randint(3, 60, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # row 1 is right-padded after 7 tokens
+    ref = model(input_ids=ids, attention_mask=mask).logits
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    with causal_only(model):
+        assert model.config._attn_implementation == "plora_causal_sdpa"
+        out = model(input_ids=ids).logits
+    assert model.config._attn_implementation == "sdpa"
+    assert seen and all(m is None and causal for m, causal in seen)
+    torch.testing.assert_close(out[[0, 2]], ref[[0, 2]])
+    torch.testing.assert_close(out[1, :7], ref[1, :7])
