@@ -13,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
+SUMMARY = ROOT / "scripts" / "graphs_summary.py"
 
 
 def _run(script: str, *args: str, cwd: Path) -> None:
@@ -22,6 +23,15 @@ def _run(script: str, *args: str, cwd: Path) -> None:
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _summary(kind: str, path: Path) -> str:
+    """``scripts/graphs_summary.py``'s line (what ``scripts/gpu_graphs.sh`` puts in its summary)."""
+    proc = subprocess.run([sys.executable, str(SUMMARY), kind, str(path)], capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout
+    return lines[0]
 
 
 def test_throughput_measures_each_pack_eager_then_graphed(tmp_path) -> None:
@@ -37,6 +47,9 @@ def test_throughput_measures_each_pack_eager_then_graphed(tmp_path) -> None:
     assert [r["warmup"] for r in rows] == [1, 1, 3, 1, 3]
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert all(r["host_ms"] > 0 for r in rows if r["case"] != "peft")
+    line = _summary("throughput", tmp_path / "engine_throughput.json")
+    assert line.startswith("throughput (cpu): packed-1 ") and "packed-4+graphs" in line
+    assert line.count("x eager") == 2
 
 
 def test_throughput_graphs_on_measures_the_graphed_rows_only(tmp_path) -> None:
@@ -56,3 +69,25 @@ def test_profile_records_wall_host_and_gpu_time_per_variant(tmp_path) -> None:
         assert v["wall_ms"] > 0 and v["host_ms"] > 0
         assert v["gpu_kernel_ms"] is None and v["gpu_idle"] is None  # no GPU kernels on a CPU
         assert v["top_host_ops"] and all(op["self_ms"] >= 0 for op in v["top_host_ops"])
+    line = _summary("profile", tmp_path / "engine_profile.json")
+    assert (
+        line.startswith("profile (cpu, smoke x4): packed-4 wall ") and "| packed-4+graphs" in line
+    )
+
+
+def test_summary_of_an_e2e_report_and_of_a_missing_file(tmp_path) -> None:
+    rep = {
+        "gpu": "NVIDIA H100", "cuda_graphs": {"setting": "on"}, "configs": [{}, {}],
+        "speedups": {"tune-frac": 2.5}, "agreement": {"ok": True},
+        "systems": {
+            "plora": {"wall_s": 100.0, "eval_loss": {"a": 1.0, "b": 1.1},
+                      "measured_over_predicted": 1.04},
+            "tune-frac": {"wall_s": 250.0, "eval_loss": {"a": 1.0, "b": None}},
+        },
+    }  # fmt: skip
+    (tmp_path / "e2e-on.json").write_text(json.dumps(rep))
+    assert _summary("e2e", tmp_path / "e2e-on.json") == (
+        "e2e graphs=on (NVIDIA H100): plora 100.0 s (2/2 configs, measured/plan 1.04) | "
+        "tune-frac 250.0 s (1/2 configs, plora 2.50x faster); ok"
+    )
+    assert _summary("e2e", tmp_path / "none.json").startswith("e2e: no result (none.json: ")
