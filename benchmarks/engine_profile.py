@@ -111,6 +111,7 @@ def profile_variant(base, tok, data, args, device, dtype, *, graphs: bool) -> di
         "host_ms": host_ms,
         "gpu_kernel_ms": kernel_ms,
         "gpu_idle": None if kernel_ms is None else 1 - kernel_ms / wall_ms,
+        "graph_stats": et.graph_stats(trainer),
         # few kernels per step under graphs would mean the profiler missed the replayed ones
         "kernels_per_step": sum(calls.values()) / PROFILED_STEPS,
         "by_kind_ms": dict(by_kind.most_common()),

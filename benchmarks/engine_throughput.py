@@ -260,6 +260,16 @@ def host_ms(trainer: PackedTrainer, first: int) -> float | None:
     return 1e3 * sum(hosts) / len(hosts) if hosts else None
 
 
+def graph_stats(trainer: PackedTrainer) -> dict | None:
+    """How the trainer's graphed step ran (None: it had none): captures, replays, steps run
+    eagerly through the static buffers, and why graphs were turned off (None: they stayed on)."""
+    graphs = getattr(trainer, "graphs", None)
+    if graphs is None:
+        return None
+    names = ("captures", "replays", "eager_steps", "disabled")
+    return {n: getattr(graphs, n, None) for n in names}
+
+
 def run_packed(base, tok, data, k, rank, seq, device, dtype, warmup, steps, ckpt,
                graphs: bool = False) -> dict:  # fmt: skip
     trainer = packed_trainer(base, tok, data, k, rank, device, dtype, ckpt=ckpt, graphs=graphs,
@@ -273,6 +283,7 @@ def run_packed(base, tok, data, k, rank, seq, device, dtype, warmup, steps, ckpt
     return {
         "step_s": dt,
         "host_ms": host,
+        "graph_stats": graph_stats(trainer),
         "tokens": k * seq,
         "peak_bytes": peak,
         "configs": adapter_configs(k, rank),
@@ -378,6 +389,7 @@ def main() -> None:
                     "checkpointing": bool(ckpt), "kernels": args.kernels,
                     "tokens_per_s": tps, "ceiling_fraction": tps / ceiling,
                     "step_s": res["step_s"], "host_ms": res.get("host_ms"),
+                    "graph_stats": res.get("graph_stats"),
                     "peak_gib": res["peak_bytes"] / 2**30,
                     "predicted_gib": pred / 2**30, "memory_error": err,
                     "oom_splits": res.get("oom_splits", 0),  # > 0: the peak is the OOM's

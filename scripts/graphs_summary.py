@@ -21,6 +21,15 @@ def _f(x: Any, spec: str = ".1f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def _graphs(stats: dict[str, Any] | None) -> str:
+    """`` [3 replays]`` of a graphed row, or why its graphs were turned off."""
+    if not stats:
+        return ""
+    if stats.get("disabled"):
+        return f" [graphs OFF: {stats['disabled']}]"
+    return f" [{stats.get('captures')} captures, {stats.get('replays')} replays]"
+
+
 def throughput(rep: dict[str, Any]) -> str:
     """``packed-16 12345 tok/s (0.46, host 80 ms) | packed-16+graphs ... (1.20x)``."""
     parts, eager = [], {}
@@ -32,7 +41,8 @@ def throughput(rep: dict[str, Any]) -> str:
             parts.append(f"{r['case']} OOM")
             continue
         text = (f"{r['case']} {r['tokens_per_s']:.0f} tok/s ({r['ceiling_fraction']:.3f} of "
-                f"ceiling, step {1e3 * r['step_s']:.1f} ms, host {_f(r.get('host_ms'))} ms)")  # fmt: skip
+                f"ceiling, step {1e3 * r['step_s']:.1f} ms, host {_f(r.get('host_ms'))} ms)"
+                f"{_graphs(r.get('graph_stats'))}")  # fmt: skip
         if r.get("graphs") and key in eager:
             text += f" {r['tokens_per_s'] / eager[key]:.2f}x eager"
         elif not r.get("graphs"):
@@ -46,7 +56,7 @@ def profile(rep: dict[str, Any]) -> str:
     parts = [
         f"{v['label']} wall {v['wall_ms']:.1f} ms, host {_f(v['host_ms'])} ms, GPU kernels "
         f"{_f(v['gpu_kernel_ms'])} ms, idle {_f(v['gpu_idle'], '.1%')}, "
-        f"{v['kernels_per_step']:.0f} kernels/step"
+        f"{v['kernels_per_step']:.0f} kernels/step{_graphs(v.get('graph_stats'))}"
         for v in rep["variants"]
     ]
     return f"profile ({rep['device']}, {rep['model']} x{rep['adapters']}): " + " | ".join(parts)

@@ -54,9 +54,9 @@ class ParallelPackedTrainer(PackedTrainer):
         stage: this rank's pipeline stage (returned by ``parallelize``) when ``dims.pp > 1``.
         microbatches: micro-batches per data-parallel rank, or pipeline micro-batches for PP
             (default: enough for ``max_rows`` rows each; at least ``pp`` for PP).
-        **kwargs: the other :class:`PackedTrainer` arguments; ``cuda_graphs`` is accepted
-            (``training.cuda_graphs``) and ignored: a rank's step always runs eagerly (only
-            one-device jobs replay CUDA graphs).
+        **kwargs: the other :class:`PackedTrainer` arguments; ``cuda_graphs``
+            (``training.cuda_graphs``) is accepted and ignored: a rank's step always runs
+            eagerly (:attr:`graphable`).
     """
 
     pausable = False
@@ -76,8 +76,7 @@ class ParallelPackedTrainer(PackedTrainer):
         microbatches: int | None = None,
         **kwargs: Any,
     ) -> None:
-        kwargs.pop("cuda_graphs", None)
-        super().__init__(model, tokenizer, dataset, cuda_graphs=False, **kwargs)
+        super().__init__(model, tokenizer, dataset, **kwargs)
         if dims.pp > 1 and stage is None:
             raise ValueError("ParallelPackedTrainer: pp > 1 needs the stage from parallelize()")
         if microbatches is not None and microbatches < 1:

@@ -86,16 +86,35 @@ def test_the_dispatcher_hands_the_setting_to_its_workers(tmp_path, monkeypatch) 
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_a_resident_session_builds_each_packs_trainer_with_the_setting(tmp_path) -> None:
-    from plora.engine.run import PackSession
+def test_a_resident_session_builds_each_packs_trainer_with_the_setting(
+    tmp_path, monkeypatch
+) -> None:
+    from plora.engine import run
+    from plora.engine.trainer import PackedTrainer
 
     data = DatasetSpec(builtin="arithmetic", num_examples=16, max_seq_len=32, eval_fraction=0.0)
     spec = EngineSpec(model=ModelRef(name_or_path="tiny-qwen2"), dataset=data, device="cpu")
-    session = PackSession(spec)
+    session = run.PackSession(spec)
     request = PackRequest(job_id="j", configs=(), out_dir=str(tmp_path))
-    for member, flag in ((CudaGraphs.AUTO, None), (CudaGraphs.ON, True), (CudaGraphs.OFF, False)):
+    # on the CPU only `on` runs the static-buffer step (auto: graphs on CUDA only)
+    for member, graphed in (
+        (CudaGraphs.AUTO, False),
+        (CudaGraphs.ON, True),
+        (CudaGraphs.OFF, False),
+    ):
         session.spec = dataclasses.replace(spec, cuda_graphs=member)
-        assert session._trainer(request).cuda_graphs is flag
+        assert (session._trainer(request).graphs is not None) is graphed
+    given: list[bool | None] = []
+
+    def trainer(*args, **kwargs) -> PackedTrainer:
+        given.append(kwargs["cuda_graphs"])
+        return PackedTrainer(*args, **kwargs)
+
+    monkeypatch.setattr(run, "PackedTrainer", trainer)
+    for member in CudaGraphs:
+        session.spec = dataclasses.replace(spec, cuda_graphs=member)
+        session._trainer(request)
+    assert given == [None, True, False]  # auto, on, off
 
 
 def test_a_parallel_ranks_trainer_accepts_the_setting_and_runs_eagerly() -> None:
@@ -106,6 +125,6 @@ def test_a_parallel_ranks_trainer_accepts_the_setting_and_runs_eagerly() -> None
         copy.deepcopy(tiny_model("qwen2")), TOKENIZER, toy_dataset(), device="cpu",
         dims=ParallelDims(), mesh=None, cuda_graphs=True,
     )  # fmt: skip
-    assert trainer.cuda_graphs is False
+    assert trainer.graphs is None
     trainer.add(LoRAConfig(config_id="a", rank=4, alpha=8, lr=1e-2, batch_size=2, max_steps=2))
     assert [m.config_id for m in trainer.step()] == ["a"]

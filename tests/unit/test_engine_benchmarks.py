@@ -47,6 +47,14 @@ def test_throughput_measures_each_pack_eager_then_graphed(tmp_path) -> None:
     assert [r["warmup"] for r in rows] == [1, 1, 3, 1, 3]
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert all(r["host_ms"] > 0 for r in rows if r["case"] != "peft")
+    # the graphed rows ran the static-buffer step (on the CPU: eagerly, nothing captured)
+    for r in rows:
+        stats = r["graph_stats"]
+        if r["graphs"]:
+            assert stats["disabled"] is None and stats["captures"] == stats["replays"] == 0
+            assert stats["eager_steps"] == r["warmup"] + 2  # --smoke times 2 steps
+        else:
+            assert stats is None
     line = _summary("throughput", tmp_path / "engine_throughput.json")
     assert line.startswith("throughput (cpu): packed-1 ") and "packed-4+graphs" in line
     assert line.count("x eager") == 2
@@ -65,6 +73,7 @@ def test_profile_records_wall_host_and_gpu_time_per_variant(tmp_path) -> None:
     eager, graphed = out["variants"]
     assert (eager["label"], eager["graphs"], eager["warmup"]) == ("packed-4", False, 1)
     assert (graphed["label"], graphed["graphs"], graphed["warmup"]) == ("packed-4+graphs", True, 3)
+    assert eager["graph_stats"] is None and graphed["graph_stats"]["eager_steps"] == 3 + 2 + 2
     for v in (eager, graphed):
         assert v["wall_ms"] > 0 and v["host_ms"] > 0
         assert v["gpu_kernel_ms"] is None and v["gpu_idle"] is None  # no GPU kernels on a CPU
