@@ -13,7 +13,10 @@ turn as its own process and timed from start until that process returns:
   (default auto: Liger-Kernel's fused RMSNorm/SwiGLU/RoPE on the base when ``liger_kernel`` is
   installed and the run is on a GPU -- the runtime's own path,
   :func:`plora.engine.liger.apply_fused_kernels`); the JSON records the setting and what plora
-  resolved it to. The Tune baselines run the stock HF base, as their users write them.
+  resolved it to. The Tune baselines run the stock HF base, as their users write them. Its
+  ``training.cuda_graphs`` is ``--plora-graphs`` (default auto: one-GPU jobs replay their steady
+  step as CUDA graphs on a GPU; ``off``: the eager step), recorded in the JSON; compare the two
+  with two runs (``scripts/gpu_graphs.sh``, ``PART=e2e``).
 * ``tune`` -- ``benchmarks/e2e_tune.py``: Ray Tune's ``Tuner`` over a ``grid_search`` of the
   same configs, one function trial per config with ``{"gpu": 1}``; each trial loads the model
   with ``from_pretrained`` (bf16 on GPU), wraps it with PEFT's ``get_peft_model``, trains with
@@ -114,6 +117,7 @@ from e2e_setup import (
     grid,
     key,
     make_rows,
+    plora_engine,
     sweep_dict,
     tune_spec,
     write_jsonl,
@@ -263,6 +267,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="plora's training.fused_kernels (Liger-Kernel on the base, as plora sweep runs it)",
     )
     ap.add_argument(
+        "--plora-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="plora's training.cuda_graphs (the steady packed step replayed as CUDA graphs)",
+    )
+    ap.add_argument(
         "--fresh-profile",
         action="store_true",
         help="plan from an empty plora profile store (no measurements of earlier sweeps)",
@@ -318,7 +328,6 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
     """One run of ``args.systems`` (a case of ``--case``, or the flags as given); its report,
     written to ``out`` after every system."""
     from plora.config import SweepConfig
-    from plora.cost.build import plan_fused_kernels
     from plora.tune.space import expand
     from plora.utils import atomic_write_json, atomic_write_text
 
@@ -389,8 +398,8 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
         "num_gpus": args.gpus,
         "device": device,
         "software": versions(),
-        # what plora's engine runs on the base (and its plan assumes): training.fused_kernels
-        "fused_kernels": {"setting": args.fused_kernels, "plora": plan_fused_kernels(parsed)},
+        # what plora's engine runs: training.fused_kernels (its plan assumes it too), cuda_graphs
+        **plora_engine(args, parsed),
         "model": {
             "name": args.model,
             "path": str(model_dir),

@@ -173,7 +173,8 @@ def markdown(rep: dict[str, Any]) -> str:
                 f"after process + Ray start); measured on that clock "
                 f"{fmt(row.get('measured_makespan_s'))} s ({fmt(row.get('measured_over_predicted'), '.2f')}× "
                 f"the plan); {len(row.get('jobs', []))} jobs ({jobs_text(row.get('jobs', []))}), "
-                f"{row.get('plans', 0)} plans"
+                f"{row.get('plans', 0)} plans; CUDA graphs "
+                f"{rep.get('cuda_graphs', {}).get('setting', 'auto')}"
             )
         else:
             failed = failed_trials(row)

@@ -285,7 +285,26 @@ def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_typ
         "hardware": {"gpu_type": gpu_type, "num_gpus": args.gpus},
         # jobs of several GPUs where the cost model prefers them (the planner's choice per pack)
         **({"planner": {"strategies": ["tp", "fsdp", "pp"]}} if args.gpus > 1 else {}),
-        "training": {"fused_kernels": getattr(args, "fused_kernels", "auto")},
+        "training": {
+            "fused_kernels": getattr(args, "fused_kernels", "auto"),
+            "cuda_graphs": getattr(args, "plora_graphs", "auto"),
+        },
+    }
+
+
+def plora_engine(args: argparse.Namespace, sweep: Any) -> dict[str, Any]:
+    """What plora's engine runs, for the report: ``training.fused_kernels`` (``--fused-kernels``
+    and what plora resolves it to: Liger-Kernel on the base, and the plan assumes it) and
+    ``training.cuda_graphs`` (``--plora-graphs``; auto replays the steady step of one-GPU jobs
+    as CUDA graphs on a GPU unless ``PLORA_CUDA_GRAPHS=0`` is set, recorded here too)."""
+    from plora.cost.build import plan_fused_kernels
+
+    return {
+        "fused_kernels": {"setting": args.fused_kernels, "plora": plan_fused_kernels(sweep)},
+        "cuda_graphs": {
+            "setting": args.plora_graphs,
+            "PLORA_CUDA_GRAPHS": os.environ.get("PLORA_CUDA_GRAPHS"),
+        },
     }
 
 

@@ -1,34 +1,51 @@
 """Where one packed training step spends its time: GPU kernels by kind, and the host's share.
 
 Builds the same random-weight model and packed trainer as ``engine_throughput.py`` (Liger on the
-frozen base when importable, the Triton kernels on), warms up, then records two steps with
-``torch.profiler`` and prints, per step: the wall time, the GPU kernel time grouped by kind
-(packed-LoRA kernels, cuBLAS GEMMs, attention, Liger, optimizer, ...), the top kernels and the
-top host-side operators. The gap between wall and GPU time is the time the GPU waits for the host.
+frozen base when importable, the Triton kernels on) and measures each variant of the step on a
+fresh trainer over the same base: ``--graphs both`` (default) the eager step (``packed-K``),
+then the steady step replayed as CUDA graphs (``packed-K+graphs``, ``cuda_graphs=True``: what
+``training.cuda_graphs`` runs); ``off`` / ``on`` one of them. Each variant warms up (a graphed
+one at least 3 steps: a shape's first step runs eagerly and the next captures), times
+``--steps`` steps, then records two more with ``torch.profiler``, and reports per step:
 
-GPU:   python benchmarks/engine_profile.py --model Qwen/Qwen2.5-3B --adapters 16 --rank 16
+* ``wall_ms``: the wall time of a step (timed without the profiler, synchronised);
+* ``host_ms``: step start until the host had queued its last kernel (``StepProfile.host_s``);
+* ``gpu_kernel_ms``: GPU kernel time (the profiler's), grouped by kind (packed-LoRA kernels,
+  cuBLAS GEMMs, attention, Liger, optimizer, ...), and the top kernels;
+* ``gpu_idle``: ``1 - gpu_kernel_ms / wall_ms``, the share of the wall the GPU waits for the
+  host;
+
+and the top host-side operators. ``--out DIR`` writes ``DIR/engine_profile.json``, one entry
+per variant. On the CPU (``--smoke``: a tiny shape) there is no GPU kernel time
+(``gpu_kernel_ms`` and ``gpu_idle`` are null) and ``+graphs`` runs the graph's static-buffer step
+eagerly.
+
+GPU:   python benchmarks/engine_profile.py --model Qwen/Qwen2.5-3B --adapters 16 --rank 16 --out $OUT
+CPU:   python benchmarks/engine_profile.py --smoke --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import datetime as dt
+import shlex
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import AutoConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 import engine_throughput as et
 
 from plora.engine import lora
 from plora.engine.liger import apply_fused_kernels
-from plora.engine.trainer import PackedTrainer
-from plora.model_spec import shipped_config_path
+from plora.utils import atomic_write_json
 
+#: Steps recorded by the profiler per variant.
+PROFILED_STEPS = 2
 #: Kernel-name fragment -> kind, first match wins.
 KINDS = [
     ("_fused_tma", "lora: fused TMA GEMM"), ("_lora_gemm", "lora: gemm / expand"),
@@ -47,6 +64,86 @@ def kind(name: str) -> str:
     return next((k for frag, k in KINDS if frag in low), "other")
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_variant(base, tok, data, args, device, dtype, *, graphs: bool) -> dict[str, Any]:
+    """One variant on a fresh trainer over ``base`` (given back plain): wall, host and GPU
+    kernel time per step, the GPU's idle share, kernels by kind, top kernels and host ops."""
+    warmup = et.graph_warmup(args.warmup, graphs)
+    trainer = et.packed_trainer(base, tok, data, args.adapters, args.rank, device, dtype,
+                                graphs=graphs, profile_steps=warmup + args.steps)  # fmt: skip
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    try:
+        wall_ms = 1e3 * et.time_steps(trainer.step, device, warmup, args.steps)
+        host_ms = et.host_ms(trainer, warmup)
+        with profile(activities=activities) as prof:
+            for _ in range(PROFILED_STEPS):
+                trainer.step()
+            _sync(device)
+    finally:
+        et.drop_trainer(trainer, base)
+    gpu: collections.Counter[str] = collections.Counter()
+    calls: collections.Counter[str] = collections.Counter()
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            gpu[ev.name] += ev.device_time_total
+            calls[ev.name] += 1
+    kernel_ms = sum(gpu.values()) / PROFILED_STEPS / 1e3 if gpu else None
+    by_kind: collections.Counter[str] = collections.Counter()
+    for name, us in gpu.items():
+        by_kind[kind(name)] += us / PROFILED_STEPS / 1e3
+    host_ops = [
+        {"name": ev.key, "self_ms": ev.self_cpu_time_total / PROFILED_STEPS / 1e3,
+         "calls": ev.count // PROFILED_STEPS}
+        for ev in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]
+    ]  # fmt: skip
+    return {
+        "label": et.graph_label(f"packed-{args.adapters}", graphs),
+        "graphs": graphs,
+        "warmup": warmup,
+        "steps": args.steps,
+        "wall_ms": wall_ms,
+        "host_ms": host_ms,
+        "gpu_kernel_ms": kernel_ms,
+        "gpu_idle": None if kernel_ms is None else 1 - kernel_ms / wall_ms,
+        "graph_stats": et.graph_stats(trainer),
+        # few kernels per step under graphs would mean the profiler missed the replayed ones
+        "kernels_per_step": sum(calls.values()) / PROFILED_STEPS,
+        "by_kind_ms": dict(by_kind.most_common()),
+        "top_kernels": [
+            {"name": name, "ms": us / PROFILED_STEPS / 1e3, "calls": calls[name] // PROFILED_STEPS}
+            for name, us in gpu.most_common(20)
+        ],
+        "top_host_ops": host_ops,
+    }
+
+
+def _ms(x: float | None, spec: str = ".1f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def show(v: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print one variant as the earlier, single-variant profile did."""
+    kernel, idle = v["gpu_kernel_ms"], v["gpu_idle"]
+    print(f"{args.model} x{args.adapters} rank {args.rank}, seq {args.seq}, {v['label']}: wall "
+          f"{v['wall_ms']:.1f} ms per step, host {_ms(v['host_ms'])} ms, GPU kernels "
+          f"{_ms(kernel)} ms ({_ms(idle, '.0%')} of the wall the GPU waits)")  # fmt: skip
+    for k, ms in v["by_kind_ms"].items():
+        print(f"  {k:26s} {ms:8.1f} ms  {ms / kernel:6.1%}")
+    if v["top_kernels"]:
+        print("top kernels (ms per step, calls per step):")
+    for row in v["top_kernels"]:
+        print(f"  {row['ms']:8.2f}  x{row['calls']:5d}  {row['name'][:100]}")
+    print("top host operators by self time (ms per step, calls per step):")
+    for row in v["top_host_ops"]:
+        print(f"  {row['self_ms']:8.2f}  x{row['calls']:6d}  {row['name'][:90]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="Qwen/Qwen2.5-3B")
@@ -55,56 +152,53 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--liger", choices=["auto", "on", "off"], default="auto",
                     help="training.fused_kernels of the profiled step")  # fmt: skip
+    ap.add_argument("--graphs", choices=sorted(et.GRAPH_MODES), default="both",
+                    help="the eager step (off), CUDA graphs (on: training.cuda_graphs), or "
+                    "both on fresh trainers, eager first")  # fmt: skip
+    ap.add_argument("--warmup", type=int, default=3, help="graphed: at least 3")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per variant")
+    ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (seconds)")
+    ap.add_argument("--out", type=Path, default=None, help="directory for engine_profile.json")
     args = ap.parse_args()
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    cfg = AutoConfig.from_pretrained(str(shipped_config_path(args.model)))
+    if args.smoke:
+        args.model, args.seq, args.adapters, args.rank, args.liger = "smoke", 32, 4, 8, "off"
+        args.warmup, args.steps = 1, 2
+        torch.set_num_threads(1)  # toy matmuls: threads only add overhead
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    cfg = et.model_config(args.model)
     base = et.build_base(cfg, device, dtype)
     # the engine's switch, as a sweep resolves training.fused_kernels
-    if not apply_fused_kernels(base, args.liger, device=device):
+    liger = apply_fused_kernels(base, args.liger, device=device)
+    if not liger:
         print("fused kernels off (or liger_kernel not installed): stock HF base", flush=True)
     lora.set_kernel_backend("auto")
     data = et.synthetic_data(cfg.vocab_size, args.seq, n=2 * args.adapters)
     tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
-    trainer = PackedTrainer(base, tok, data, device=device, dtype=dtype)
-    for c in et.adapter_configs(args.adapters, args.rank):
-        trainer.add(c)
-    for _ in range(3):
-        trainer.step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(3):
-        trainer.step()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / 3
-
-    steps = 2
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            trainer.step()
-        torch.cuda.synchronize()
-    gpu, calls = collections.Counter(), collections.Counter()
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            gpu[ev.name] += ev.device_time_total
-            calls[ev.name] += 1
-    total = sum(gpu.values()) / steps / 1e3
-    print(f"{args.model} x{args.adapters} rank {args.rank}, seq {args.seq}: wall {wall * 1e3:.1f} ms "
-          f"per step, GPU kernels {total:.1f} ms ({1 - total / (wall * 1e3):.0%} of the wall the GPU "
-          "waits)")  # fmt: skip
-    by_kind = collections.Counter()
-    for name, us in gpu.items():
-        by_kind[kind(name)] += us / steps / 1e3
-    for k, ms in by_kind.most_common():
-        print(f"  {k:26s} {ms:8.1f} ms  {ms / total:6.1%}")
-    print("top kernels (ms per step, calls per step):")
-    for name, us in gpu.most_common(20):
-        print(f"  {us / steps / 1e3:8.2f}  x{calls[name] // steps:5d}  {name[:100]}")
-    print("top host operators by self time (ms per step, calls per step):")
-    cpu = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-    for ev in cpu[:20]:
-        print(
-            f"  {ev.self_cpu_time_total / steps / 1e3:8.2f}  x{ev.count // steps:6d}  {ev.key[:90]}"
-        )
+    variants = []
+    for graphs in et.GRAPH_MODES[args.graphs]:
+        variants.append(profile_variant(base, tok, data, args, device, dtype, graphs=graphs))
+        show(variants[-1], args)
+        if cuda:
+            torch.cuda.empty_cache()
+    if len(variants) == 2:
+        eager, graphed = variants
+        print(f"graphs: wall {eager['wall_ms']:.1f} -> {graphed['wall_ms']:.1f} ms "
+              f"({eager['wall_ms'] / graphed['wall_ms']:.2f}x), host {_ms(eager['host_ms'])} -> "
+              f"{_ms(graphed['host_ms'])} ms, GPU idle {_ms(eager['gpu_idle'], '.1%')} -> "
+              f"{_ms(graphed['gpu_idle'], '.1%')}")  # fmt: skip
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.out / "engine_profile.json", {
+            "benchmark": "engine_profile",
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": "python benchmarks/engine_profile.py " + shlex.join(sys.argv[1:]),
+            "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "model": args.model, "adapters": args.adapters, "rank": args.rank, "seq": args.seq,
+            "liger": liger, "graphs": args.graphs, "profiled_steps": PROFILED_STEPS,
+            "variants": variants,
+        })  # fmt: skip
 
 
 if __name__ == "__main__":

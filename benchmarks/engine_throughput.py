@@ -8,7 +8,13 @@ backward, per-adapter AdamW):
   user writes today;
 * ``packed-K``: :class:`plora.engine.PackedTrainer` with K adapters of batch 1 each
   (K in 1, 8, 16, 32), one forward/backward per step (torch path, or the fused kernels when
-  ``plora.kernels`` runs on this GPU: see the ``kernels`` column);
+  ``plora.kernels`` runs on this GPU: see the ``kernels`` column), the eager step
+  (``cuda_graphs=False``);
+* ``packed-K+graphs``: the same pack on a fresh trainer with ``cuda_graphs=True``: the steady
+  step replayed as CUDA graphs (``training.cuda_graphs``; on the CPU the graph's static-buffer
+  step, run eagerly). A shape's first steps run eagerly and capture, so these rows warm up at
+  least 3 steps. ``--graphs both`` (default) measures each pack eager, then graphed, on the same
+  base; ``off`` / ``on``: one of the two;
 
 first with the stock HF base, then with Liger-Kernel's fused RMSNorm/SwiGLU/RoPE applied to the
 frozen base (when ``liger_kernel`` is importable) by the engine's own
@@ -65,6 +71,15 @@ SMOKE_CONFIG = dict(
     max_position_embeddings=128,
     tie_word_embeddings=True,
 )
+
+
+def model_config(name: str):
+    """The HF config of a shipped shape (``plora/models/configs``), or of ``smoke``'s tiny one."""
+    if name == "smoke":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(**{k: v for k, v in SMOKE_CONFIG.items() if k != "model_type"})
+    return AutoConfig.from_pretrained(str(shipped_config_path(name)))
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
@@ -139,6 +154,23 @@ def predicted_bytes(
     return total
 
 
+#: Warm-up steps of a graphed row at least: a new shape's first step runs eagerly and the next
+#: captures, so the third is the first replay.
+GRAPH_WARMUP = 3
+#: ``--graphs``: which steps each pack is measured with (``cuda_graphs`` of the trainer).
+GRAPH_MODES: dict[str, tuple[bool, ...]] = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+def graph_label(label: str, graphs: bool) -> str:
+    """A row's case with ``+graphs`` when its step replays CUDA graphs."""
+    return f"{label}+graphs" if graphs else label
+
+
+def graph_warmup(warmup: int, graphs: bool) -> int:
+    """Warm-up steps of a row: at least :data:`GRAPH_WARMUP` when graphed."""
+    return max(warmup, GRAPH_WARMUP) if graphs else warmup
+
+
 def time_steps(step, device, warmup: int, steps: int) -> float:
     for _ in range(warmup):
         step()
@@ -187,25 +219,74 @@ def run_peft(base, data, seq, rank, device, dtype, warmup, steps) -> dict:
     return {"step_s": dt, "tokens": seq, "peak_bytes": peak}
 
 
-def run_packed(base, tok, data, k, rank, seq, device, dtype, warmup, steps, ckpt) -> dict:
-    trainer = PackedTrainer(base, tok, data, device=device, dtype=dtype if device.type ==
-                            "cuda" else None, gradient_checkpointing=ckpt)  # fmt: skip
-    cfgs = adapter_configs(k, rank)
-    for c in cfgs:
+def packed_trainer(
+    base,
+    tok,
+    data,
+    k: int,
+    rank: int,
+    device,
+    dtype,
+    *,
+    ckpt: bool = False,
+    graphs: bool = False,
+    profile_steps: int = 10,
+) -> PackedTrainer:
+    """A fresh trainer on ``base`` with ``k`` batch-1 adapters of rank ``rank`` (undo it with
+    :func:`drop_trainer`); ``graphs``: its ``cuda_graphs``."""
+    trainer = PackedTrainer(base, tok, data, device=device,
+                            dtype=dtype if device.type == "cuda" else None,
+                            gradient_checkpointing=ckpt, cuda_graphs=graphs,
+                            profile_steps=profile_steps)  # fmt: skip
+    for c in adapter_configs(k, rank):
         trainer.add(c)
-    dt = time_steps(trainer.step, device, warmup, steps)
-    peak = max(s.peak_memory_bytes for s in trainer.profile().steps) if device.type == "cuda" else 0
-    for c in cfgs:
-        trainer.remove(c.config_id)
-        trainer.release(c.config_id)
+    return trainer
+
+
+def drop_trainer(trainer: PackedTrainer, base, *, ckpt: bool = False) -> None:
+    """Give ``base`` back as it was before :func:`packed_trainer` (no slots, no wrappers)."""
+    for cid in list(trainer.adapters):
+        trainer.remove(cid)
+        trainer.release(cid)
     if ckpt:
         base.gradient_checkpointing_disable()
     uninject(base)
+
+
+def host_ms(trainer: PackedTrainer, first: int) -> float | None:
+    """Mean milliseconds until the host had queued a step, over the profiled steps from
+    ``first`` on (``StepProfile.host_s``; None when not measured)."""
+    hosts = [s.host_s for s in trainer.profile().steps[first:] if s.host_s is not None]
+    return 1e3 * sum(hosts) / len(hosts) if hosts else None
+
+
+def graph_stats(trainer: PackedTrainer) -> dict | None:
+    """How the trainer's graphed step ran (None: it had none): captures, replays, steps run
+    eagerly through the static buffers, and why graphs were turned off (None: they stayed on)."""
+    graphs = getattr(trainer, "graphs", None)
+    if graphs is None:
+        return None
+    names = ("captures", "replays", "eager_steps", "disabled")
+    return {n: getattr(graphs, n, None) for n in names}
+
+
+def run_packed(base, tok, data, k, rank, seq, device, dtype, warmup, steps, ckpt,
+               graphs: bool = False) -> dict:  # fmt: skip
+    trainer = packed_trainer(base, tok, data, k, rank, device, dtype, ckpt=ckpt, graphs=graphs,
+                             profile_steps=warmup + steps)  # fmt: skip
+    try:
+        dt = time_steps(trainer.step, device, warmup, steps)
+    finally:  # also after an OOM: the next row starts from the plain base
+        drop_trainer(trainer, base, ckpt=ckpt)
+    peak = max(s.peak_memory_bytes for s in trainer.profile().steps) if device.type == "cuda" else 0
+    host = host_ms(trainer, warmup)
     return {
         "step_s": dt,
+        "host_ms": host,
+        "graph_stats": graph_stats(trainer),
         "tokens": k * seq,
         "peak_bytes": peak,
-        "configs": cfgs,
+        "configs": adapter_configs(k, rank),
         "oom_splits": trainer.oom_splits,
     }
 
@@ -228,6 +309,9 @@ def main() -> None:
     ap.add_argument("--liger", choices=["auto", "on", "off"], default="auto",
                     help="auto: stock pass, then the Liger pass when installed; on: the Liger "
                     "pass only (the runtime's path with training.fused_kernels: on); off: stock")  # fmt: skip
+    ap.add_argument("--graphs", choices=sorted(GRAPH_MODES), default="both",
+                    help="packed rows with the eager step (off), replayed CUDA graphs (on: "
+                    "training.cuda_graphs), or each pack both ways, eager first (both)")  # fmt: skip
     ap.add_argument("--kernels", choices=["auto", "torch"], default="auto")
     ap.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto",
                     help="auto: on when the cost model predicts > 90%% of GPU memory")  # fmt: skip
@@ -250,12 +334,7 @@ def main() -> None:
     print(f"device {gpu}: measured peak {peak / 1e12:.3f} TFLOP/s ({dtype})", flush=True)
     rows = []
     for name in args.models:
-        if name == "smoke":
-            from transformers import Qwen2Config
-
-            cfg = Qwen2Config(**{k: v for k, v in SMOKE_CONFIG.items() if k != "model_type"})
-        else:
-            cfg = AutoConfig.from_pretrained(str(shipped_config_path(name)))
+        cfg = model_config(name)
         spec = ModelSpec.from_hf_config(cfg)
         ceiling = spec.flop_ceiling_tokens_per_s(peak, args.seq)
         data = synthetic_data(spec.vocab_size, args.seq, n=max(args.packs) * 2)
@@ -270,8 +349,12 @@ def main() -> None:
         for liger in passes:
             if liger:  # the engine's switch, as PackSession applies it (on: errors if it can't)
                 apply_fused_kernels(base, "on", device=device)
-            cases = [("peft", 1)] + [(f"packed-{k}", k) for k in args.packs]
-            for label, k in cases:
+            cases = [("peft", 1, False)] + [
+                (graph_label(f"packed-{k}", g), k, g) for k in args.packs
+                for g in GRAPH_MODES[args.graphs]
+            ]  # fmt: skip
+            for label, k, graphs in cases:
+                warmup = graph_warmup(args.warmup, graphs)
                 cfgs = adapter_configs(k, args.rank)
                 pred = predicted_bytes(spec, cfgs, args.seq, liger=liger, ckpt=False,
                                        quantization=args.quantization)  # fmt: skip
@@ -287,14 +370,14 @@ def main() -> None:
                 try:
                     if label == "peft":
                         res = run_peft(base, data, args.seq, args.rank, device, dtype,
-                                       args.warmup, args.steps)  # fmt: skip
+                                       warmup, args.steps)  # fmt: skip
                     else:
                         res = run_packed(base, tok, data, k, args.rank, args.seq, device, dtype,
-                                         args.warmup, args.steps, ckpt)  # fmt: skip
+                                         warmup, args.steps, ckpt, graphs)  # fmt: skip
                 except torch.OutOfMemoryError:
-                    print(f"{name:>18} {label:>10} liger={liger!s:5} OOM", flush=True)
+                    print(f"{name:>18} {label:>16} liger={liger!s:5} OOM", flush=True)
                     rows.append({"model": name, "case": label, "liger": liger, "oom": True,
-                                 "quantization": args.quantization})  # fmt: skip
+                                 "graphs": graphs, "quantization": args.quantization})  # fmt: skip
                     continue
                 tps = res["tokens"] / res["step_s"]
                 # on CPU there is no allocator peak to compare (the trainer reports RSS)
@@ -302,10 +385,12 @@ def main() -> None:
                 err = (res["peak_bytes"] - pred) / pred if cuda else float("nan")
                 row = {
                     "model": name, "case": label, "adapters": k, "liger": liger,
-                    "quantization": args.quantization,
+                    "graphs": graphs, "warmup": warmup, "quantization": args.quantization,
                     "checkpointing": bool(ckpt), "kernels": args.kernels,
                     "tokens_per_s": tps, "ceiling_fraction": tps / ceiling,
-                    "step_s": res["step_s"], "peak_gib": res["peak_bytes"] / 2**30,
+                    "step_s": res["step_s"], "host_ms": res.get("host_ms"),
+                    "graph_stats": res.get("graph_stats"),
+                    "peak_gib": res["peak_bytes"] / 2**30,
                     "predicted_gib": pred / 2**30, "memory_error": err,
                     "oom_splits": res.get("oom_splits", 0),  # > 0: the peak is the OOM's
                 }  # fmt: skip
@@ -316,10 +401,12 @@ def main() -> None:
                     if cuda
                     else "memory n/a on CPU"
                 )
+                host = "n/a" if row["host_ms"] is None else f"{row['host_ms']:.1f}"
                 print(
-                    f"{name:>18} {label:>10} {args.quantization:>4} liger={liger!s:5} "
+                    f"{name:>18} {label:>16} {args.quantization:>4} liger={liger!s:5} "
                     f"ckpt={bool(ckpt)!s:5} "
-                    f"{tps:>10.0f} tok/s  {tps / ceiling:6.3f} of ceiling  {mem_txt}",
+                    f"{tps:>10.0f} tok/s  {tps / ceiling:6.3f} of ceiling  "
+                    f"step {res['step_s'] * 1e3:.1f} ms (host {host} ms)  {mem_txt}",
                     flush=True,
                 )
         del base
@@ -327,7 +414,7 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         out = {"device": gpu, "peak_flops": peak, "seq": args.seq, "rank": args.rank,
-               "quantization": args.quantization, "rows": rows}  # fmt: skip
+               "quantization": args.quantization, "graphs": args.graphs, "rows": rows}  # fmt: skip
         suffix = "" if args.quantization == "none" else f"_{args.quantization}"
         atomic_write_json(args.out / f"engine_throughput{suffix}.json", out)
 

@@ -42,6 +42,33 @@ class CpuOffload(StrEnum):
         return cls(as_switch(value, key, fix=fix))
 
 
+class CudaGraphs(StrEnum):
+    """``training.cuda_graphs``: whether one-GPU jobs replay their steady packed step --
+    forward, backward, clipping and AdamW -- as CUDA graphs (:mod:`plora.engine.graphed`), one
+    graph per padded-length bucket. The first step of each new shape runs eagerly (and the
+    capture follows it); jobs of several GPUs always run the eager step."""
+
+    AUTO = "auto"
+    """On when the job runs on CUDA, unless the worker's environment sets
+    ``PLORA_CUDA_GRAPHS=0``."""
+    ON = "on"
+    """Always; on the CPU the graph's static-buffer step runs eagerly (nothing is captured)."""
+    OFF = "off"
+    """Never: the eager step."""
+
+    @classmethod
+    def parse(cls, value: Any, key: str = "cuda_graphs") -> CudaGraphs:
+        """``value`` as a member (``True``/``False`` read as on/off, as YAML writes them)."""
+        fix = "auto replays the steady step as CUDA graphs on a GPU; off runs it eagerly"
+        return cls(as_switch(value, key, fix=fix))
+
+    @property
+    def trainer_arg(self) -> bool | None:
+        """:class:`~plora.engine.trainer.PackedTrainer`'s ``cuda_graphs``: None (auto), True
+        (on) or False (off)."""
+        return None if self is CudaGraphs.AUTO else self is CudaGraphs.ON
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PlannerOptions:
     """How the job planner runs."""
@@ -123,18 +150,23 @@ class TrainingOptions:
     """Liger-Kernel's fused RMSNorm, SwiGLU and RoPE on the frozen base (:mod:`plora.config.fused`):
     auto (on when ``liger_kernel`` is installed and the sweep runs on CUDA) | on | off. The plan
     assumes what the engine will run (memory and step-time model)."""
+    cuda_graphs: CudaGraphs = CudaGraphs.AUTO
+    """Replay one-GPU jobs' steady packed step as CUDA graphs (:class:`CudaGraphs`): auto (on
+    CUDA) | on | off (the eager step)."""
 
     def __post_init__(self) -> None:
         as_bool(self.gradient_checkpointing, "gradient_checkpointing")
         object.__setattr__(
             self, "fused_kernels", FusedKernels.parse(self.fused_kernels, "fused_kernels")
         )
+        object.__setattr__(self, "cuda_graphs", CudaGraphs.parse(self.cuda_graphs))
 
 
 __all__ = [
     "DEFAULT_MAX_CONFIGS",
     "PLANNER_SOLVERS",
     "CpuOffload",
+    "CudaGraphs",
     "PlannerOptions",
     "TrainingOptions",
     "job_strategies",

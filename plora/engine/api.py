@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
-from plora.config import ConfigError, DatasetSpec, LoRAConfig, ModelRef
+from plora.config import ConfigError, CudaGraphs, DatasetSpec, LoRAConfig, ModelRef
 from plora.config.fused import FusedKernels
 from plora.engine.reports import AdapterStatus, Control, PackProfile, StepMetrics, StepProfile
 
@@ -64,6 +64,9 @@ class EngineSpec:
     fused_kernels: FusedKernels = FusedKernels.AUTO
     """Liger-Kernel's fused RMSNorm/SwiGLU/RoPE on the base: auto | on | off
     (``training.fused_kernels``, :func:`plora.engine.liger.apply_fused_kernels`)."""
+    cuda_graphs: CudaGraphs = CudaGraphs.AUTO
+    """Replay the steady packed step as CUDA graphs: auto | on | off (``training.cuda_graphs``,
+    :class:`~plora.engine.trainer.PackedTrainer`'s ``cuda_graphs``; one-GPU jobs only)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

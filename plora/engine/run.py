@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from plora.config import DatasetSpec, LoRAConfig, ModelRef
+from plora.config import CudaGraphs, DatasetSpec, LoRAConfig, ModelRef
 from plora.config.fused import FusedKernels
 from plora.engine import checkpoint as ckpt
 from plora.engine.api import (
@@ -90,6 +90,7 @@ class PackSession:
             base_model_name_or_path=ckpt.adapter_base_name(
                 self.spec.model, self.model_path, request.out_dir
             ),
+            cuda_graphs=self.spec.cuda_graphs.trainer_arg,
         )
 
     def _trainer(self, request: PackRequest) -> PackedTrainer:
@@ -165,6 +166,7 @@ def run_pack(
     gradient_checkpointing: bool = False,
     evaluate: bool = True,
     fused_kernels: FusedKernels | str = FusedKernels.AUTO,
+    cuda_graphs: CudaGraphs | str | bool = CudaGraphs.AUTO,
 ) -> PackResult:
     """Load ``model`` and train ``configs`` packed on it until each finishes or is stopped.
 
@@ -187,6 +189,8 @@ def run_pack(
         evaluate: evaluate each completed adapter on the eval split.
         fused_kernels: Liger-Kernel's fused ops on the base: auto | on | off
             (:func:`plora.engine.liger.apply_fused_kernels`).
+        cuda_graphs: replay the steady step as CUDA graphs: auto | on | off
+            (:class:`~plora.config.CudaGraphs`).
 
     Raises:
         torch.OutOfMemoryError: the pack does not fit even with gradient accumulation.
@@ -214,6 +218,7 @@ def run_pack(
             device=None if device is None else str(device),
             max_rows=max_rows,
             fused_kernels=FusedKernels.parse(fused_kernels, "fused_kernels"),
+            cuda_graphs=CudaGraphs.parse(cuda_graphs),
         )
     )
     outcome = session.run(request, hooks)

@@ -54,7 +54,9 @@ class ParallelPackedTrainer(PackedTrainer):
         stage: this rank's pipeline stage (returned by ``parallelize``) when ``dims.pp > 1``.
         microbatches: micro-batches per data-parallel rank, or pipeline micro-batches for PP
             (default: enough for ``max_rows`` rows each; at least ``pp`` for PP).
-        **kwargs: the other :class:`PackedTrainer` arguments.
+        **kwargs: the other :class:`PackedTrainer` arguments; ``cuda_graphs``
+            (``training.cuda_graphs``) is accepted and ignored: a rank's step always runs
+            eagerly (:attr:`graphable`).
     """
 
     pausable = False

@@ -76,6 +76,7 @@ class Dispatcher:
                 getattr(getattr(sweep, "training", None), "gradient_checkpointing", False)
             ),
             fused_kernels=sweep.training.fused_kernels,
+            cuda_graphs=sweep.training.cuda_graphs,
         )
         self._groups_started = 0
 

@@ -230,3 +230,24 @@ def test_smoke_case_t_drawn_configs_on_eight_logical_gpus(tmp_path):
         assert all(row["eval_loss"][k] is not None and row["eval_loss"][k] < base for k in keys), s
     assert sum(j["configs"] for j in systems["plora"]["jobs"]) == 4
     assert rep["agreement"]["ok"] and "drawn (seed 0)" in rep["markdown"]
+
+
+@pytest.mark.parametrize(("flag", "want"), [([], "auto"), (["--plora-graphs", "off"], "off")])
+def test_plora_graphs_goes_into_the_sweep_file_and_the_report(flag, want, tmp_path, monkeypatch):
+    """``--plora-graphs`` is plora's ``training.cuda_graphs`` (default auto), and the report
+    records it with the environment's ``PLORA_CUDA_GRAPHS``."""
+    import yaml
+    from e2e import parse_args
+    from e2e_setup import plora_engine, sweep_dict
+
+    from plora.config import CudaGraphs, SweepConfig
+
+    monkeypatch.delenv("PLORA_CUDA_GRAPHS", raising=False)
+    args = parse_args([*flag, "--out", str(tmp_path / "e2e.json")])
+    data = {"train": tmp_path / "train.jsonl", "eval": tmp_path / "eval.jsonl"}
+    sweep = sweep_dict(args, Path("tiny-qwen2"), data, [1e-3], [8], "H100")
+    assert sweep["training"]["cuda_graphs"] == want
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    parsed = SweepConfig.from_yaml(tmp_path / "sweep.yaml")
+    assert parsed.training.cuda_graphs is CudaGraphs(want)
+    assert plora_engine(args, parsed)["cuda_graphs"] == {"setting": want, "PLORA_CUDA_GRAPHS": None}

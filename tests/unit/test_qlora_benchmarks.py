@@ -27,7 +27,9 @@ def test_engine_throughput_smoke_with_nf4(tmp_path):
     out = json.loads((tmp_path / "engine_throughput_nf4.json").read_text())
     assert out["quantization"] == "nf4"
     rows = out["rows"]
-    assert [r["case"] for r in rows] == ["peft", "packed-1", "packed-4"]
+    # --graphs both (the default): each pack with the eager step, then graphed
+    cases = ["peft", "packed-1", "packed-1+graphs", "packed-4", "packed-4+graphs"]
+    assert [r["case"] for r in rows] == cases
     assert all(r["quantization"] == "nf4" and r["tokens_per_s"] > 0 for r in rows)
     # the prediction is the cost model's QLoRA one: below the dense base's for the same pack
     sys.path.insert(0, str(BENCH))
