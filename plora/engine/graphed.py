@@ -150,18 +150,8 @@ class StepGraphs:
         micros = plan_micro_batches(batches, tr.max_rows)
         length = bucket_length(max(len(ex.input_ids) for exs in batches.values() for ex in exs))
         packed = [self._host_micro(m, length, denoms) for m in micros]
-        key = (
-            layout,
-            length,
-            tuple((segs, len(ids), len(where)) for segs, _, _, ids, (where, *_) in packed),
-        )
-        entry = self.entries.get(key)
-        if entry is None:
-            entry = self._new_entry(packed, length)
-            self.entries[key] = entry
-            while len(self.entries) > MAX_GRAPHS:
-                self.entries.popitem(last=False)
-        self.entries.move_to_end(key)
+        key = (layout, length, tuple((segs, len(ids)) for segs, _, _, ids, _ in packed))
+        entry = self._entry(key, packed, length)
         self._fill(entry, packed)
         steps = {ad.slot: (ad.config.seed, ad.step) for ad in active}
         self.store.owners = {dropout_key(seed, st): s for s, (seed, st) in steps.items()}
@@ -174,8 +164,17 @@ class StepGraphs:
             entry.graph.replay()
             self.replays += 1
         else:
-            with static_tables(self.store):
-                self._body(entry, keys)
+            try:
+                with static_tables(self.store):
+                    self._body(entry, keys)
+            except torch.OutOfMemoryError:
+                if not self._holds_graphs():
+                    raise
+                # the graphs' pool and this eager step did not fit together: free the graphs and
+                # redo the step from the start (nothing was applied: the optimizer runs last)
+                tr.optimizer.zero_grad()
+                self.drop()
+                return self.step(active, batches, denoms, lrs)
             self.eager_steps += 1
         entry.runs += 1
         rows = sum(len(ids) for _, _, _, ids, _ in packed)
@@ -183,10 +182,14 @@ class StepGraphs:
         return entry.out, ce_slots, rows, rows * length, length, entry.table.shape[0]
 
     def drop(self) -> None:
-        """Forget every graph, buffer and slot table (adapters changed, or memory is needed)."""
+        """Forget every graph, buffer and slot table (adapters changed, or memory is needed);
+        the graphs' memory goes back to the device."""
+        had_graphs = self._holds_graphs()
         self.entries.clear()
         self.store = TableStore()
         self._layout = None
+        if had_graphs:
+            torch.cuda.empty_cache()
 
     def disable(self, why: str) -> None:
         """Turn graphs off for this trainer (one log line) and free their memory."""
@@ -199,8 +202,29 @@ class StepGraphs:
             torch.cuda.empty_cache()
 
     # ------------------------------------------------------------- internals
+    def _holds_graphs(self) -> bool:
+        return any(e.graph is not None for e in self.entries.values())
+
+    def _entry(self, key: tuple, packed, length: int) -> _Entry:
+        """The entry of ``key`` whose target buffers hold this step's targets. Target counts
+        vary from step to step: an entry's buffers only grow (to the bucket of the largest count
+        seen), so a pack settles on one entry -- one graph -- per length bucket."""
+        entry = self.entries.get(key)
+        need = [len(where) for *_, (where, *_) in packed]
+        held = [0] * len(need) if entry is None else [len(m.where) for m in entry.micros]
+        if entry is None or any(n > h for n, h in zip(need, held, strict=True)):
+            sizes = [
+                max(bucket_targets(n, len(ids) * (length - 1)), h)
+                for n, h, (*_, ids, _) in zip(need, held, packed, strict=True)
+            ]
+            entry = self.entries[key] = self._new_entry(packed, sizes)
+            while len(self.entries) > MAX_GRAPHS:
+                self.entries.popitem(last=False)
+        self.entries.move_to_end(key)
+        return entry
+
     def _host_micro(self, micro, length: int, denoms):
-        """Host tensors of one micro-batch at the bucket's length, targets at their bucket."""
+        """Host tensors of one micro-batch at the bucket's length (targets not yet padded)."""
         tr = self.trainer
         width = max(micro) + 1
         rows = [micro[s][1] if s in micro else [] for s in range(width)]
@@ -211,21 +235,16 @@ class StepGraphs:
         labels[:, : pb.labels.shape[1]] = pb.labels
         segs = tuple((s.slot, s.start, s.stop) for s in pb.segments if s.stop > s.start)
         where, t, w, owner, slots = loss_targets(labels, segs, denoms)
-        size = bucket_targets(len(where), ids.shape[0] * (length - 1))
-        pad = size - len(where)
-        where = torch.cat([where, where.new_zeros(pad)])
-        t = torch.cat([t, t.new_zeros(pad)])
-        w = torch.cat([w, w.new_zeros(pad)])
-        owner = torch.cat([owner, owner.new_full((pad,), len(slots))])
         offsets = {s: micro[s][0] for s in micro}
         return segs, offsets, slots, ids, (where, t, w, owner)
 
-    def _new_entry(self, packed, length: int) -> _Entry:
+    def _new_entry(self, packed, sizes: Sequence[int]) -> _Entry:
         dev = self.trainer.device
         micros = []
-        for segs, offsets, slots, ids, targets in packed:
-            bufs = [torch.empty_like(x, device=dev) for x in (ids, *targets)]
-            micros.append(_Micro(segs, offsets, slots, *bufs))
+        for (segs, offsets, slots, ids, _), size in zip(packed, sizes, strict=True):
+            targets = [torch.zeros(size, dtype=dt, device=dev)
+                       for dt in (torch.long, torch.long, torch.float32, torch.long)]  # fmt: skip
+            micros.append(_Micro(segs, offsets, slots, torch.empty_like(ids, device=dev), *targets))
         n_ids = self.trainer.optimizer.slot_table({}).shape[0]
         out = torch.zeros(
             n_ids + sum(len(m.slots) for m in micros), dtype=torch.float64, device=dev
@@ -233,11 +252,23 @@ class StepGraphs:
         return _Entry(micros, torch.zeros(n_ids, 8, device=dev), out)
 
     def _fill(self, entry: _Entry, packed) -> None:
-        for m, (_, offsets, _, ids, targets) in zip(entry.micros, packed, strict=True):
+        """Copy a step's rows and targets into the entry's buffers; targets past the step's own
+        are padding: position 0, label 0, weight 0, owner past the last slot (counted nowhere)."""
+        for m, (_, offsets, slots, ids, (where, t, w, owner)) in zip(
+            entry.micros, packed, strict=True
+        ):
             m.offsets = offsets
-            for buf, host in zip((m.input_ids, m.where, m.targets, m.weights, m.owner),
-                                 (ids, *targets), strict=True):  # fmt: skip
-                buf.copy_(_to_device(host, buf.device), non_blocking=True)
+            pad = len(m.where) - len(where)
+            host = (
+                ids,
+                torch.cat([where, where.new_zeros(pad)]),
+                torch.cat([t, t.new_zeros(pad)]),
+                torch.cat([w, w.new_zeros(pad)]),
+                torch.cat([owner, owner.new_full((pad,), len(slots))]),
+            )
+            for buf, x in zip((m.input_ids, m.where, m.targets, m.weights, m.owner), host,
+                              strict=True):  # fmt: skip
+                buf.copy_(_to_device(x, buf.device), non_blocking=True)
 
     def _body(self, entry: _Entry, steps: dict[int, int]) -> None:
         """Every micro-batch's forward and backward, the optimizer, the outputs: all device work

@@ -186,6 +186,7 @@ class PackedTrainer:
             used = {a.slot for a in self.adapters.values()}
             free = (i for i in itertools.count() if i not in used)
             slots = [next(free) for _ in configs]
+        self._drop_graphs()
         adapters.add_adapters(self.model, dict(zip(slots, configs, strict=True)))
         for config, slot in zip(configs, slots, strict=True):
             steps = optim.total_steps(config, len(self.train_examples))
@@ -216,6 +217,7 @@ class PackedTrainer:
     def release(self, config_id: str) -> None:
         """Forget a finished or stopped adapter and free its slot."""
         ad = self.adapters.pop(config_id)
+        self._drop_graphs()
         self.optimizer.remove_slot(ad.slot)
         adapters.remove_adapter(self.model, ad.slot)
 
@@ -223,6 +225,13 @@ class PackedTrainer:
         """Stop training ``ad``: its rows freeze (no update, no state) until released."""
         ad.status = status
         self.optimizer.remove_slot(ad.slot)
+        self._drop_graphs()
+
+    def _drop_graphs(self) -> None:
+        """Adapters change: the pack's graphs (and their memory, which evaluation may need) go;
+        the next steps capture the new layout."""
+        if self.graphs is not None:
+            self.graphs.drop()
 
     # ----------------------------------------------------------------- step
     def step(self) -> list[StepMetrics]:
