@@ -69,19 +69,22 @@ class DefaultConstants:
     checkpoint_fixed_s: float
 
 
-#: The cold-start measurement behind the GPU defaults: an H200, the Qwen2.5-1.5B shape (1.544e9
-#: params, bf16), a resident worker of ``plora sweep`` (``benchmarks/e2e.py``, 2026-11-25):
-#: 16.9 s from the worker's request to its loaded model, 9.7 s of it the load (weights and the
-#: dataset's tokenization), then 7.6 s more in the first job's first step than in its second
-#: (the packed kernels' JIT compilation, once per worker process); the job's set-up took 2.2 s.
-#: (The 45 s of 2026-11-23 was a process per job, before workers stayed resident.)
+#: The cold-start measurement behind the GPU defaults: one H100 (the lent ``nvidia-h100-x1``), the
+#: Qwen2.5-1.5B shape (1.544e9 params, bf16), a resident worker of ``plora sweep``
+#: (``benchmarks/e2e.py``, four sweeps on two hosts, 2026-11-27, medians; the ``workers_ready`` and
+#: ``job_done`` entries of ``decisions.jsonl``): 21.1 s from the worker's request to its loaded
+#: model (16.2-24.1 s), 15.2 s of it the load (12.2-17.8 s), then 2.3 s more in the first job's
+#: first step than in a steady one (the kernels' JIT compilation left after the warm-up child
+#: compiled beside the load; 1.8-4.3 s); the job's set-up took 2.4 s. (2026-11-25 on an H200,
+#: before the warm-up and the graphed step: 16.9 s, 9.7 s, 7.6 s and 2.2 s: 14.8 s of worker
+#: start charged where 5.5-8 s was measured on 2026-11-27.)
 COLD_START_MEASURED: dict[str, Any] = {
-    "gpu": "H200",
+    "gpu": "H100",
     "weight_bytes": 2.0 * 1.543714304e9,
-    "ready_s": 16.9,
-    "load_s": 9.7,
-    "compile_s": 7.6,
-    "job_start_s": 2.2,
+    "ready_s": 21.1,
+    "load_s": 15.2,
+    "compile_s": 2.3,
+    "job_start_s": 2.4,
 }
 #: The model loads behind the GPU defaults' load line: ``plora sweep``'s resident worker groups
 #: on a 4 x H100 host (``benchmarks/e2e.py --case M`` and ``--case L``, 2026-11-27, weights in the
@@ -106,7 +109,7 @@ def _load_line(small: dict[str, Any], large: dict[str, Any]) -> dict[str, float]
 
 
 #: GPU defaults: the worker start is the measured request-to-ready minus the load, plus the
-#: first step's compilation (≈ 14.8 s); the model load the line of :data:`LOAD_MEASURED`; write
+#: first step's compilation (≈ 8.2 s); the model load the line of :data:`LOAD_MEASURED`; write
 #: bandwidth and fixed export/checkpoint parts assumed.
 GPU = DefaultConstants(
     worker_start_s=COLD_START_MEASURED["ready_s"]
