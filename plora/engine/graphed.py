@@ -1,37 +1,42 @@
 """The steady packed step replayed as a CUDA graph: the host out of the GPU's way.
 
-An eager packed step launches a few thousand kernels (Triton and cuBLAS for every projection,
-forward and backward) and its Python and launch overhead idles the GPU: 18 % of a 3B step on an
-H100 host (``benchmarks/RESULTS.md``). Once a step's shapes repeat, the same work replays as a
-CUDA graph: one launch, no Python.
+An eager packed step launches about 4,900 kernels (Triton and cuBLAS for every projection,
+forward and backward); on the lent H100 hosts its host side took 430-520 ms of a 540-590 ms 3B
+step, and a smaller step (the 1.5B sweep of ``benchmarks/e2e.py``) waited on it. Once a step's
+shapes repeat, the same work replays as a CUDA graph: one launch, no Python (10-30 ms of host
+time for that 3B step; the 1.5B sweep's step went from 0.84-1.05 s to 0.72 s:
+``benchmarks/RESULTS.md``).
 
 What makes a step repeat. Within a pack whose adapters neither join nor leave, every step has
 the same rows per adapter (its batch size) and the same micro-batches; what varies is
 
 * the padded length: rows pad to the step's longest row, rounded up here to a *bucket*
   (:func:`bucket_length`, a multiple of :data:`LENGTH_BUCKET` tokens);
-* the number of target tokens: the loss reads hidden states at target positions only, padded
-  here to a quarter of the bucket's capacity (:func:`bucket_targets`) with weight-0 targets;
+* the number of target tokens: the loss reads hidden states at target positions only; the
+  buffers hold a quarter-of-capacity bucket (:func:`bucket_targets`) of the largest count seen,
+  and the rest are weight-0 targets;
 * the data, the dropout keys (each adapter's seed and step) and the optimizer's per-slot
   factors (learning rate, bias corrections).
 
-A graph is keyed by the pack's layout (the layers' versions, the adapters, the micro-batches),
-the length bucket and the target buckets. Its inputs are buffers of fixed address, refilled
-before each replay: token ids, target positions / labels / weights / owners, the optimizer's
-factor table, and the packed kernels' slot tables (:class:`plora.kernels.meta.TableStore`,
-whose dropout keys are rewritten in place). Its outputs -- each slot's gradient norm and CE sums
--- land in one buffer read after the step. Rows are right-padded and attention is causal, so the
-graphed step passes no attention mask (padding sits after every real token; it is never
-attended to and is never a target) and the flash kernel runs.
+A graph is keyed by the pack's layout (the layers' versions, the adapters, the micro-batches)
+and the length bucket; its target buffers only grow, so a pack settles on one graph per length
+bucket. Its inputs are buffers of fixed address, refilled before each replay: token ids, target
+positions / labels / weights / owners, the optimizer's factor table, and the packed kernels'
+slot tables (:class:`plora.kernels.meta.TableStore`, whose dropout keys are rewritten in place).
+Its outputs -- each slot's gradient norm and CE sums -- land in one buffer read after the step.
+Rows are right-padded and attention is causal, so the graphed step passes no attention mask
+(padding sits after every real token; it is never attended to and is never a target) and runs
+HF's SDPA without one (:func:`plora.engine.attention.causal_only`): flash attention.
 
 When. The first step of a key runs eagerly through the same static buffers (it compiles the
 kernels and fills the slot tables); the second captures and replays; later ones replay. Adapters
-that join or leave change the layout: the pack's graphs are dropped and the next steps capture
-again. Graphs share one memory pool (no graph output lives in it: every buffer a replay reads or
-writes is allocated outside), so a handful of length buckets costs about one step's
-activations. Anything a capture refuses (out of memory, an operation that needs the host) turns
-graphs off for the trainer with one log line, and the step runs eagerly: the eager step is the
-reference the graphed one is tested against (``tests/gpu/test_graphs_gpu.py``).
+that join or leave change the layout: the pack's graphs and their memory are dropped at once
+(evaluation needs it) and the next steps capture again. Graphs share one memory pool (no graph
+output lives in it: every buffer a replay reads or writes is allocated outside), so a few length
+buckets cost about one step's activations; an eager step that does not fit beside the pool
+frees it and runs again. Anything else a capture refuses (an operation that needs the host)
+turns graphs off for the trainer with one log line, and the step runs eagerly: the eager step is
+the reference the graphed one is tested against (``tests/gpu/test_graphs_gpu.py``).
 
 On the CPU (``cuda_graphs=True``) the static-buffer step runs eagerly every time: what the CPU
 tests compare with the eager step.
