@@ -6,7 +6,8 @@ One switch, one resolution, read by every part that must agree on it:
   RMSNorm, SwiGLU MLP and RoPE with Liger-Kernel's Triton kernels when the switch resolves on;
 * the cost model (:func:`plora.cost.build.build_cost_model`) books the fused activation memory
   (``MemoryOptions.fused_kernels``) and starts from the Liger step-time coefficients, and the
-  profile store keeps fused steps apart (:func:`fused_profile_key`);
+  profile store keeps fused steps apart (:func:`fused_profile_key`, which also keeps a graphed
+  sweep's steps apart);
 * ``plora validate`` / ``plora sweep`` refuse ``on`` where it cannot run, before any Ray work.
 
 ``auto`` (the default) resolves on exactly when ``liger_kernel`` is importable, the base runs on
@@ -99,10 +100,12 @@ def use_fused_kernels(
     return True
 
 
-def fused_profile_key(profile_key: str, fused: bool) -> str:
+def fused_profile_key(profile_key: str, fused: bool, cuda_graphs: bool = False) -> str:
     """The profile-store name of a base's measured steps: fused steps are faster and use less
-    activation memory than stock ones, so they are profiled apart (``Qwen/Qwen2.5-3B+liger``)."""
-    return profile_key + ("+liger" if fused else "")
+    activation memory than stock ones, so they are profiled apart (``Qwen/Qwen2.5-3B+liger``);
+    so are the steps of a sweep whose one-GPU steps replay as CUDA graphs
+    (``training.cuda_graphs``: less host overhead; ``Qwen/Qwen2.5-3B+liger+graphs``)."""
+    return profile_key + ("+liger" if fused else "") + ("+graphs" if cuda_graphs else "")
 
 
 __all__ = [

@@ -6,6 +6,7 @@ re-exported there.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -17,6 +18,8 @@ from plora.config.validate import as_bool, as_choice, as_float, as_int, as_switc
 
 #: Knapsack backends of the planner (``plora.planner.ilp.SOLVERS``).
 PLANNER_SOLVERS: tuple[str, ...] = ("auto", "bnb", "highs", "cvxpy", "gurobi")
+#: The environment variable that turns ``training.cuda_graphs: auto`` off (``0``/``off``/``false``/``no``).
+CUDA_GRAPHS_ENV = "PLORA_CUDA_GRAPHS"
 #: Default most configs a sweep may have (``planner.max_configs``): the planner's target size.
 DEFAULT_MAX_CONFIGS = 10_000
 
@@ -67,6 +70,18 @@ class CudaGraphs(StrEnum):
         """:class:`~plora.engine.trainer.PackedTrainer`'s ``cuda_graphs``: None (auto), True
         (on) or False (off)."""
         return None if self is CudaGraphs.AUTO else self is CudaGraphs.ON
+
+
+def cuda_graphs_resolved(requested: bool | None, *, cuda: bool) -> bool:
+    """Whether the steady step is graphed: ``requested`` (``CudaGraphs.trainer_arg``) when set;
+    None (auto): on for CUDA unless :data:`CUDA_GRAPHS_ENV` says ``0``/``off``/``false``/``no``
+    in this process's environment. The engine resolves its trainers' switch with it and the
+    planner the sweep's (:func:`plora.cost.build.plan_cuda_graphs`)."""
+    if requested is not None:
+        return requested
+    return cuda and os.environ.get(CUDA_GRAPHS_ENV, "1").strip().lower() not in (
+        "0", "off", "false", "no",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,11 +178,13 @@ class TrainingOptions:
 
 
 __all__ = [
+    "CUDA_GRAPHS_ENV",
     "DEFAULT_MAX_CONFIGS",
     "PLANNER_SOLVERS",
     "CpuOffload",
     "CudaGraphs",
     "PlannerOptions",
     "TrainingOptions",
+    "cuda_graphs_resolved",
     "job_strategies",
 ]

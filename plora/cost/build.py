@@ -18,6 +18,7 @@ import numpy as np
 from plora.config import ConfigError
 from plora.config import fused as fused_switch
 from plora.config.fused import FusedKernels, fused_profile_key, use_fused_kernels
+from plora.config.sweep_options import CudaGraphs, cuda_graphs_resolved
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY, eval_defaults
 from plora.cost.memory_options import FULL_FP32, Loss, MemoryOptions, quantized
 from plora.cost.microbatch import MAX_MICRO_BATCHES
@@ -40,6 +41,7 @@ def build_cost_model(
     use_profile: bool = True,
     memory: MemoryOptions | None = None,
     fused_kernels: bool | None = None,
+    cuda_graphs: bool | None = None,
     train_lengths: Sequence[int] | None = None,
 ) -> SweepCostModel:
     """The cost model of a ``plora.config.SweepConfig``.
@@ -66,6 +68,10 @@ def build_cost_model(
             :func:`plan_fused_kernels` of the sweep (what the engine will resolve). Sets
             ``memory.fused_kernels``, the step-time prior (:func:`plora.cost.priors.step_prior`) and the
             profile the model plans from (fused steps are profiled apart).
+        cuda_graphs: whether one-GPU jobs replay their steady step as CUDA graphs; default
+            :func:`plan_cuda_graphs` of the sweep. Sets ``SweepCostModel.cuda_graphs``: the
+            graphed prior for d = 1 jobs (:func:`plora.cost.priors.step_prior`) and a profile
+            of its own (graphed steps are profiled apart).
         train_lengths: the tokenized training rows' lengths (the runtime passes them once
             the data is read): steps and evaluation are then timed at the width a step's rows
             are expected to pad to (:func:`step_seq_len`), memory still at ``seq_len``;
@@ -79,6 +85,7 @@ def build_cost_model(
     rows, metric = eval_defaults(sweep.dataset)
     quantization = str(getattr(sweep.model, "quantization", "none"))
     fused = plan_fused_kernels(sweep, spec) if fused_kernels is None else bool(fused_kernels)
+    graphs = plan_cuda_graphs(sweep) if cuda_graphs is None else bool(cuda_graphs)
     if memory is None:
         fp32 = getattr(hw, "is_cpu", False) or sweep.model.dtype == "float32"
         ckpt = bool(getattr(getattr(sweep, "training", None), "gradient_checkpointing", False))
@@ -98,7 +105,7 @@ def build_cost_model(
         )
     profile = None
     if use_profile:
-        key = fused_profile_key(_profile_key(sweep.model), memory.fused_kernels)
+        key = fused_profile_key(_profile_key(sweep.model), memory.fused_kernels, graphs)
         profile = ProfileStore(profile_dir).load(key, hw.gpu_type)
     return SweepCostModel(
         spec,
@@ -108,6 +115,7 @@ def build_cost_model(
         gpu=gpu,
         profile=profile,
         memory=memory,
+        cuda_graphs=graphs,
         strategies=strategies,
         overheads=overheads,
         eval_rows=rows if eval_rows is None else int(eval_rows),
@@ -182,6 +190,21 @@ def plan_fused_kernels(sweep: Any, spec: ModelSpec | None = None) -> bool:
     return use_fused_kernels(setting, cuda=not cpu, model_type=spec.model_type, installed=installed)
 
 
+def plan_cuda_graphs(sweep: Any) -> bool:
+    """Whether the sweep's one-GPU jobs will replay their steady step as CUDA graphs
+    (``training.cuda_graphs`` resolved as the engine resolves it:
+    :func:`plora.config.sweep_options.cuda_graphs_resolved`).
+
+    ``auto``: on unless ``hardware.gpu_type`` is ``cpu`` or this process's environment sets
+    ``PLORA_CUDA_GRAPHS`` to ``0``/``off``/``false``/``no`` (the workers inherit it: the
+    embedded Ray starts them from this environment). ``on`` plans graphed steps even on the CPU,
+    where the engine runs the static-buffer step eagerly (its prior is the eager one there).
+    """
+    setting = CudaGraphs.parse(getattr(getattr(sweep, "training", None), "cuda_graphs", "auto"))
+    cpu = bool(getattr(sweep.hardware, "is_cpu", False))
+    return cuda_graphs_resolved(setting.trainer_arg, cuda=not cpu)
+
+
 def _profile_key(model: Any) -> str:
     """The model's profile name: a quantized base is profiled apart (``ModelRef.profile_key``)."""
     return str(getattr(model, "profile_key", model.name_or_path))
@@ -190,6 +213,7 @@ def _profile_key(model: Any) -> str:
 __all__ = [
     "build_cost_model",
     "micro_batch_limit",
+    "plan_cuda_graphs",
     "plan_fused_kernels",
     "rows_per_step",
     "step_seq_len",

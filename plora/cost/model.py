@@ -83,6 +83,11 @@ class SweepCostModel(SweepMemory):
             :mod:`plora.cost.recency`).
         profile: measured steps (and overheads) of this model on this GPU type.
         memory: memory options (precision, checkpointing, loss kernel, ZeRO stage).
+        cuda_graphs: one-GPU jobs replay their steady step as CUDA graphs
+            (``training.cuda_graphs`` resolved: :func:`plora.cost.build.plan_cuda_graphs`):
+            d = 1 jobs start from the graphed prior, d > 1 jobs (always eager) and evaluation
+            (eager forwards) from the eager one. Once the coefficients come from measurements
+            (given, a profile's or a refit's), one set serves every d.
         strategies: strategies the runtime supports for d > 1 (empty: only d = 1).
         overheads: seconds outside steps; default :meth:`Overheads.default` for this model,
             GPU and metric, refit with the profile's overhead samples when it has some (the
@@ -112,6 +117,7 @@ class SweepCostModel(SweepMemory):
         coefficients: Coefficients | None = None,
         profile: Profile | None = None,
         memory: MemoryOptions = MemoryOptions(),
+        cuda_graphs: bool = False,
         strategies: Sequence[Strategy] = (),
         overheads: Overheads | None = None,
         eval_rows: int = 0,
@@ -141,16 +147,15 @@ class SweepCostModel(SweepMemory):
         given = overheads if overheads is not None else Overheads.zero()  # defaults below
         self._use(SweepOverheads(overheads=given, eval_rows=eval_rows, eval_metric=cast(EvalMetric, eval_metric),  # validated by SweepOverheads
                                  checkpoint_every=checkpoint_every))  # fmt: skip
-        # the prior follows the GPU type and the kernels the engine runs on the base
-        coef = coefficients or step_prior(self.gpu.name, memory.fused_kernels)
-        self.timer = StepTimeModel(
-            spec,
-            self.gpu,
-            coef,
-            weight_bytes=base_weight_bytes(spec, memory.precision),
-            recompute=memory.checkpointing,
-            dequant_bytes=projection_params(spec) * memory.precision.dequant_bytes,
-        )
+        self.cuda_graphs = bool(cuda_graphs)
+        # the prior follows the GPU type, the kernels the engine runs on the base and whether
+        # its one-GPU steps are graphed; d > 1 steps (and evaluation) are eager
+        self._from_prior = coefficients is None
+        coef = coefficients or step_prior(self.gpu.name, memory.fused_kernels, self.cuda_graphs)
+        self.timer = self._timer_with(coef)
+        self._eager_timer = self.timer
+        if self._from_prior and self.cuda_graphs:
+            self._eager_timer = self._timer_with(step_prior(self.gpu.name, memory.fused_kernels))
         self._capacity = float(hardware.load_factor) * float(hardware.gpu_memory_gib) * GIB
         self._clear()
         if coefficients is None and profile is not None and profile.samples:
@@ -158,13 +163,14 @@ class SweepCostModel(SweepMemory):
             # and the activation scale its measured peaks imply.
             fitted = self.refit(profile.samples, by_sweep=True)
             self.timer.coefficients = profile.coefficients or fitted.coefficients
+            self._from_prior, self._eager_timer = False, self.timer
             self.memory = fitted.memory
             self.last_refit = fitted.last_refit
             self._clear()
         if overheads is None:  # physics defaults, then what the profile measured
             default = Overheads.default(
                 spec,
-                self.timer,
+                self._eager_timer,  # evaluation's forwards are not graphed
                 seq_len=self.step_seq_len,
                 metric=self.eval_metric,
                 weight_bytes=base_weight_bytes(spec, self.memory.precision),
@@ -174,6 +180,20 @@ class SweepCostModel(SweepMemory):
             if profile is not None:  # weighed by sweep age (plora.cost.recency)
                 measured = default.refit(profile.overhead_samples, profile.overhead_weights())
             self._use(replace(self.sweep_overheads, overheads=measured))
+
+    def _timer_with(self, coefficients: Coefficients) -> StepTimeModel:
+        return StepTimeModel(
+            self.spec,
+            self.gpu,
+            coefficients,
+            weight_bytes=base_weight_bytes(self.spec, self.memory.precision),
+            recompute=self.memory.checkpointing,
+            dequant_bytes=projection_params(self.spec) * self.memory.precision.dequant_bytes,
+        )
+
+    def _timer_for(self, d: int) -> StepTimeModel:
+        """The step-time model of a job of ``d`` GPUs: d > 1 jobs never graph their step."""
+        return self.timer if d == 1 else self._eager_timer
 
     def _use(self, terms: SweepOverheads) -> None:
         self.sweep_overheads = terms
@@ -209,7 +229,7 @@ class SweepCostModel(SweepMemory):
         strat = self._key(d, strategy)
         key = ("fixed", d, strat)
         if key not in self._cache:
-            self._cache[key] = self.timer.fixed_step_time(d, strat)
+            self._cache[key] = self._timer_for(d).fixed_step_time(d, strat)
         m = check_micro_batches(micro_batches)
         if m == 1:
             return steps * cast(float, self._cache[key])
@@ -237,7 +257,8 @@ class SweepCostModel(SweepMemory):
         key = ("step", config.rank, config.target_modules, config.batch_size, d, strat)
         if key not in self._cache:
             load = AdapterLoad.of(config)
-            self._cache[key] = self.timer.adapter_step_time(load, self.step_seq_len, d, strat)
+            timer = self._timer_for(d)
+            self._cache[key] = timer.adapter_step_time(load, self.step_seq_len, d, strat)
         return self.expected_steps(config) * cast(float, self._cache[key])
 
     def config_overhead_time(self, config: LoRAConfig) -> float:
@@ -312,9 +333,11 @@ class SweepCostModel(SweepMemory):
     def _copy(self, **changes: Any) -> SweepCostModel:
         args: dict[str, Any] = {
             "gpu": self.gpu,
-            "coefficients": self.coefficients,
+            # still the prior: the copy derives it again (and its eager twin for d > 1)
+            "coefficients": None if self._from_prior else self.coefficients,
             "profile": self.profile,
             "memory": self.memory,
+            "cuda_graphs": self.cuda_graphs,
             "strategies": self._strategies,
             "overheads": self.overheads,
             "eval_rows": self.eval_rows,

@@ -14,10 +14,19 @@ profile store's fit after its first sweep, and with its own job's first steps wh
   takes ~0.45 s up to 8 adapters (the launches of 36 layers' kernels, not the GPU, set it).
   So ``e_b``, ``e_l`` and the communication efficiency are the H200's and the overheads
   ``(o, a, m)`` are fitted, non-negative, to packed steps measured there.
+* **H100 with CUDA graphs** (``training.cuda_graphs`` resolved on): replaying the steady step
+  as a CUDA graph (:mod:`plora.engine.graphed`) takes most of the host's launches out of it.
+  One graphed measurement (packed-16 with Liger) cannot fix three overheads, so the eager fit's
+  ``(o, a, m)`` are scaled by one factor ``g`` that makes its step the measured graphed one
+  (:func:`_graphed`); the end-to-end sweep's graphed step is the check (within 3 %). Without
+  Liger the same ``g`` is an assumption (nothing graphed was measured without it).
+  Other GPU types have no graphed measurement (the H200 host idled the GPU only ~5 % of an
+  eager step): their prior is the same with graphs or without.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 
@@ -127,6 +136,55 @@ def _host_overheads(
     )
 
 
+# --- H100 with CUDA graphs: the same pack eager and graphed -------------------------------
+# `python3 benchmarks/engine_throughput.py --models Qwen/Qwen2.5-3B --packs 16 --steps 6
+# --graphs both --liger on`, 2026-11-27, four runs on three lent H100 hosts (NVIDIA H100 80GB
+# HBM3): 16 rank-16 adapters on all seven projections, batch 1, seq 1024, Liger on, bf16,
+# tokens/s (the last pair on a host whose eager step was already GPU-bound).
+H100_GRAPHED_TOK_S: dict[str, tuple[float, ...]] = {
+    "eager": (27974.0, 28700.0, 27345.0, 30173.0),
+    "graphed": (29965.0, 30021.0, 29662.0, 30617.0),
+}
+H100_GRAPHED_PACK = 16
+# The check, not fitted: `benchmarks/e2e.py` default case, same day, two runs per mode: a
+# Qwen2.5-1.5B shape, one job of 16 configs lr{1e-4,3e-4,1e-3,3e-3} x rank{8,16,32,64}, batch
+# 4, rows ~600 tokens padded to 640 (max_seq_len 640), 2 micro-batches, all seven projections,
+# dropout 0, Liger on: the steady step took 0.84-1.05 s eager (median ~0.95 s), 0.71-0.73 s
+# graphed.
+H100_E2E_STEP_S = {"eager": 0.95, "graphed": 0.72}
+
+
+def _graphed(gpu_type: str, eager: Coefficients, liger: Coefficients, label: str) -> Coefficients:
+    """``eager`` with its overheads ``(o, a, m)`` times the factor ``g`` that takes ``liger``
+    (the eager Liger prior of ``gpu_type``) to the graphed packed-16 mean of
+    :data:`H100_GRAPHED_TOK_S`: ``g = (t_graphed - t_gpu) / t_host``, with ``t_gpu`` the step's
+    FLOP and weight-read time and ``t_host = L·o + 7·L·m + K·a`` as the Liger prior books them."""
+    factor = graph_factor(gpu_type, liger)
+    return dataclasses.replace(
+        eager,
+        overhead_per_layer_s=eager.overhead_per_layer_s * factor,
+        adapter_step_s=eager.adapter_step_s * factor,
+        module_step_s=eager.module_step_s * factor,
+        source=f"{eager.source}, CUDA graphs: host overheads x{factor:.3f} ({label})",
+    )
+
+
+def graph_factor(gpu_type: str, liger: Coefficients) -> float:
+    """The factor ``g`` on the host overheads of ``liger`` (see :func:`_graphed`)."""
+    spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-3B")
+    s, k = H100_SEQ_LEN, H100_GRAPHED_PACK
+    load = AdapterLoad(rank=H100_RANK, targets=tuple(PROJECTIONS), sequences=1)
+    tok_s = float(np.mean(H100_GRAPHED_TOK_S["graphed"]))
+    step_s = k * s / tok_s
+    known, feats = StepTimeModel(spec, GPU_TYPES[gpu_type], liger).sample_terms(
+        StepSample(adapters=(load,) * k, seq_len=s, step_time_s=step_s)
+    )
+    theta = liger._theta()
+    host = float(feats[[0, 3, 4]] @ theta[[0, 3, 4]])
+    gpu = known + float(feats[[1, 2, 5]] @ theta[[1, 2, 5]])
+    return max(0.0, step_s - gpu) / host
+
+
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> tuple[float, ...]:
     """``argmin |a·x - b|`` over ``x >= 0`` for a few unknowns (every active set tried)."""
     n = a.shape[1]
@@ -147,21 +205,40 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> tuple[float, ...]:
 
 
 @functools.cache
-def step_prior(gpu_type: str, fused_kernels: bool) -> Coefficients:
-    """The step-time coefficients to plan ``gpu_type`` with before any measurement
-    (``fused_kernels``: Liger-Kernel's ops on the base). H100 types (``H100``, ``H100-80GB``)
-    have their own; every other type, the CPU included, starts from the H200's."""
+def step_prior(gpu_type: str, fused_kernels: bool, cuda_graphs: bool = False) -> Coefficients:
+    """The step-time coefficients to plan ``gpu_type`` with before any measurement.
+
+    Args:
+        gpu_type: H100 types (``H100``, ``H100-80GB``) have their own; every other type, the
+            CPU included, starts from the H200's.
+        fused_kernels: Liger-Kernel's ops on the base.
+        cuda_graphs: the steady step is replayed as a CUDA graph (one-GPU jobs,
+            :func:`plora.cost.build.plan_cuda_graphs`). H100 types: the eager prior's host
+            overheads scaled by :func:`graph_factor` (measured with Liger; without Liger the
+            same factor, assumed). Other types: unchanged (no graphed measurement; the H200's
+            eager step was already ~95 % GPU-bound).
+    """
     base = LIGER_COEFFICIENTS if fused_kernels else DEFAULT_COEFFICIENTS
-    if str(gpu_type).upper().startswith("H100"):
-        label = "liger" if fused_kernels else "hf"
-        return _host_overheads("H100", base, H100_PACKED_TOK_S[label], label)
-    return base
+    if not str(gpu_type).upper().startswith("H100"):
+        return base
+    label = "liger" if fused_kernels else "hf"
+    eager = _host_overheads("H100", base, H100_PACKED_TOK_S[label], label)
+    if not cuda_graphs:
+        return eager
+    if fused_kernels:
+        return _graphed("H100", eager, eager, "measured with Liger")
+    liger = step_prior(gpu_type, True)
+    return _graphed("H100", eager, liger, "Liger's factor, assumed without Liger")
 
 
 __all__ = [
     "DEFAULT_COEFFICIENTS",
+    "H100_E2E_STEP_S",
+    "H100_GRAPHED_PACK",
+    "H100_GRAPHED_TOK_S",
     "H100_PACKED_TOK_S",
     "H200_MEASURED",
     "LIGER_COEFFICIENTS",
+    "graph_factor",
     "step_prior",
 ]

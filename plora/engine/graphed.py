@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from typing import Any
 import torch
 from plora.kernels.meta import TableStore, static_tables
 
+from plora.config.sweep_options import CUDA_GRAPHS_ENV, cuda_graphs_resolved
 from plora.engine import adapters
 from plora.engine.attention import causal_only
 from plora.engine.batch import pack_batch, plan_micro_batches
@@ -70,17 +70,14 @@ TARGET_STEPS = 4
 #: Graphs kept per trainer (least recently used dropped first).
 MAX_GRAPHS = 8
 #: ``PLORA_CUDA_GRAPHS=0`` turns the graphed step off where the trainer is not told.
-ENV = "PLORA_CUDA_GRAPHS"
+ENV = CUDA_GRAPHS_ENV
 
 
 def graphs_wanted(requested: bool | None, device: torch.device) -> bool:
     """Whether a trainer on ``device`` runs the static-buffer step (``requested`` None: on for
-    CUDA unless ``PLORA_CUDA_GRAPHS=0``)."""
-    if requested is not None:
-        return requested
-    return device.type == "cuda" and os.environ.get(ENV, "1").strip().lower() not in (
-        "0", "off", "false", "no",
-    )  # fmt: skip
+    CUDA unless ``PLORA_CUDA_GRAPHS=0``; :func:`plora.config.sweep_options.cuda_graphs_resolved`,
+    the planner's resolution too)."""
+    return cuda_graphs_resolved(requested, cuda=device.type == "cuda")
 
 
 def bucket_length(n: int, multiple: int = LENGTH_BUCKET) -> int:

@@ -208,8 +208,10 @@ def record_profile(
 
     samples = step_samples(cost, measurements, configs)
     if samples or overheads:
-        # under the key build_cost_model reads: steps with Liger's fused base ops kept apart
+        # under the key build_cost_model reads: steps with Liger's fused base ops, and those of
+        # a sweep whose one-GPU steps were graphed, kept apart
         fused = bool(getattr(getattr(cost, "memory", None), "fused_kernels", False))
-        key = fused_profile_key(sweep.model.profile_key, fused)
+        graphs = bool(getattr(cost, "cuda_graphs", False))
+        key = fused_profile_key(sweep.model.profile_key, fused, graphs)
         ProfileStore(profile_dir).record(key, sweep.hardware.gpu_type, samples, overheads=overheads)
     return len(samples) + len(overheads)

@@ -33,3 +33,11 @@ def _plan_without_liger(monkeypatch: pytest.MonkeyPatch):
     from plora.config import fused
 
     monkeypatch.setattr(fused, "liger_installed", lambda: False)
+
+
+@pytest.fixture(autouse=True)
+def _plan_graphs_whatever_the_environment(monkeypatch: pytest.MonkeyPatch):
+    """Plan as where ``PLORA_CUDA_GRAPHS`` is unset: with ``training.cuda_graphs: auto`` a GPU
+    sweep's plan (d = 1 step times, profile key) follows it, and golden plans must not depend
+    on the shell the tests run from. Tests of the switch set it themselves."""
+    monkeypatch.delenv("PLORA_CUDA_GRAPHS", raising=False)

@@ -32,7 +32,8 @@ def test_build_from_a_sweep_and_plan_from_a_stored_profile(tmp_path) -> None:
     cm = build_cost_model(sweep, profile_dir=tmp_path)
     assert cm.seq_len == 512 and cm.dataset_size == 1000 and cm.gpu.name == "H100"
     assert cm.strategies() == (Strategy.TP,)
-    assert cm.coefficients == step_prior("H100", False)  # the H100's measured prior
+    assert cm.cuda_graphs  # auto: one-GPU jobs replay their steps as CUDA graphs
+    assert cm.coefficients == step_prior("H100", False, True)  # the H100's measured prior
     assert cm.capacity(1) == pytest.approx(0.9 * 80 * GIB)
     assert build_cost_model(sweep, dataset_size=50, profile_dir=tmp_path).dataset_size == 50
     # A measured profile for (model, GPU) makes the next sweep plan from it.
@@ -41,14 +42,14 @@ def test_build_from_a_sweep_and_plan_from_a_stored_profile(tmp_path) -> None:
         StepSample.from_configs([k] * n, seq_len=512, step_time_s=0.05 + 0.04 * n)
         for n in (1, 2, 4, 8)
     ]
-    ProfileStore(tmp_path).record("Qwen/Qwen2.5-7B", "H100", samples)
+    ProfileStore(tmp_path).record("Qwen/Qwen2.5-7B+graphs", "H100", samples)
     planned = build_cost_model(sweep, profile_dir=tmp_path)
-    assert planned.coefficients != step_prior("H100", False)
+    assert planned.coefficients != step_prior("H100", False, True)
     # the steps of the job (its start, eval, export and checkpoints come on top)
     assert planned.job_terms([k], 1, None).train_s == pytest.approx(10 * 0.09, rel=0.05)
     assert build_cost_model(
         sweep, profile_dir=tmp_path, use_profile=False
-    ).coefficients == step_prior("H100", False)
+    ).coefficients == step_prior("H100", False, True)
 
 
 def test_unknown_gpu_speed_is_refused_when_the_sweep_is_read() -> None:
@@ -100,7 +101,7 @@ def test_stored_peaks_rescale_activation_memory(tmp_path) -> None:
         samples.append(
             StepSample.from_configs(pack, seq_len=512, step_time_s=0.1 * n, peak_memory_bytes=peak)
         )
-    ProfileStore(tmp_path).record("Qwen/Qwen2.5-7B", "H100", samples)
+    ProfileStore(tmp_path).record("Qwen/Qwen2.5-7B+graphs", "H100", samples)
     planned = build_cost_model(sweep, profile_dir=tmp_path)
     assert planned.memory.activation_scale == pytest.approx(1.5, rel=1e-6)
     assert planned.config_memory(ks[1], 1) == pytest.approx(truth.config_memory(ks[1], 1), rel=1e-9)

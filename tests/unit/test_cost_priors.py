@@ -6,16 +6,21 @@ import numpy as np
 import pytest
 from scipy.optimize import nnls
 
-from plora.config import PROJECTIONS, HardwareConfig
+from plora.config import PROJECTIONS, HardwareConfig, LoRAConfig, Strategy
 from plora.config.hardware import GPU_TYPES
+from plora.cost.memory_options import Loss, MemoryOptions
 from plora.cost.model import SweepCostModel
 from plora.cost.priors import (
     DEFAULT_COEFFICIENTS,
+    H100_E2E_STEP_S,
+    H100_GRAPHED_PACK,
+    H100_GRAPHED_TOK_S,
     H100_PACKED_TOK_S,
     H100_RANK,
     H100_SEQ_LEN,
     LIGER_COEFFICIENTS,
     _nonnegative_lstsq,
+    graph_factor,
     step_prior,
 )
 from plora.cost.throughput import AdapterLoad, StepTimeModel
@@ -65,3 +70,72 @@ def test_nonnegative_least_squares_matches_scipy() -> None:
         ref, _ = nnls(a, b)
         assert (ours >= 0).all()
         assert np.linalg.norm(a @ ours - b) == pytest.approx(np.linalg.norm(a @ ref - b), abs=1e-9)
+
+
+# --------------------------------------------------------------- the graphed H100 prior
+def _packed_16_step(prior) -> float:
+    load = AdapterLoad(rank=H100_RANK, targets=tuple(PROJECTIONS), sequences=1)
+    timer = StepTimeModel(QWEN3B, GPU_TYPES["H100"], prior)
+    return timer.step_time([load] * H100_GRAPHED_PACK, H100_SEQ_LEN)
+
+
+def _mean_step_s(mode: str) -> float:
+    return H100_GRAPHED_PACK * H100_SEQ_LEN / float(np.mean(H100_GRAPHED_TOK_S[mode]))
+
+
+def test_the_graphed_h100_prior_predicts_the_graphed_packed_step() -> None:
+    graphed, eager = step_prior("H100", True, cuda_graphs=True), step_prior("H100", True)
+    assert _packed_16_step(graphed) == pytest.approx(_mean_step_s("graphed"), rel=0.02)
+    assert _packed_16_step(graphed) < _packed_16_step(eager)
+    # the GPU's part is the eager prior's; only the host overheads shrink, by one factor
+    factor = graphed.overhead_per_layer_s / eager.overhead_per_layer_s
+    assert 0 < factor < 1 and factor == pytest.approx(graph_factor("H100", eager))
+    for name in ("base_efficiency", "lora_efficiency", "comm_efficiency"):
+        assert getattr(graphed, name) == getattr(eager, name)
+    for name in ("adapter_step_s", "module_step_s"):
+        assert getattr(graphed, name) == pytest.approx(getattr(eager, name) * factor)
+    assert "CUDA graphs" in graphed.source
+
+
+def _e2e_step_s(cuda_graphs: bool, d: int = 1) -> float:
+    """The planner's step of `benchmarks/e2e.py`'s default job (:data:`H100_E2E_STEP_S`): one
+    job of 16 configs (ranks 8..64, four learning rates each), batch 4, rows padded to 640,
+    2 micro-batches, Liger on: its train seconds over its 40 steps."""
+    spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-1.5B")
+    memory = MemoryOptions(loss=Loss.FUSED, fused_kernels=True)
+    cost = SweepCostModel(spec, 640, 10_000, HardwareConfig(gpu_type="H100", num_gpus=2),
+                          memory=memory, cuda_graphs=cuda_graphs, strategies=[Strategy.TP])  # fmt: skip
+    pack = [
+        LoRAConfig(rank=r, alpha=2 * r, lr=lr, batch_size=4, max_steps=40, dropout=0.0)
+        for lr in (1e-4, 3e-4, 1e-3, 3e-3)
+        for r in (8, 16, 32, 64)
+    ]
+    strategy = None if d == 1 else Strategy.TP
+    return cost.job_terms(pack, d, strategy, micro_batches=2).train_s / 40
+
+
+def test_the_priors_predict_the_e2e_sweeps_step() -> None:
+    graphed, eager = _e2e_step_s(True), _e2e_step_s(False)
+    assert graphed == pytest.approx(H100_E2E_STEP_S["graphed"], rel=0.15)
+    assert eager == pytest.approx(H100_E2E_STEP_S["eager"], rel=0.15)
+    assert graphed < eager
+
+
+def test_jobs_of_several_gpus_keep_the_eager_prior() -> None:
+    """A graphed sweep's d > 1 jobs run eagerly: planned with the eager prior."""
+    assert _e2e_step_s(True, d=2) == pytest.approx(_e2e_step_s(False, d=2))
+
+
+def test_the_graphed_prior_without_liger_takes_ligers_factor() -> None:
+    eager, graphed = step_prior("H100", False), step_prior("H100", False, cuda_graphs=True)
+    factor = graph_factor("H100", step_prior("H100", True))
+    assert graphed.module_step_s == pytest.approx(eager.module_step_s * factor)
+    assert graphed.overhead_per_layer_s == pytest.approx(eager.overhead_per_layer_s * factor)
+    assert graphed.base_efficiency == eager.base_efficiency
+    assert "assumed" in graphed.source
+
+
+def test_other_gpu_types_have_no_graphed_prior() -> None:
+    for gpu in ("H200", "A100-80GB", "cpu", "L4"):
+        for fused in (True, False):
+            assert step_prior(gpu, fused, cuda_graphs=True) == step_prior(gpu, fused)

@@ -66,10 +66,11 @@ def test_build_cost_model_plans_qlora_from_its_own_profile(tmp_path) -> None:
     # measured steps of the bf16 model are not the QLoRA model's
     k = LoRAConfig(rank=8, alpha=16, lr=1e-4, batch_size=1, max_steps=20)
     samples = [StepSample.from_configs([k] * n, seq_len=256, step_time_s=1.0 + n) for n in (1, 2)]
-    ProfileStore(tmp_path).record("Qwen/Qwen2.5-14B", "L4", samples)
+    # (an L4 sweep graphs its one-GPU steps: training.cuda_graphs auto, profiled as +graphs)
+    ProfileStore(tmp_path).record("Qwen/Qwen2.5-14B+graphs", "L4", samples)
     assert build_cost_model(_sweep(), profile_dir=tmp_path).profile.samples
     assert not build_cost_model(_sweep(quantization="nf4"), profile_dir=tmp_path).profile.samples
-    ProfileStore(tmp_path).record("Qwen/Qwen2.5-14B@nf4", "L4", samples)
+    ProfileStore(tmp_path).record("Qwen/Qwen2.5-14B@nf4+graphs", "L4", samples)
     assert build_cost_model(_sweep(quantization="nf4"), profile_dir=tmp_path).profile.samples
 
 

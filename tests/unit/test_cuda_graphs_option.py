@@ -128,3 +128,61 @@ def test_a_parallel_ranks_trainer_accepts_the_setting_and_runs_eagerly() -> None
     assert trainer.graphs is None
     trainer.add(LoRAConfig(config_id="a", rank=4, alpha=8, lr=1e-2, batch_size=2, max_steps=2))
     assert [m.config_id for m in trainer.step()] == ["a"]
+
+
+# ------------------------------------------------------------------------- the plan
+@pytest.mark.parametrize(
+    ("training", "gpu", "env", "want"),
+    [
+        ("", "H100", None, True),  # auto: on for CUDA
+        ("", "H100", "0", False),  # ... unless the environment turns it off
+        ("", "H100", "Off", False),
+        ("", "H100", "no", False),
+        ("", "H100", "1", True),
+        ("", "cpu", None, False),  # never on the CPU
+        ("training: {cuda_graphs: on}\n", "H100", "0", True),  # asked for: what the engine runs
+        ("training: {cuda_graphs: on}\n", "cpu", None, True),
+        ("training: {cuda_graphs: off}\n", "H100", None, False),
+    ],
+)
+def test_the_plan_assumes_what_the_engine_runs(tmp_path, monkeypatch, training, gpu, env, want):
+    import torch
+
+    from plora.cost.build import build_cost_model, plan_cuda_graphs
+    from plora.cost.priors import step_prior
+    from plora.engine.graphed import graphs_wanted
+
+    if env is not None:
+        monkeypatch.setenv("PLORA_CUDA_GRAPHS", env)
+    sweep = _sweep(tmp_path, training, gpu=gpu)
+    assert plan_cuda_graphs(sweep) is want
+    device = torch.device("cpu" if gpu == "cpu" else "cuda")
+    assert graphs_wanted(sweep.training.cuda_graphs.trainer_arg, device) is want
+    cost = build_cost_model(sweep, use_profile=False)
+    assert cost.cuda_graphs is want
+    assert cost.coefficients == step_prior(gpu, False, cuda_graphs=want)
+
+
+def test_graphed_steps_are_profiled_apart(tmp_path, monkeypatch) -> None:
+    """``record_profile`` writes a graphed sweep's measurements under the key its plan read,
+    which is not the eager sweep's."""
+    from plora.config.fused import fused_profile_key
+    from plora.cost.build import build_cost_model
+    from plora.cost.overheads import OverheadKind, OverheadSample
+    from plora.cost.profile import ProfileStore
+    from plora.runtime.costs import record_profile
+
+    sweep, store = _sweep(tmp_path, ""), tmp_path / "profiles"
+    assert fused_profile_key("m", False, True) == "m+graphs"
+    assert fused_profile_key("m", True, True) == "m+liger+graphs"
+    assert fused_profile_key("m", True, True) != fused_profile_key("m", True)
+    cost = build_cost_model(sweep, profile_dir=store)
+    assert cost.cuda_graphs
+    sample = [OverheadSample(kind=OverheadKind.MODEL_LOAD, seconds=123.0)]
+    assert record_profile(sweep, cost.refit_overheads([]), [], {}, sample, profile_dir=store) == 1
+    key = fused_profile_key(sweep.model.profile_key, False, True)
+    assert ProfileStore(store).path(key, "H100").is_file()
+    assert not ProfileStore(store).path(sweep.model.profile_key, "H100").is_file()
+    assert build_cost_model(sweep, profile_dir=store).overheads.model_load_s == 123.0
+    eager = build_cost_model(sweep, profile_dir=store, cuda_graphs=False)
+    assert eager.overheads.model_load_s != 123.0

@@ -153,7 +153,8 @@ def test_cost_model_plans_what_the_engine_runs(
     assert plan_fused_kernels(sweep) is want
     cost = build_cost_model(sweep, use_profile=False)
     assert cost.memory.fused_kernels is want
-    assert cost.coefficients == step_prior(gpu, want)  # the GPU type's prior, fused or not
+    # the GPU type's prior, fused or not (graphed on a GPU: training.cuda_graphs auto)
+    assert cost.coefficients == step_prior(gpu, want, cost.cuda_graphs)
     h200 = step_prior("H200", want)
     assert h200 == (LIGER_COEFFICIENTS if want else DEFAULT_COEFFICIENTS)
 
@@ -177,7 +178,7 @@ def test_fused_steps_are_profiled_apart(tmp_path, monkeypatch) -> None:
     from plora.runtime.costs import record_profile
 
     monkeypatch.setattr(fused_cfg, "liger_installed", lambda: True)
-    sweep = _sweep(tmp_path, "")
+    sweep = _sweep(tmp_path, "training: {cuda_graphs: off}\n")  # graphed: +graphs on top
     store = tmp_path / "profiles"
     cost = build_cost_model(sweep, profile_dir=store)
     sample = [OverheadSample(kind=OverheadKind.MODEL_LOAD, seconds=123.0)]
