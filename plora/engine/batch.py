@@ -227,6 +227,16 @@ def plan_micro_batches(
     return micros
 
 
+def pack_micro_batch(
+    micro: dict[int, tuple[int, list[Any]]], pad_id: int, *, pad_to_multiple_of: int | None = None
+) -> PackedBatch:
+    """:func:`pack_batch` of one micro-batch of :func:`plan_micro_batches` (slot ``i``'s
+    examples in the rows of segment ``i``; slots below the largest without rows get empty
+    segments)."""
+    rows = [micro[s][1] if s in micro else [] for s in range(max(micro) + 1)]
+    return pack_batch(rows, pad_id, pad_to_multiple_of=pad_to_multiple_of)
+
+
 def target_count(ex: Any) -> int:
     return sum(1 for y in ex.labels[1:] if y != IGNORE_INDEX)
 
@@ -243,6 +253,7 @@ __all__ = [
     "Segment",
     "micro_batches",
     "pack_batch",
+    "pack_micro_batch",
     "plan_micro_batches",
     "target_count",
     "truncate",

@@ -44,7 +44,6 @@ tests compare with the eager step.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -54,10 +53,10 @@ from typing import Any
 import torch
 from plora.kernels.meta import TableStore, static_tables
 
-from plora.config.sweep_options import CUDA_GRAPHS_ENV, cuda_graphs_resolved
+from plora.config.sweep_options import cuda_graphs_resolved
 from plora.engine import adapters
 from plora.engine.attention import causal_only
-from plora.engine.batch import pack_batch, plan_micro_batches
+from plora.engine.batch import pack_micro_batch, plan_micro_batches
 from plora.engine.fused import dropout_key
 from plora.engine.loss import _to_device, loss_targets, targets_loss
 
@@ -69,8 +68,6 @@ LENGTH_BUCKET = 64
 TARGET_STEPS = 4
 #: Graphs kept per trainer (least recently used dropped first).
 MAX_GRAPHS = 8
-#: ``PLORA_CUDA_GRAPHS=0`` turns the graphed step off where the trainer is not told.
-ENV = CUDA_GRAPHS_ENV
 
 
 def graphs_wanted(requested: bool | None, device: torch.device) -> bool:
@@ -227,18 +224,13 @@ class StepGraphs:
 
     def _host_micro(self, micro, length: int, denoms):
         """Host tensors of one micro-batch at the bucket's length (targets not yet padded)."""
-        tr = self.trainer
-        width = max(micro) + 1
-        rows = [micro[s][1] if s in micro else [] for s in range(width)]
-        pb = pack_batch(rows, tr.pad_id)
-        ids = torch.full((pb.input_ids.shape[0], length), tr.pad_id, dtype=torch.long)
-        ids[:, : pb.input_ids.shape[1]] = pb.input_ids
-        labels = torch.full_like(ids, -100)
-        labels[:, : pb.labels.shape[1]] = pb.labels
+        # every row is at most ``length`` tokens long: rounded up to a multiple of it, the
+        # micro-batch's width is exactly ``length`` (the step's bucket, shared by its micros)
+        pb = pack_micro_batch(micro, self.trainer.pad_id, pad_to_multiple_of=length)
         segs = tuple((s.slot, s.start, s.stop) for s in pb.segments if s.stop > s.start)
-        where, t, w, owner, slots = loss_targets(labels, segs, denoms)
+        where, t, w, owner, slots = loss_targets(pb.labels, segs, denoms)
         offsets = {s: micro[s][0] for s in micro}
-        return segs, offsets, slots, ids, (where, t, w, owner)
+        return segs, offsets, slots, pb.input_ids, (where, t, w, owner)
 
     def _new_entry(self, packed, sizes: Sequence[int]) -> _Entry:
         dev = self.trainer.device
@@ -286,7 +278,7 @@ class StepGraphs:
         for m in entry.micros:
             keys = {s: (steps[s], m.offsets[s]) for s in m.offsets}
             with adapters.packed_segments(tr.model, m.segments, dropout_keys=keys):
-                with _autocast(tr):
+                with tr.autocast(cache=False):
                     hidden = tr._decoder(input_ids=m.input_ids, use_cache=False).last_hidden_state
                     loss, per_slot = targets_loss(
                         tr._head, hidden, m.where, m.targets, m.weights, m.owner, len(m.slots)
@@ -316,15 +308,7 @@ class StepGraphs:
         self.captures += 1
 
 
-def _autocast(trainer: Any) -> contextlib.AbstractContextManager[Any]:
-    dev = trainer.device.type
-    if trainer.autocast_dtype is None:
-        return torch.autocast(dev, enabled=False)
-    return torch.autocast(dev, dtype=trainer.autocast_dtype, cache_enabled=False)
-
-
 __all__ = [
-    "ENV",
     "LENGTH_BUCKET",
     "StepGraphs",
     "bucket_length",

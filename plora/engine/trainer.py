@@ -37,7 +37,7 @@ from torch import nn
 
 from plora.config import ConfigError, LoRAConfig
 from plora.engine import adapters, optim
-from plora.engine.batch import plan_micro_batches, target_count, truncate
+from plora.engine.batch import pack_micro_batch, plan_micro_batches, target_count, truncate
 from plora.engine.device import model_device, peak_memory
 from plora.engine.graphed import StepGraphs, graphs_wanted
 from plora.engine.loss import _to_device, packed_loss
@@ -360,12 +360,8 @@ class PackedTrainer:
         return exs
 
     def _pack(self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[TrainingAdapter]):
-        from plora.engine.data import pack_batch
-
         step_of = {ad.slot: ad.step for ad in active}
-        width = max(micro) + 1
-        rows = [micro[s][1] if s in micro else [] for s in range(width)]
-        pb = pack_batch(rows, self.pad_id)
+        pb = pack_micro_batch(micro, self.pad_id)
         keys = {s: (step_of[s], micro[s][0]) for s in micro}
         # Inputs go over pinned and non-blocking; the labels stay on the host, where
         # packed_loss finds the target positions without a device sync.
@@ -376,16 +372,18 @@ class PackedTrainer:
     def _forward_loss(
         self, pb: Any, denoms: dict[int, int]
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        ctx = (
-            torch.autocast(self.device.type, dtype=self.autocast_dtype)
-            if self.autocast_dtype is not None
-            else torch.autocast(self.device.type, enabled=False)
-        )
-        with ctx:
+        with self.autocast():
             hidden = self._decoder(
                 input_ids=pb.input_ids, attention_mask=pb.attention_mask, use_cache=False
             ).last_hidden_state
             return packed_loss(self._head, hidden, pb.labels, pb.segments, denoms)
+
+    def autocast(self, *, cache: bool = True) -> torch.autocast:
+        """The step's autocast: :attr:`autocast_dtype`, or none (fp32). ``cache=False`` for a
+        step being captured as a CUDA graph (autocast's cast cache may not outlive a capture)."""
+        if self.autocast_dtype is None:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, cache_enabled=cache)
 
     # -------------------------------------------------------------- outputs
     @property

@@ -232,7 +232,7 @@ class ParallelPackedTrainer(PackedTrainer):
             sums_seen.append(sums)
             return loss
 
-        with self._autocast():
+        with self.autocast():
             run_1f1b(
                 self.stage_module,
                 pp_group=self.pp_group,
@@ -250,11 +250,6 @@ class ParallelPackedTrainer(PackedTrainer):
         last = dist.get_global_rank(self.pp_group, self.dims.pp - 1)
         dist.broadcast(ce, src=last, group=self.pp_group)
         return [(slots, ce)], routing, ids.shape[0], ids.numel(), width
-
-    def _autocast(self):
-        if self.autocast_dtype is not None:
-            return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-        return torch.autocast(self.device.type, enabled=False)
 
     # --------------------------------------------------------------- outputs
     @property
