@@ -263,11 +263,11 @@ def host_ms(trainer: PackedTrainer, first: int) -> float | None:
 def graph_stats(trainer: PackedTrainer) -> dict | None:
     """How the trainer's graphed step ran (None: it had none): captures, replays, steps run
     eagerly through the static buffers, and why graphs were turned off (None: they stayed on)."""
-    graphs = getattr(trainer, "graphs", None)
+    graphs = trainer.graphs
     if graphs is None:
         return None
     names = ("captures", "replays", "eager_steps", "disabled")
-    return {n: getattr(graphs, n, None) for n in names}
+    return {n: getattr(graphs, n) for n in names}
 
 
 def run_packed(base, tok, data, k, rank, seq, device, dtype, warmup, steps, ckpt,
