@@ -64,11 +64,6 @@ def kind(name: str) -> str:
     return next((k for frag, k in KINDS if frag in low), "other")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def profile_variant(base, tok, data, args, device, dtype, *, graphs: bool) -> dict[str, Any]:
     """One variant on a fresh trainer over ``base`` (given back plain): wall, host and GPU
     kernel time per step, the GPU's idle share, kernels by kind, top kernels and host ops."""
@@ -84,7 +79,7 @@ def profile_variant(base, tok, data, args, device, dtype, *, graphs: bool) -> di
         with profile(activities=activities) as prof:
             for _ in range(PROFILED_STEPS):
                 trainer.step()
-            _sync(device)
+            et.sync(device)
     finally:
         et.drop_trainer(trainer, base)
     gpu: collections.Counter[str] = collections.Counter()

@@ -89,16 +89,17 @@ def measure_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    _sync(device)
+    sync(device)
     reps = 20 if device.type == "cuda" else 3
     t0 = time.perf_counter()
     for _ in range(reps):
         a @ b
-    _sync(device)
+    sync(device)
     return 2.0 * n**3 * reps / (time.perf_counter() - t0)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op off CUDA)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -174,11 +175,11 @@ def graph_warmup(warmup: int, graphs: bool) -> int:
 def time_steps(step, device, warmup: int, steps: int) -> float:
     for _ in range(warmup):
         step()
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
-    _sync(device)
+    sync(device)
     return (time.perf_counter() - t0) / steps
 
 
