@@ -311,5 +311,18 @@ def packed_lora_delta_reference(
     return delta.reshape(*x.shape[:-1], lora_b.shape[0])
 
 
+def cross_entropy_reference(
+    logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What :func:`plora.kernels.cross_entropy.cross_entropy_` computes, in torch: ``(ce, grad or None)`` (``logits`` untouched)."""
+    logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    ce = -logp.gather(1, targets[:, None].long()).squeeze(1)
+    if weights is None:
+        return ce, None
+    g = logp.exp_()
+    g[torch.arange(targets.shape[0], device=g.device), targets.long()] -= 1.0
+    return ce, g.mul_(weights[:, None].float()).to(logits.dtype)
+
+
 def _raw_ranks(ranks: Sequence[int] | torch.Tensor) -> Sequence[int]:
     return ranks.tolist() if isinstance(ranks, torch.Tensor) else ranks

@@ -109,10 +109,12 @@ def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 class _LinearCrossEntropy(torch.autograd.Function):
     """``Σ_t w_t · CE(h_t Wᵀ + b, y_t)`` with ``∂/∂h`` formed during the forward pass.
 
-    Per chunk of tokens: logits in the compute dtype, ``log_softmax`` in float32 (the upcast
-    fused into it), per-token CE, and ``∂L/∂h = (w ⊙ (softmax - onehot)) W`` -- the same
-    arithmetic autograd would do for HF's ``CE(logits.float())``, but no logits survive the
-    chunk and nothing is recomputed in backward. The head is frozen (no ``∂/∂W``).
+    Per chunk of tokens: logits in the compute dtype, then the per-token CE and
+    ``w ⊙ (softmax - onehot)`` in float32 -- the same arithmetic autograd would do for HF's
+    ``CE(logits.float())`` -- rounded to the compute dtype for ``∂L/∂h = G·W``. No logits
+    survive the chunk and nothing is recomputed in backward. On CUDA one Triton pass per row
+    writes G over the logits (:func:`plora.kernels.cross_entropy.cross_entropy_`); elsewhere
+    torch's ``log_softmax``. The head is frozen (no ``∂/∂W``).
     """
 
     @staticmethod
@@ -124,15 +126,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             wt = weight.to(dtype)
             b = None if bias is None else bias.to(dtype)
             for i in range(0, n, chunk):
-                tc = targets[i : i + chunk]
-                logp = torch.log_softmax(
-                    F.linear(h[i : i + chunk].to(dtype), wt, b), dim=-1, dtype=torch.float32
-                )
-                ce[i : i + chunk] = -logp.gather(1, tc[:, None]).squeeze(1)
-                g = logp.exp_()  # softmax
-                g[torch.arange(tc.shape[0], device=g.device), tc] -= 1.0
-                g.mul_(w[i : i + chunk, None])
-                grad_h[i : i + chunk] = (g.to(dtype) @ wt).to(h.dtype)
+                logits = F.linear(h[i : i + chunk].to(dtype), wt, b)
+                ce[i : i + chunk], g = _chunk_ce(logits, targets[i : i + chunk], w[i : i + chunk])
+                grad_h[i : i + chunk] = (g @ wt).to(h.dtype)
             loss = (ce * w).sum()
         ctx.save_for_backward(grad_h)
         ctx.mark_non_differentiable(ce)
@@ -144,6 +140,27 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h * grad_loss.to(grad_h.dtype), None, None, None, None, None, None
 
 
+def _kernel_ce(logits: torch.Tensor) -> bool:
+    """Whether the Triton cross-entropy takes this chunk (CUDA, a float dtype)."""
+    return logits.is_cuda and logits.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _chunk_ce(
+    logits: torch.Tensor, targets: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(CE, w ⊙ (softmax - onehot))`` of one chunk, the second in the logits' dtype (on CUDA
+    written over ``logits``)."""
+    if _kernel_ce(logits):
+        from plora.kernels.cross_entropy import cross_entropy_
+
+        return cross_entropy_(logits, targets, w), logits
+    from plora.kernels.reference import cross_entropy_reference
+
+    ce, g = cross_entropy_reference(logits, targets, w)
+    assert g is not None
+    return ce, g
+
+
 def _weighted_ce(
     head: nn.Module, h: torch.Tensor, t: torch.Tensor, w: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,6 +170,8 @@ def _weighted_ce(
     if weight.requires_grad:
         raise ValueError("packed_loss expects a frozen LM head (weight.requires_grad is True)")
     chunk = max(1, _LOGIT_CHUNK // weight.shape[0])
+    if _kernel_ce(h):  # the kernel keeps no float32 copy of a chunk: twice the tokens fit
+        chunk *= 2
     dev = h.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
     return _LinearCrossEntropy.apply(h, weight, head.bias, t, w, chunk, dtype)
