@@ -15,7 +15,9 @@ one at least 3 steps: a shape's first step runs eagerly and the next captures), 
 * ``gpu_idle``: ``1 - gpu_kernel_ms / wall_ms``, the share of the wall the GPU waits for the
   host;
 
-and the top host-side operators. ``--out DIR`` writes ``DIR/engine_profile.json``, one entry
+and the top host-side operators. ``--loss-kernel both`` measures each variant with the packed
+loss's cross-entropy in torch (``PLORA_KERNELS_CE=0``), then by the Triton kernel;
+``--rounds N`` repeats the whole sequence (alternating, for clock drift). ``--out DIR`` writes ``DIR/engine_profile.json``, one entry
 per variant. On the CPU (``--smoke``: a tiny shape) there is no GPU kernel time
 (``gpu_kernel_ms`` and ``gpu_idle`` are null) and ``+graphs`` runs the graph's static-buffer step
 eagerly.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime as dt
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -54,7 +57,7 @@ KINDS = [
     ("_rms", "liger"), ("swiglu", "liger"), ("rope", "liger"), ("liger", "liger"),
     ("nvjet", "cuBLAS GEMM"), ("gemm", "cuBLAS GEMM"), ("cutlass", "cuBLAS GEMM"),
     ("adam", "optimizer"), ("foreach", "optimizer"), ("norm", "optimizer"),
-    ("softmax", "loss"), ("cross_entropy", "loss"), ("nll", "loss"),
+    ("softmax", "loss"), ("cross_entropy", "loss"), ("_ce_kernel", "loss"), ("nll", "loss"),
     ("copy", "copies / casts"), ("cat", "copies / casts"), ("elementwise", "element-wise"),
 ]  # fmt: skip
 
@@ -64,9 +67,13 @@ def kind(name: str) -> str:
     return next((k for frag, k in KINDS if frag in low), "other")
 
 
-def profile_variant(base, tok, data, args, device, dtype, *, graphs: bool) -> dict[str, Any]:
+def profile_variant(
+    base, tok, data, args, device, dtype, *, graphs: bool, loss_kernel: bool = True
+) -> dict[str, Any]:
     """One variant on a fresh trainer over ``base`` (given back plain): wall, host and GPU
-    kernel time per step, the GPU's idle share, kernels by kind, top kernels and host ops."""
+    kernel time per step, the GPU's idle share, kernels by kind, top kernels and host ops.
+    ``loss_kernel=False``: the packed loss's cross-entropy in torch (``PLORA_KERNELS_CE=0``)."""
+    os.environ["PLORA_KERNELS_CE"] = "1" if loss_kernel else "0"
     warmup = et.graph_warmup(args.warmup, graphs)
     trainer = et.packed_trainer(base, tok, data, args.adapters, args.rank, device, dtype,
                                 graphs=graphs, profile_steps=warmup + args.steps)  # fmt: skip
@@ -98,8 +105,10 @@ def profile_variant(base, tok, data, args, device, dtype, *, graphs: bool) -> di
         for ev in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:20]
     ]  # fmt: skip
     return {
-        "label": et.graph_label(f"packed-{args.adapters}", graphs),
+        "label": et.graph_label(f"packed-{args.adapters}", graphs)
+        + ("" if loss_kernel else " (torch CE)"),
         "graphs": graphs,
+        "loss_kernel": loss_kernel,
         "warmup": warmup,
         "steps": args.steps,
         "wall_ms": wall_ms,
@@ -150,6 +159,15 @@ def main() -> None:
     ap.add_argument("--graphs", choices=sorted(et.GRAPH_MODES), default="both",
                     help="the eager step (off), CUDA graphs (on: training.cuda_graphs), or "
                     "both on fresh trainers, eager first")  # fmt: skip
+    ap.add_argument("--loss-kernel", choices=["on", "off", "both"], default="on",
+                    help="the packed loss's cross-entropy by the Triton kernel (on), by torch "
+                    "(off: PLORA_KERNELS_CE=0), or both, torch first")  # fmt: skip
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure the variants this many times, alternating (clock drift)",
+    )
     ap.add_argument("--warmup", type=int, default=3, help="graphed: at least 3")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant")
     ap.add_argument("--smoke", action="store_true", help="tiny shape on the CPU (seconds)")
@@ -171,18 +189,23 @@ def main() -> None:
     lora.set_kernel_backend("auto")
     data = et.synthetic_data(cfg.vocab_size, args.seq, n=2 * args.adapters)
     tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
+    loss_kernels = {"on": [True], "off": [False], "both": [False, True]}[args.loss_kernel]
     variants = []
-    for graphs in et.GRAPH_MODES[args.graphs]:
-        variants.append(profile_variant(base, tok, data, args, device, dtype, graphs=graphs))
-        show(variants[-1], args)
-        if cuda:
-            torch.cuda.empty_cache()
+    for _ in range(args.rounds):
+        for graphs in et.GRAPH_MODES[args.graphs]:
+            for lk in loss_kernels:
+                variants.append(profile_variant(
+                    base, tok, data, args, device, dtype, graphs=graphs, loss_kernel=lk
+                ))  # fmt: skip
+                show(variants[-1], args)
+                if cuda:
+                    torch.cuda.empty_cache()
     if len(variants) == 2:
-        eager, graphed = variants
-        print(f"graphs: wall {eager['wall_ms']:.1f} -> {graphed['wall_ms']:.1f} ms "
-              f"({eager['wall_ms'] / graphed['wall_ms']:.2f}x), host {_ms(eager['host_ms'])} -> "
-              f"{_ms(graphed['host_ms'])} ms, GPU idle {_ms(eager['gpu_idle'], '.1%')} -> "
-              f"{_ms(graphed['gpu_idle'], '.1%')}")  # fmt: skip
+        before, after = variants
+        print(f"{before['label']} -> {after['label']}: wall {before['wall_ms']:.1f} -> "
+              f"{after['wall_ms']:.1f} ms ({before['wall_ms'] / after['wall_ms']:.2f}x), host "
+              f"{_ms(before['host_ms'])} -> {_ms(after['host_ms'])} ms, GPU idle "
+              f"{_ms(before['gpu_idle'], '.1%')} -> {_ms(after['gpu_idle'], '.1%')}")  # fmt: skip
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.out / "engine_profile.json", {
@@ -191,7 +214,8 @@ def main() -> None:
             "command": "python benchmarks/engine_profile.py " + shlex.join(sys.argv[1:]),
             "device": torch.cuda.get_device_name(device) if cuda else "cpu",
             "model": args.model, "adapters": args.adapters, "rank": args.rank, "seq": args.seq,
-            "liger": liger, "graphs": args.graphs, "profiled_steps": PROFILED_STEPS,
+            "liger": liger, "graphs": args.graphs, "loss_kernel": args.loss_kernel,
+            "rounds": args.rounds, "profiled_steps": PROFILED_STEPS,
             "variants": variants,
         })  # fmt: skip
 

@@ -88,6 +88,10 @@ float32 accumulation (float32 dots use TF32 on the GPU); ``y``/``dX`` in ``x.dty
 gets its gradient stored that way). Weight gradients use no atomics: one program owns one
 slot's tile and reduces over that slot's tokens in a fixed order, so results are bitwise
 repeatable.
+
+Beside the packed linear: :func:`plora.kernels.cross_entropy.cross_entropy_`, the packed loss's
+cross-entropy in one pass per row with the gradient written over the logits (CUDA;
+``PLORA_KERNELS_CE=0`` keeps torch's, its twin :func:`~plora.kernels.reference.cross_entropy_reference`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ recomputed in backward.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,8 +142,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def _kernel_ce(logits: torch.Tensor) -> bool:
-    """Whether the Triton cross-entropy takes this chunk (CUDA, a float dtype)."""
-    return logits.is_cuda and logits.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    """Whether the Triton cross-entropy takes this chunk: CUDA, a float dtype, and not turned
+    off (``PLORA_KERNELS_CE=0``: torch's, as on the CPU)."""
+    return (
+        logits.is_cuda
+        and logits.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and os.environ.get("PLORA_KERNELS_CE", "1") != "0"
+    )
 
 
 def _chunk_ce(

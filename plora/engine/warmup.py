@@ -135,6 +135,7 @@ def warm_pack_kernels(
                 with torch.no_grad():
                     layer(torch.randn(eval_rows, seq_len, fan_in, device=device, dtype=dtype))
             del x, y, layer, base
+        _warm_cross_entropy(spec.vocab_size, device=device, dtype=dtype)
         torch.cuda.synchronize(device)
     except Exception as e:  # never fatal: the first step compiles what is missing
         report = WarmupReport.failed(e)
@@ -145,6 +146,17 @@ def warm_pack_kernels(
         tokens=rows_per_step * seq_len,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _warm_cross_entropy(vocab: int, *, device: torch.device, dtype: torch.dtype) -> None:
+    """The packed loss's cross-entropy kernel, with and without the gradient, at the
+    vocabulary's width (the training step and the packed evaluation launch both)."""
+    from plora.kernels.cross_entropy import cross_entropy_
+
+    logits = torch.randn(2, vocab, device=device, dtype=dtype)
+    targets = torch.zeros(2, dtype=torch.long, device=device)
+    cross_entropy_(logits, targets)
+    cross_entropy_(logits, targets, torch.ones(2, device=device))
 
 
 def start_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Popen[str] | None:
