@@ -13,6 +13,10 @@
 #     both --fresh-profile (each plans from the priors: the same plan, run eager or graphed; set
 #     FRESH_PROFILE=0 to plan from measurements); E2E_ARGS adds flags to both.
 #   PART=all: step, then e2e started, waiting until 540 s into the call ($WAIT_S to change).
+#   Knobs: TESTS (test files of step), THROUGHPUT=0 (skip engine_throughput), PROFILE_ARGS (more
+#   engine_profile flags, e.g. "--graphs on --loss-kernel both --rounds 2"), BASELINE_PKG (the
+#   e2e baseline is an older package copy run with graphs auto instead of plora eager),
+#   NEW_GRAPHS (the new run's --plora-graphs, default on).
 #
 #   device run, kind nvidia-h100-x1, carry [".device"], timeout_s 600:
 #     bash scripts/gpu_graphs.sh                      # PART=step
@@ -56,7 +60,7 @@ step() {
   #    sys.path: see gpu_tier.sh)
   rm -rf /tmp/plora-tests && mkdir -p /tmp/plora-tests && cp -r tests pyproject.toml /tmp/plora-tests/
   local files=() f
-  for f in tests/gpu/test_graphs_gpu.py tests/gpu/test_engine_gpu.py; do
+  for f in ${TESTS:-tests/gpu/test_graphs_gpu.py tests/gpu/test_engine_gpu.py}; do
     if [ -f "$f" ]; then files+=("$f"); else say "tests: $f missing, not run"; fi
   done
   local rc=0
@@ -71,14 +75,17 @@ step() {
   if ! python3 -c 'import liger_kernel' 2>/dev/null; then
     liger=off; say "throughput: liger_kernel not installed: --liger off"
   fi
-  timeout "${T_THROUGHPUT:-180}" python3 benchmarks/engine_throughput.py \
-    --models Qwen/Qwen2.5-3B --packs 16 --steps 6 --graphs both --liger "$liger" \
-    --out "$RUN" > "$RUN/throughput.log" 2>&1
-  rc=$?; [ $rc -eq 0 ] || say "throughput: exit $rc (see throughput.log)"
-  summary throughput "$RUN/engine_throughput.json"
+  if [ "${THROUGHPUT:-1}" = 1 ]; then
+    timeout "${T_THROUGHPUT:-180}" python3 benchmarks/engine_throughput.py \
+      --models Qwen/Qwen2.5-3B --packs 16 --steps 6 --graphs both --liger "$liger" \
+      --out "$RUN" > "$RUN/throughput.log" 2>&1
+    rc=$?; [ $rc -eq 0 ] || say "throughput: exit $rc (see throughput.log)"
+    summary throughput "$RUN/engine_throughput.json"
+  fi
   # 3. profile
   timeout "${T_PROFILE:-150}" python3 benchmarks/engine_profile.py --model Qwen/Qwen2.5-3B \
-    --adapters 16 --rank 16 --graphs both --liger "$liger" --out "$RUN" > "$RUN/profile.log" 2>&1
+    --adapters 16 --rank 16 --graphs both --liger "$liger" ${PROFILE_ARGS:-} --out "$RUN" \
+    > "$RUN/profile.log" 2>&1
   rc=$?; [ $rc -eq 0 ] || say "profile: exit $rc (see profile.log)"
   summary profile "$RUN/engine_profile.json"
 }
@@ -87,13 +94,20 @@ e2e_start() {
   local fresh=--fresh-profile
   [ "${FRESH_PROFILE:-1}" = 0 ] && fresh=
   local common="--work $WORK --timeout-s ${SYSTEM_TIMEOUT_S:-900} $fresh ${E2E_ARGS:-}"
+  # the baseline run: plora eager, or ($BASELINE_PKG: a copy of an older plora package's parent
+  # directory, e.g. .device/old with .device/old/plora) that code as a sweep runs it by default
+  local base_env="" base_graphs="--plora-graphs off"
+  if [ -n "${BASELINE_PKG:-}" ]; then
+    base_env="PYTHONPATH=$(realpath "$BASELINE_PKG"):/tmp/plora-site"; base_graphs="--plora-graphs auto"
+    say "e2e: baseline = the package in $BASELINE_PKG, graphs auto; the new run graphs ${NEW_GRAPHS:-on}"
+  fi
   touch "$RUN/e2e.started"
   setsid bash -c "
-    timeout ${E2E_TIMEOUT_S:-1500} python3 benchmarks/e2e.py --systems plora --plora-graphs off \
+    $base_env timeout ${E2E_TIMEOUT_S:-1500} python3 benchmarks/e2e.py --systems plora $base_graphs \
       --out $RUN/e2e-off.json $common > $RUN/e2e-off.log 2>&1
     echo \"e2e-off exit \$?\" >> $RUN/e2e.status
     timeout ${E2E_TIMEOUT_S:-1500} python3 benchmarks/e2e.py --systems plora,tune-frac \
-      --plora-graphs on --out $RUN/e2e-on.json $common > $RUN/e2e-on.log 2>&1
+      --plora-graphs ${NEW_GRAPHS:-on} --out $RUN/e2e-on.json $common > $RUN/e2e-on.log 2>&1
     echo \"e2e-on exit \$?\" >> $RUN/e2e.status
     touch $RUN/e2e.done" < /dev/null > /dev/null 2>&1 &
   say "e2e: started $(date -u +%FT%TZ)"
