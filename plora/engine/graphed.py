@@ -45,6 +45,7 @@ tests compare with the eager step.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -120,7 +121,10 @@ class StepGraphs:
     """
 
     def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
+        # a proxy, not a reference: a trainer and its graphs in a cycle outlived the trainer's
+        # job until Python's cycle collector ran, with its pool's memory (the next pack's
+        # capture on the same GPU then ran out of memory: seen on an H100)
+        self.trainer = weakref.proxy(trainer)
         self.capture = trainer.device.type == "cuda"
         self.store = TableStore()
         self.entries: OrderedDict[tuple, _Entry] = OrderedDict()

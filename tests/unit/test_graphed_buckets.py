@@ -100,3 +100,22 @@ def test_causal_only_builds_no_mask_and_keeps_real_positions(monkeypatch):
     assert seen and all(m is None and causal for m, causal in seen)
     torch.testing.assert_close(out[[0, 2]], ref[[0, 2]])
     torch.testing.assert_close(out[1, :7], ref[1, :7])
+
+
+def test_a_graphed_trainer_is_freed_with_its_last_reference():
+    """No cycle between a trainer and its graphs: the next pack on the same GPU must not find the
+    last one's memory still held until Python's cycle collector runs."""
+    import gc
+    import weakref
+
+    trainer = PackedTrainer(tiny_model(), TOKENIZER, toy_dataset(), cuda_graphs=True)
+    assert trainer.graphs is not None
+    trainer.add(LoRAConfig(config_id="a", rank=4, alpha=8, lr=1e-3, batch_size=2, max_steps=2))
+    trainer.step()
+    ref = weakref.ref(trainer)
+    gc.disable()
+    try:
+        del trainer
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -349,7 +349,8 @@ def test_cross_entropy_kernel_matches_torch(dtype, vocab):
     tol = 1e-6 if dtype == torch.float32 else 1e-3
     assert torch.allclose(got.float(), want_g.float(), rtol=tol, atol=tol)
     assert torch.count_nonzero(got[2]) == 0
-    assert got[0, t[0]] < 0 < got[0, (t[0] + 1) % vocab]  # the target's gradient is the negative one
+    # the target's gradient is the negative one
+    assert got[0, t[0]] < 0 < got[0, (t[0] + 1) % vocab]
 
 
 @child
