@@ -22,9 +22,22 @@ descending at odd ones -- so a forward straddling two slots joins rows of simila
 Per-slot sums do not depend on the order. The rows and their cut into forwards are
 :mod:`plora.engine.eval_rows`.
 
+Scored rows (the loss, label accuracy). Where the model's logits are ``head(h)`` and nothing
+more (:func:`plora.engine.causal_lm.plain_head_parts`: the families plora trains), a forward runs
+the decoder body alone, as the training step does, takes the hidden states that predict the
+scored tokens and applies the head to those only, a bounded chunk at a time, with the NLL in
+float32 (:func:`plora.engine.loss.token_nll`): the rows × width × vocab logits never exist.
+Rows are right-padded and attention is causal, so no scored position attends to padding: under
+HF's SDPA attention the forward passes no mask (:func:`plora.engine.attention.causal_only`, as
+the graphed training step: flash attention on CUDA), unless a sliding window shorter than the
+padded width needs the mask. Any other model (a pipeline stage, post-processed logits) runs
+whole, with the mask, and its logits are picked at the scored positions: the reference path
+(``packed_loss(..., full_logits=True)``), which the tests compare with.
+
 Host work. A forward's tensors (ids, mask, and for every scored token the flat index of the
-logit that predicts it, the token and the sum it goes to) are built on the host in one go and
-copied once; log-probabilities are summed on the device (``index_add_``) and read back once.
+hidden state (logit) that predicts it, the token and the sum it goes to) are built on the host
+in one go and copied once; log-probabilities are summed on the device (``index_add_``) and read
+back once.
 Greedy decoding syncs once per decode step (its all-done test), as
 :func:`~plora.engine.evaluate.generate_greedy` does.
 
@@ -41,8 +54,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from plora.engine.adapters import packed_layers, packed_segments, use_slot
+from plora.engine.attention import causal_only
+from plora.engine.causal_lm import plain_head_parts
 from plora.engine.data import IGNORE_INDEX, Example, TokenizedDataset
 from plora.engine.eval_rows import (
     EvalRow,
@@ -63,6 +79,7 @@ from plora.engine.evaluate import (
     evaluate,
     generate_greedy,
 )
+from plora.engine.loss import token_nll
 
 #: Rows per packed-evaluation forward (the default of every function here; the kernel
 #: warm-up compiles for it, :mod:`plora.engine.warmup`).
@@ -139,8 +156,13 @@ def packed_loss(
     pad_id: int,
     batch_size: int = EVAL_BATCH_ROWS,
     max_tokens: int | None = None,
+    full_logits: bool = False,
 ) -> list[float]:
-    """Per slot, the token-weighted mean NLL over the examples' target tokens (NaN if none)."""
+    """Per slot, the token-weighted mean NLL over the examples' target tokens (NaN if none).
+
+    ``full_logits=True`` scores from the whole model's logits (with the padding mask) even where
+    the head could run at the scored positions alone: the reference path (see the module).
+    """
     scored = [
         [
             p
@@ -159,9 +181,8 @@ def packed_loss(
         for i in order[g % 2]
         if scored[i]
     ]
-    sums = _score_rows(
-        model, rows, size=len(slots), pad_id=pad_id, batch_size=batch_size, max_tokens=max_tokens
-    )
+    sums = _score_rows(model, rows, size=len(slots), pad_id=pad_id, batch_size=batch_size,
+                       max_tokens=max_tokens, full_logits=full_logits)  # fmt: skip
     return [-s / count for s in sums.tolist()]
 
 
@@ -266,13 +287,18 @@ def _score_rows(
     pad_id: int,
     batch_size: int,
     max_tokens: int | None,
+    full_logits: bool = False,
 ) -> torch.Tensor:
     """``sums[d] = Σ log p(ids[p] | ids[:p])`` over the scored tokens of the rows with ``dest == d``.
+
+    Per forward: the decoder and the head at the scored positions (:func:`_head_nll`), or with
+    ``full_logits`` or a model without a plain head, the whole model (:func:`_logits_nll`).
 
     Returns:
         float64 ``[size]`` on the model's device.
     """
     device = _device(model)
+    parts = None if full_logits else plain_head_parts(model)
     sums = torch.zeros(size, dtype=torch.float64, device=device)
     for chunk in forward_chunks(rows, batch_size, max_tokens):
         width = max(len(r.ids) for r in chunk)
@@ -288,11 +314,47 @@ def _score_rows(
             dtype=torch.long,
         ).to(device)
         with packed_segments(model, chunk_segments(chunk)):
-            logits = _logits(model(input_ids=inputs[0], attention_mask=inputs[1]))
-        picked = logits.reshape(-1, logits.shape[-1]).index_select(0, index[0]).float()
-        nll = F.cross_entropy(picked, index[1], reduction="none")
+            if parts is None:
+                nll = _logits_nll(model, inputs, index)
+            else:
+                nll = _head_nll(model, *parts, inputs, index)
         sums.index_add_(0, index[2], nll.double(), alpha=-1)
     return sums
+
+
+def _logits_nll(model: Any, inputs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The reference: the whole model's ``(R, S, V)`` logits (padding masked), picked at the
+    flat positions ``index[0]``, cross-entropy against ``index[1]`` in float32."""
+    logits = _logits(model(input_ids=inputs[0], attention_mask=inputs[1]))
+    picked = logits.reshape(-1, logits.shape[-1]).index_select(0, index[0]).float()
+    return F.cross_entropy(picked, index[1], reduction="none")
+
+
+def _head_nll(
+    model: Any, decoder: nn.Module, head: nn.Module, inputs: torch.Tensor, index: torch.Tensor
+) -> torch.Tensor:
+    """:func:`_logits_nll` from the decoder's hidden states at ``index[0]`` and ``head`` applied
+    to those only (:func:`~plora.engine.loss.token_nll`); no padding mask where causal attention
+    alone is exact (:func:`_causal_suffices`)."""
+    if _causal_suffices(model, width=inputs.shape[-1]):
+        with causal_only(model):
+            out = decoder(input_ids=inputs[0], use_cache=False)
+    else:
+        out = decoder(input_ids=inputs[0], attention_mask=inputs[1], use_cache=False)
+    hidden = out[0]  # last_hidden_state (a ModelOutput's first field, or a tuple's)
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index[0])
+    return token_nll(head, h, index[1])
+
+
+def _causal_suffices(model: Any, *, width: int) -> bool:
+    """Whether right-padded rows of ``width`` tokens may run with no mask under
+    :func:`~plora.engine.attention.causal_only`: HF's SDPA attention (what it replaces) and no
+    sliding window shorter than the rows (only the mask applies a window)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    window = getattr(config, "sliding_window", None)
+    return window is None or width <= window
 
 
 def evaluate_adapters(

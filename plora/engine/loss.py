@@ -3,7 +3,8 @@
 Logits are formed only at target positions (label != -100 after the causal shift), a chunk at
 a time, with the gradient w.r.t. the hidden states computed in the same pass (a fused
 linear-cross-entropy in plain torch), so ``R × S × V`` logits never exist and the head is not
-recomputed in backward.
+recomputed in backward. :func:`token_nll` is the same head and cross-entropy, forward only, for
+evaluation (:mod:`plora.engine.evaluate_packed`).
 """
 
 from __future__ import annotations
@@ -98,6 +99,35 @@ def targets_loss(
     return loss, per_slot[:n_slots]
 
 
+@torch.no_grad()
+def token_nll(
+    head: nn.Module, h: torch.Tensor, targets: torch.Tensor, *, max_logits: int | None = None
+) -> torch.Tensor:
+    """``CE_t = -log softmax(head(h_t))[y_t]`` per token, forward only (no gradients).
+
+    Equals ``F.cross_entropy(head(h).float(), targets, reduction="none")``: per chunk of
+    tokens, the chunk's logits from ``head`` (its dtype, or autocast's), ``log_softmax`` in
+    float32, the target's entry; at most ``max_logits`` logits (tokens × vocab) exist at once.
+
+    Args:
+        head: the LM head (hidden -> vocab logits), called as ``head(h)``.
+        h: ``(n, H)`` hidden states at the target positions.
+        targets: ``(n,)`` token ids on ``h``'s device.
+        max_logits: logits per chunk; None: ``_LOGIT_CHUNK`` (2^26).
+
+    Returns:
+        float32 ``(n,)`` on ``h``'s device.
+    """
+    weight = head.weight
+    assert isinstance(weight, torch.Tensor)
+    chunk = max(1, (max_logits or _LOGIT_CHUNK) // weight.shape[0])
+    out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
+    for i in range(0, h.shape[0], chunk):
+        logp = torch.log_softmax(head(h[i : i + chunk]), dim=-1, dtype=torch.float32)
+        out[i : i + chunk] = logp.gather(1, targets[i : i + chunk, None]).squeeze(1).neg_()
+    return out
+
+
 def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host tensor ``x`` on ``device`` without waiting for it (pinned, non-blocking on CUDA)."""
     if x.device == device:
@@ -183,4 +213,4 @@ def _weighted_ce(
     return _LinearCrossEntropy.apply(h, weight, head.bias, t, w, chunk, dtype)
 
 
-__all__ = ["loss_targets", "packed_loss", "targets_loss"]
+__all__ = ["loss_targets", "packed_loss", "targets_loss", "token_nll"]

@@ -38,6 +38,7 @@ from torch import nn
 from plora.config import ConfigError, LoRAConfig
 from plora.engine import adapters, optim
 from plora.engine.batch import pack_micro_batch, plan_micro_batches, target_count, truncate
+from plora.engine.causal_lm import decoder_and_head
 from plora.engine.device import model_device, peak_memory
 from plora.engine.graphed import StepGraphs, graphs_wanted
 from plora.engine.loss import _to_device, packed_loss
@@ -126,8 +127,7 @@ class PackedTrainer:
         hf: Any = model  # a transformers PreTrainedModel: its methods are not nn.Module's
         if gradient_checkpointing:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self._decoder = getattr(hf, hf.base_model_prefix)
-        self._head = hf.get_output_embeddings()
+        self._decoder, self._head = decoder_and_head(model)
         self.adapters: dict[str, TrainingAdapter] = {}
         self.optimizer = PackedAdamW(self.layers)
         self.global_step = 0
