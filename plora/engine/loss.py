@@ -107,7 +107,8 @@ def token_nll(
 
     Equals ``F.cross_entropy(head(h).float(), targets, reduction="none")``: per chunk of
     tokens, the chunk's logits from ``head`` (its dtype, or autocast's), ``log_softmax`` in
-    float32, the target's entry; at most ``max_logits`` logits (tokens × vocab) exist at once.
+    float32 (on CUDA in the cross-entropy kernel's one pass), the target's entry; at most
+    ``max_logits`` logits (tokens × vocab) exist at once.
 
     Args:
         head: the LM head (hidden -> vocab logits), called as ``head(h)``.
@@ -123,7 +124,13 @@ def token_nll(
     chunk = max(1, (max_logits or _LOGIT_CHUNK) // weight.shape[0])
     out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
     for i in range(0, h.shape[0], chunk):
-        logp = torch.log_softmax(head(h[i : i + chunk]), dim=-1, dtype=torch.float32)
+        logits = head(h[i : i + chunk])
+        if _kernel_ce(logits) and logits.stride(-1) == 1:
+            from plora.kernels.cross_entropy import cross_entropy_
+
+            out[i : i + chunk] = cross_entropy_(logits, targets[i : i + chunk])
+            continue
+        logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
         out[i : i + chunk] = logp.gather(1, targets[i : i + chunk, None]).squeeze(1).neg_()
     return out
 
