@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -47,15 +48,27 @@ def _no_mask(*args, **kwargs) -> None:
     return None
 
 
-@contextlib.contextmanager
-def causal_only(model: nn.Module) -> Iterator[None]:
-    """Inside, a model running HF's SDPA attention builds no attention mask: every call is
-    ``is_causal`` (flash when allowed). Only for right-padded rows whose padding is no target.
-    Other attention implementations are left as they are."""
+def causal_suffices(model: Any, *, width: int | None = None) -> bool:
+    """Whether right-padded rows of ``width`` tokens may run with no mask under
+    :func:`causal_only`: HF's SDPA attention (what it replaces) and no sliding window shorter
+    than the rows (only the mask applies a window; ``width`` None: any window is too short)."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    window = getattr(config, "sliding_window", None)
+    return window is None or (width is not None and width <= window)
+
+
+@contextlib.contextmanager
+def causal_only(model: nn.Module, *, width: int | None = None) -> Iterator[None]:
+    """Inside, a model running HF's SDPA attention builds no attention mask: every call is
+    ``is_causal`` (flash when allowed). Only for right-padded rows of ``width`` tokens whose
+    padding is no target. Where that is not exact (:func:`causal_suffices`: other attention
+    implementations, a sliding window shorter than the rows) the model is left as it is."""
+    if not causal_suffices(model, width=width):
         yield
         return
+    config = model.config
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface
@@ -69,4 +82,4 @@ def causal_only(model: nn.Module) -> Iterator[None]:
         config._attn_implementation = "sdpa"
 
 
-__all__ = ["CAUSAL_SDPA", "causal_only", "engine_attention"]
+__all__ = ["CAUSAL_SDPA", "causal_only", "causal_suffices", "engine_attention"]

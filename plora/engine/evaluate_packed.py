@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plora.engine.adapters import packed_layers, packed_segments, use_slot
-from plora.engine.attention import causal_only
+from plora.engine.attention import causal_only, causal_suffices
 from plora.engine.causal_lm import plain_head_parts
 from plora.engine.data import IGNORE_INDEX, Example, TokenizedDataset
 from plora.engine.eval_rows import (
@@ -335,26 +335,15 @@ def _head_nll(
 ) -> torch.Tensor:
     """:func:`_logits_nll` from the decoder's hidden states at ``index[0]`` and ``head`` applied
     to those only (:func:`~plora.engine.loss.token_nll`); no padding mask where causal attention
-    alone is exact (:func:`_causal_suffices`)."""
-    if _causal_suffices(model, width=inputs.shape[-1]):
-        with causal_only(model):
+    alone is exact (:func:`~plora.engine.attention.causal_suffices`)."""
+    if causal_suffices(model, width=inputs.shape[-1]):
+        with causal_only(model, width=inputs.shape[-1]):
             out = decoder(input_ids=inputs[0], use_cache=False)
     else:
         out = decoder(input_ids=inputs[0], attention_mask=inputs[1], use_cache=False)
     hidden = out[0]  # last_hidden_state (a ModelOutput's first field, or a tuple's)
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index[0])
     return token_nll(head, h, index[1])
-
-
-def _causal_suffices(model: Any, *, width: int) -> bool:
-    """Whether right-padded rows of ``width`` tokens may run with no mask under
-    :func:`~plora.engine.attention.causal_only`: HF's SDPA attention (what it replaces) and no
-    sliding window shorter than the rows (only the mask applies a window)."""
-    config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) != "sdpa":
-        return False
-    window = getattr(config, "sliding_window", None)
-    return window is None or width <= window
 
 
 def evaluate_adapters(

@@ -272,8 +272,8 @@ class StepGraphs:
         """Every micro-batch's forward and backward, the optimizer, the outputs: all device work
         reading the entry's buffers (what a graph captures). Attention is causal with no mask
         (:func:`~plora.engine.attention.causal_only`)."""
-        tr = self.trainer
-        with causal_only(tr.model):
+        width = entry.micros[0].input_ids.shape[-1]
+        with causal_only(self.trainer.model, width=width):
             self._micro_batches(entry, steps)
 
     def _micro_batches(self, entry: _Entry, steps: dict[int, int]) -> None:

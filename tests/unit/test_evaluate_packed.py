@@ -463,12 +463,12 @@ def test_scored_rows_drop_the_mask_only_where_causal_attention_is_exact(
 ):
     from types import SimpleNamespace
 
-    from plora.engine.evaluate_packed import _causal_suffices
+    from plora.engine.attention import causal_suffices
 
     config = (
         None if attn is None else SimpleNamespace(_attn_implementation=attn, sliding_window=window)
     )
-    assert _causal_suffices(SimpleNamespace(config=config), width=width) is causal
+    assert causal_suffices(SimpleNamespace(config=config), width=width) is causal
 
 
 @pytest.mark.gpu

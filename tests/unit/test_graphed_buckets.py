@@ -119,3 +119,18 @@ def test_a_graphed_trainer_is_freed_with_its_last_reference():
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_causal_only_keeps_the_mask_where_a_sliding_window_is_shorter():
+    """The graphed step's mask-free attention only where it is exact: rows no longer than the
+    model's sliding window (beyond it only the mask applies the window)."""
+    from types import SimpleNamespace
+
+    from plora.engine.attention import CAUSAL_SDPA, causal_only
+
+    model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa", sliding_window=8))
+    with causal_only(model, width=16):
+        assert model.config._attn_implementation == "sdpa"
+    with causal_only(model, width=8):
+        assert model.config._attn_implementation == CAUSAL_SDPA
+    assert model.config._attn_implementation == "sdpa"
