@@ -86,8 +86,11 @@ class SweepCostModel(SweepMemory):
         cuda_graphs: one-GPU jobs replay their steady step as CUDA graphs
             (``training.cuda_graphs`` resolved: :func:`plora.cost.build.plan_cuda_graphs`):
             d = 1 jobs start from the graphed prior, d > 1 jobs (always eager) and evaluation
-            (eager forwards) from the eager one. Once the coefficients come from measurements
-            (given, a profile's or a refit's), one set serves every d.
+            (eager forwards) from the eager one. Measured steps refit each set apart: d = 1
+            steps the graphed one, d > 1 steps the eager one (:attr:`eager_coefficients`); a
+            set no sample measured keeps what it had.
+        eager_coefficients: with ``cuda_graphs``, the eager set (default: the eager prior while
+            ``coefficients`` is the prior, else ``coefficients`` themselves).
         strategies: strategies the runtime supports for d > 1 (empty: only d = 1).
         overheads: seconds outside steps; default :meth:`Overheads.default` for this model,
             GPU and metric, refit with the profile's overhead samples when it has some (the
@@ -118,6 +121,7 @@ class SweepCostModel(SweepMemory):
         profile: Profile | None = None,
         memory: MemoryOptions = MemoryOptions(),
         cuda_graphs: bool = False,
+        eager_coefficients: Coefficients | None = None,
         strategies: Sequence[Strategy] = (),
         overheads: Overheads | None = None,
         eval_rows: int = 0,
@@ -154,7 +158,9 @@ class SweepCostModel(SweepMemory):
         coef = coefficients or step_prior(self.gpu.name, memory.fused_kernels, self.cuda_graphs)
         self.timer = self._timer_with(coef)
         self._eager_timer = self.timer
-        if self._from_prior and self.cuda_graphs:
+        if self.cuda_graphs and eager_coefficients is not None:
+            self._eager_timer = self._timer_with(eager_coefficients)
+        elif self.cuda_graphs and self._from_prior:
             self._eager_timer = self._timer_with(step_prior(self.gpu.name, memory.fused_kernels))
         self._capacity = float(hardware.load_factor) * float(hardware.gpu_memory_gib) * GIB
         self._clear()
@@ -163,7 +169,9 @@ class SweepCostModel(SweepMemory):
             # and the activation scale its measured peaks imply.
             fitted = self.refit(profile.samples, by_sweep=True)
             self.timer.coefficients = profile.coefficients or fitted.coefficients
-            self._from_prior, self._eager_timer = False, self.timer
+            eager = None if profile.coefficients else fitted.eager_coefficients
+            self._eager_timer = self.timer if eager is None else self._timer_with(eager)
+            self._from_prior = False
             self.memory = fitted.memory
             self.last_refit = fitted.last_refit
             self._clear()
@@ -191,6 +199,11 @@ class SweepCostModel(SweepMemory):
             dequant_bytes=projection_params(self.spec) * self.memory.precision.dequant_bytes,
         )
 
+    def _mean_error(self, samples: Sequence[StepSample]) -> float:
+        """Mean ``|predicted - measured| / measured`` of ``samples``, each by its d's model."""
+        errors = [relative_errors([s], self._timer_for(s.d))[0] for s in samples]
+        return float(np.abs(errors).mean())
+
     def _timer_for(self, d: int) -> StepTimeModel:
         """The step-time model of a job of ``d`` GPUs: d > 1 jobs never graph their step."""
         return self.timer if d == 1 else self._eager_timer
@@ -206,8 +219,14 @@ class SweepCostModel(SweepMemory):
 
     @property
     def coefficients(self) -> Coefficients:
-        """The step-time coefficients in use."""
+        """The step-time coefficients in use (d > 1 jobs: :attr:`eager_coefficients`)."""
         return self.timer.coefficients
+
+    @property
+    def eager_coefficients(self) -> Coefficients | None:
+        """The eager steps' own coefficients (d > 1 jobs of a graphed sweep), or None when one
+        set serves every d."""
+        return None if self._eager_timer is self.timer else self._eager_timer.coefficients
 
     # ----------------------------------------------------------------- time
     def steps(self, config: LoRAConfig) -> int:
@@ -335,6 +354,7 @@ class SweepCostModel(SweepMemory):
             "gpu": self.gpu,
             # still the prior: the copy derives it again (and its eager twin for d > 1)
             "coefficients": None if self._from_prior else self.coefficients,
+            "eager_coefficients": None if self._from_prior else self.eager_coefficients,
             "profile": self.profile,
             "memory": self.memory,
             "cuda_graphs": self.cuda_graphs,
@@ -387,11 +407,21 @@ class SweepCostModel(SweepMemory):
         samples = list(measurements)
         if not samples:
             raise ConfigError("cost-model refit: no measurements")
-        if by_sweep:
-            new_coef = fit_by_sweep(samples, self.timer, prior_weight=prior_weight)
+
+        def fitted(subset: list[StepSample], timer: StepTimeModel) -> Coefficients:
+            if by_sweep:
+                return fit_by_sweep(subset, timer, prior_weight=prior_weight)
+            return fit(subset, timer, prior_weight=prior_weight)
+
+        if self.cuda_graphs:  # graphed d = 1 steps and eager d > 1 steps: each set its own
+            one = [s for s in samples if s.d == 1]
+            many = [s for s in samples if s.d > 1]
+            new_coef = fitted(one, self.timer) if one else self.coefficients
+            eager = fitted(many, self._eager_timer) if many else self.eager_coefficients
+            new = self._copy(coefficients=new_coef, eager_coefficients=eager)
         else:
-            new_coef = fit(samples, self.timer, prior_weight=prior_weight)
-        new = self._copy(coefficients=new_coef)
+            new_coef = fitted(samples, self.timer)
+            new = self._copy(coefficients=new_coef)
         scale, mfit = activation_scale(self.spec, self.memory, samples)
         if scale is not None:
             new.memory = replace(self.memory, activation_scale=scale)
@@ -400,8 +430,8 @@ class SweepCostModel(SweepMemory):
             old=self.coefficients,
             new=new_coef,
             num_samples=len(samples),
-            error_before=float(np.abs(relative_errors(samples, self.timer)).mean()),
-            error_after=float(np.abs(relative_errors(samples, new.timer)).mean()),
+            error_before=self._mean_error(samples),
+            error_after=new._mean_error(samples),
             activation_scale_old=self.memory.activation_scale,
             activation_scale_new=new.memory.activation_scale,
             memory_fit=mfit,

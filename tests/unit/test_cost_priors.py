@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from scipy.optimize import nnls
@@ -139,3 +141,62 @@ def test_other_gpu_types_have_no_graphed_prior() -> None:
     for gpu in ("H200", "A100-80GB", "cpu", "L4"):
         for fused in (True, False):
             assert step_prior(gpu, fused, cuda_graphs=True) == step_prior(gpu, fused)
+
+
+def _graphed_cost() -> SweepCostModel:
+    spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-1.5B")
+    memory = MemoryOptions(loss=Loss.FUSED, fused_kernels=True)
+    return SweepCostModel(spec, 640, 10_000, HardwareConfig(gpu_type="H100", num_gpus=2),
+                          memory=memory, cuda_graphs=True, strategies=[Strategy.TP])  # fmt: skip
+
+
+def _measured(truth: StepTimeModel, d: int) -> list:
+    """Steps of packs of 1..12 configs (ranks 8..64) as ``truth`` times them, on ``d`` GPUs."""
+    from plora.cost.throughput import StepSample
+
+    strategy = None if d == 1 else Strategy.TP
+    out = []
+    for k in (1, 2, 4, 8, 12):
+        pack = [
+            LoRAConfig(rank=8 << (i % 4), alpha=16, lr=1e-4, batch_size=2 + i % 3, max_steps=10)
+            for i in range(k)
+        ]
+        loads = [AdapterLoad.of(c) for c in pack]
+        for seq in (512, 640):
+            t = truth.step_time(loads, seq, d, strategy)
+            out.append(StepSample.from_configs(pack, seq_len=seq, step_time_s=t, d=d,
+                                               strategy=strategy))  # fmt: skip
+    return out
+
+
+def test_a_graphed_sweeps_refit_keeps_graphed_and_eager_steps_apart() -> None:
+    """A graphed sweep measures graphed d = 1 steps and eager d > 1 steps: each refits its own
+    set (one fit of both would split the host overhead between them); a set no sample
+    measured keeps what it had (d = 1 samples alone leave d > 1 jobs on the eager prior)."""
+    cost = _graphed_cost()
+    graphed_prior, eager_prior = cost.coefficients, cost.eager_coefficients
+    assert eager_prior is not None and eager_prior != graphed_prior
+    # the "true" steps: a slower GPU part than either prior, the graphed host part smaller still
+    slow = dict(base_efficiency=eager_prior.base_efficiency * 0.8)
+    graphed_truth = cost._timer_with(dataclasses.replace(graphed_prior, **slow))
+    eager_truth = cost._timer_with(dataclasses.replace(eager_prior, **slow))
+    one, two = _measured(graphed_truth, 1), _measured(eager_truth, 2)
+
+    both = cost.refit(one + two)
+    for samples in (one, two):
+        assert both._mean_error(samples) < 0.02
+    assert both.coefficients != both.eager_coefficients
+    assert both.last_refit is not None and both.last_refit.error_after < 0.02
+
+    graphed_only = cost.refit(one)
+    assert graphed_only._mean_error(one) < 0.02
+    assert graphed_only.eager_coefficients == eager_prior  # d > 1 untouched
+    eager_only = cost.refit(two)
+    assert eager_only._mean_error(two) < 0.02
+    assert eager_only.coefficients == graphed_prior  # d = 1 untouched
+    # a copy (new overheads, ...) keeps both sets
+    again = both.with_overheads()
+    assert (again.coefficients, again.eager_coefficients) == (
+        both.coefficients,
+        both.eager_coefficients,
+    )
