@@ -68,7 +68,7 @@ def causal_only(model: nn.Module, *, width: int | None = None) -> Iterator[None]
     if not causal_suffices(model, width=width):
         yield
         return
-    config = model.config
+    config: Any = model.config
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface
