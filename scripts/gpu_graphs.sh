@@ -6,13 +6,15 @@
 #     3. profile: benchmarks/engine_profile.py, 3B x16 rank 16, eager then graphed (wall, host
 #        and GPU kernel ms per step, GPU idle)
 #   PART=e2e: benchmarks/e2e.py's default case (1.5B, 16 configs), longer than one call: the first
-#     call starts two runs in a session of their own, every call (the same command) waits up to
-#     $WAIT_S for them and copies what is there:
+#     call starts two runs in a session of their own, every call (the same command) waits
+#     until $WAIT_S seconds into the call (default 540) for them and copies what is there:
 #       e2e-off: --systems plora           --plora-graphs off
 #       e2e-on:  --systems plora,tune-frac --plora-graphs on   (its speedup: graphed plora's)
 #     both --fresh-profile (each plans from the priors: the same plan, run eager or graphed; set
 #     FRESH_PROFILE=0 to plan from measurements); E2E_ARGS adds flags to both.
 #   PART=all: step, then e2e started, waiting until 540 s into the call ($WAIT_S to change).
+#   WAIT_S is a deadline from the call's start, not a wait after the step: keep it under the
+#   call's timeout_s. A call killed at its limit (SIGTERM) still copies what it has to $OUT.
 #   Knobs: TESTS (test files of step), THROUGHPUT=0 (skip engine_throughput), PROFILE_ARGS (more
 #   engine_profile flags, e.g. "--graphs on --loss-kernel both --rounds 2"), BASELINE_PKG (the
 #   e2e baseline is an older package copy run with graphs auto instead of plora eager),
@@ -115,7 +117,7 @@ e2e_start() {
 }
 
 e2e_wait() {
-  local deadline=$((SECONDS + ${1:-540}))
+  local deadline=${1:-540}   # seconds into the call
   while [ ! -e "$RUN/e2e.done" ] && [ $SECONDS -lt $deadline ]; do sleep 10; done
   if [ -e "$RUN/e2e.done" ] && [ ! -e "$RUN/e2e.summarised" ]; then
     local run
@@ -132,22 +134,27 @@ e2e_wait() {
   fi
 }
 
+# few files come back from a call: the summary, the JSONs, and the rest in one archive
+collect() {
+  cp "$SUMMARY" "$RUN/env.txt" "$OUT/" 2>/dev/null
+  local f
+  for f in engine_throughput.json engine_profile.json e2e-off.json e2e-on.json; do
+    [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
+  done
+  (cd "$RUN" && tar -czf "$OUT/graphs.tar.gz" --exclude='*.started' --exclude='*.done' \
+     --exclude='*.summarised' ./* 2>/dev/null)
+  if [ -d "$WORK" ]; then   # plora's plans and job tables of the e2e runs, not the data or weights
+    (cd "$WORK" && tar -czf "$OUT/e2e-runs.tar.gz" --exclude='*/data' --exclude='*/plora/adapters' \
+       --exclude='*/plora/checkpoints' --exclude='*/tune_storage' --exclude='*/profiles' \
+       run-* 2>/dev/null)
+  fi
+}
+trap 'collect; exit 143' TERM   # killed at the call's limit: what is there still comes back
+
 case "$PART" in
   step) step ;;
   e2e) e2e_started || e2e_start; e2e_wait "${WAIT_S:-540}" ;;
-  all) step; e2e_started || e2e_start; e2e_wait "${WAIT_S:-$(( SECONDS < 540 ? 540 - SECONDS : 0 ))}" ;;
+  all) step; e2e_started || e2e_start; e2e_wait "${WAIT_S:-540}" ;;
 esac
-
-# few files come back from a call: the summary, the JSONs, and the rest in one archive
-cp "$SUMMARY" "$RUN/env.txt" "$OUT/" 2>/dev/null
-for f in engine_throughput.json engine_profile.json e2e-off.json e2e-on.json; do
-  [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
-done
-(cd "$RUN" && tar -czf "$OUT/graphs.tar.gz" --exclude='*.started' --exclude='*.done' \
-   --exclude='*.summarised' ./* 2>/dev/null)
-if [ -d "$WORK" ]; then   # plora's plans and job tables of the e2e runs, not the data or weights
-  (cd "$WORK" && tar -czf "$OUT/e2e-runs.tar.gz" --exclude='*/data' --exclude='*/plora/adapters' \
-     --exclude='*/plora/checkpoints' --exclude='*/tune_storage' --exclude='*/profiles' \
-     run-* 2>/dev/null)
-fi
+collect
 [ "$PART" = step ] || cat "$SUMMARY"   # step's lines were printed as they came
