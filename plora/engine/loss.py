@@ -124,14 +124,7 @@ def token_nll(
     chunk = max(1, (max_logits or _LOGIT_CHUNK) // weight.shape[0])
     out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
     for i in range(0, h.shape[0], chunk):
-        logits = head(h[i : i + chunk])
-        if _kernel_ce(logits) and logits.stride(-1) == 1:
-            from plora.kernels.cross_entropy import cross_entropy_
-
-            out[i : i + chunk] = cross_entropy_(logits, targets[i : i + chunk])
-            continue
-        logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-        out[i : i + chunk] = logp.gather(1, targets[i : i + chunk, None]).squeeze(1).neg_()
+        out[i : i + chunk] = _chunk_ce(head(h[i : i + chunk]), targets[i : i + chunk])[0]
     return out
 
 
@@ -166,6 +159,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for i in range(0, n, chunk):
                 logits = F.linear(h[i : i + chunk].to(dtype), wt, b)
                 ce[i : i + chunk], g = _chunk_ce(logits, targets[i : i + chunk], w[i : i + chunk])
+                assert g is not None  # weighted: the gradient comes back
                 grad_h[i : i + chunk] = (g @ wt).to(h.dtype)
             loss = (ce * w).sum()
         ctx.save_for_backward(grad_h)
@@ -179,29 +173,28 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def _kernel_ce(logits: torch.Tensor) -> bool:
-    """Whether the Triton cross-entropy takes this chunk: CUDA, a float dtype, and not turned
-    off (``PLORA_KERNELS_CE=0``: torch's, as on the CPU)."""
+    """Whether the Triton cross-entropy takes this chunk: CUDA, a float dtype, rows of unit
+    stride, and not turned off (``PLORA_KERNELS_CE=0``: torch's, as on the CPU)."""
     return (
         logits.is_cuda
         and logits.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and logits.stride(-1) == 1
         and os.environ.get("PLORA_KERNELS_CE", "1") != "0"
     )
 
 
 def _chunk_ce(
-    logits: torch.Tensor, targets: torch.Tensor, w: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    logits: torch.Tensor, targets: torch.Tensor, w: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(CE, w ⊙ (softmax - onehot))`` of one chunk, the second in the logits' dtype (on CUDA
-    written over ``logits``)."""
+    written over ``logits``); without ``w``, ``(CE, None)`` and ``logits`` only read."""
     if _kernel_ce(logits):
         from plora.kernels.cross_entropy import cross_entropy_
 
-        return cross_entropy_(logits, targets, w), logits
+        return cross_entropy_(logits, targets, w), None if w is None else logits
     from plora.kernels.reference import cross_entropy_reference
 
-    ce, g = cross_entropy_reference(logits, targets, w)
-    assert g is not None
-    return ce, g
+    return cross_entropy_reference(logits, targets, w)
 
 
 def _weighted_ce(
