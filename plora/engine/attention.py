@@ -60,13 +60,14 @@ def causal_suffices(model: Any, *, width: int | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def causal_only(model: nn.Module, *, width: int | None = None) -> Iterator[None]:
+def causal_only(model: nn.Module, *, width: int | None = None) -> Iterator[bool]:
     """Inside, a model running HF's SDPA attention builds no attention mask: every call is
     ``is_causal`` (flash when allowed). Only for right-padded rows of ``width`` tokens whose
     padding is no target. Where that is not exact (:func:`causal_suffices`: other attention
-    implementations, a sliding window shorter than the rows) the model is left as it is."""
+    implementations, a sliding window shorter than the rows) the model is left as it is.
+    Yields whether the model runs without a mask (False: pass the caller's mask)."""
     if not causal_suffices(model, width=width):
-        yield
+        yield False
         return
     config: Any = model.config
     from transformers import AttentionInterface
@@ -77,7 +78,7 @@ def causal_only(model: nn.Module, *, width: int | None = None) -> Iterator[None]
     AttentionMaskInterface.register(CAUSAL_SDPA, _no_mask)
     config._attn_implementation = CAUSAL_SDPA
     try:
-        yield
+        yield True
     finally:
         config._attn_implementation = "sdpa"
 

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from plora.engine.adapters import packed_layers, packed_segments, use_slot
-from plora.engine.attention import causal_only, causal_suffices
+from plora.engine.attention import causal_only
 from plora.engine.causal_lm import plain_head_parts
 from plora.engine.data import IGNORE_INDEX, Example, TokenizedDataset
 from plora.engine.eval_rows import (
@@ -336,11 +336,9 @@ def _head_nll(
     """:func:`_logits_nll` from the decoder's hidden states at ``index[0]`` and ``head`` applied
     to those only (:func:`~plora.engine.loss.token_nll`); no padding mask where causal attention
     alone is exact (:func:`~plora.engine.attention.causal_suffices`)."""
-    if causal_suffices(model, width=inputs.shape[-1]):
-        with causal_only(model, width=inputs.shape[-1]):
-            out = decoder(input_ids=inputs[0], use_cache=False)
-    else:
-        out = decoder(input_ids=inputs[0], attention_mask=inputs[1], use_cache=False)
+    with causal_only(model, width=inputs.shape[-1]) as maskless:
+        mask = None if maskless else inputs[1]
+        out = decoder(input_ids=inputs[0], attention_mask=mask, use_cache=False)
     hidden = out[0]  # last_hidden_state (a ModelOutput's first field, or a tuple's)
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index[0])
     return token_nll(head, h, index[1])
