@@ -18,9 +18,9 @@ one at least 3 steps: a shape's first step runs eagerly and the next captures), 
 and the top host-side operators. ``--loss-kernel both`` measures each variant with the packed
 loss's cross-entropy in torch (``PLORA_KERNELS_CE=0``), then by the Triton kernel; ``--rounds N``
 repeats the whole sequence (alternating, for clock drift). ``--out DIR`` writes
-``DIR/engine_profile.json``, one entry per variant. On the CPU (``--smoke``: a tiny shape) there is no GPU kernel time
-(``gpu_kernel_ms`` and ``gpu_idle`` are null) and ``+graphs`` runs the graph's static-buffer step
-eagerly.
+``DIR/engine_profile.json``, one entry per variant. On the CPU (``--smoke``: a tiny shape)
+there is no GPU kernel time (``gpu_kernel_ms`` and ``gpu_idle`` are null) and ``+graphs`` runs
+the graph's static-buffer step eagerly.
 
 GPU:   python benchmarks/engine_profile.py --model Qwen/Qwen2.5-3B --adapters 16 --rank 16 --out $OUT
 CPU:   python benchmarks/engine_profile.py --smoke --out DIR
