@@ -91,7 +91,8 @@ repeatable.
 
 Beside the packed linear: :func:`plora.kernels.cross_entropy.cross_entropy_`, the packed loss's
 cross-entropy in one pass per row with the gradient written over the logits (CUDA;
-``PLORA_KERNELS_CE=0`` keeps torch's, its twin :func:`~plora.kernels.reference.cross_entropy_reference`).
+``PLORA_KERNELS_CE=0`` keeps torch's, its twin
+:func:`~plora.kernels.reference.cross_entropy_reference`).
 """
 
 from __future__ import annotations

@@ -314,7 +314,8 @@ def packed_lora_delta_reference(
 def cross_entropy_reference(
     logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """What :func:`plora.kernels.cross_entropy.cross_entropy_` computes, in torch: ``(ce, grad or None)`` (``logits`` untouched)."""
+    """What :func:`plora.kernels.cross_entropy.cross_entropy_` computes, in torch:
+    ``(ce, grad or None)`` (``logits`` untouched)."""
     logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     ce = -logp.gather(1, targets[:, None].long()).squeeze(1)
     if weights is None:
