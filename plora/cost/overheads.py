@@ -39,13 +39,13 @@ from typing import Any
 from plora.config import ConfigError
 from plora.cost.recency import weighted_median
 from plora.cost.throughput import StepTimeModel
+from plora.engine.eval_rows import rows_per_forward
 from plora.model_spec import ModelSpec
 
 #: The share of a training step's fixed part (launches, weight reads) a forward pays
 #: (forward, backward with twice the kernels, optimizer).
 FORWARD_FRACTION = 1.0 / 3.0
-#: Rows per eval forward and generation budget (``plora.engine.evaluate`` defaults).
-EVAL_BATCH = 32
+#: The generation budget of exact match (``plora.engine.evaluate_packed``'s default).
 EVAL_MAX_NEW_TOKENS = 8
 #: Label options an accuracy metric scores per row when the labels are not known yet.
 ACCURACY_OPTIONS = 2
@@ -295,11 +295,12 @@ class Overheads:
           :data:`CPU`);
         * eval row: the forward FLOPs of ``seq_len`` tokens at the fitted base efficiency
           (``s·(2·P_mm + A_fwd(s)) / (e_b·P)``: half a frozen-base training step) plus a
-          row's share of a forward's launches and weight reads, ``FORWARD_FRACTION·t_fixed /
-          EVAL_BATCH`` (``t_fixed`` the step-time model's per-step fixed part);
+          row's share of a forward's launches and weight reads, ``FORWARD_FRACTION·t_fixed / n``
+          (``t_fixed`` the step-time model's per-step fixed part, ``n`` the rows of a packed
+          forward at ``seq_len``: :func:`plora.engine.eval_rows.rows_per_forward`);
         * exact match: the prompt's forward (one eval row) plus ``max_new_tokens`` decode
           steps, each a forward of an eval batch bound by launches and weight reads
-          (``FORWARD_FRACTION·t_fixed / EVAL_BATCH`` per row);
+          (``FORWARD_FRACTION·t_fixed / n`` per row);
           accuracy: ``label_options`` scoring forwards per row; none: 0;
         * worker start, job start, write bandwidth, fixed export/checkpoint parts:
           :data:`GPU` (worker start from the measured cold start, compilation included) or :data:`CPU`.
@@ -318,7 +319,7 @@ class Overheads:
         weights = 2.0 * spec.total_params if weight_bytes is None else float(weight_bytes)
         flops = seq_len * spec.forward_flops_per_token(seq_len)
         compute = flops / (timer.coefficients.base_efficiency * timer.gpu.peak_flops)
-        launch = FORWARD_FRACTION * timer.fixed_step_time(1, None) / EVAL_BATCH
+        launch = FORWARD_FRACTION * timer.fixed_step_time(1, None) / rows_per_forward(seq_len)
         eval_row = compute + launch
         if metric is EvalMetric.EXACT_MATCH:
             generate = eval_row + max_new_tokens * launch

@@ -47,6 +47,7 @@ slot's share of the rows; every slot scores the same examples, so the shares are
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -61,6 +62,8 @@ from plora.engine.attention import causal_only
 from plora.engine.causal_lm import plain_head_parts
 from plora.engine.data import IGNORE_INDEX, Example, TokenizedDataset
 from plora.engine.eval_rows import (
+    EVAL_BATCH_ROWS,
+    EVAL_MAX_TOKENS,
     EvalRow,
     Slot,
     chunk_segments,
@@ -79,11 +82,9 @@ from plora.engine.evaluate import (
     evaluate,
     generate_greedy,
 )
-from plora.engine.loss import token_nll
+from plora.engine.loss import _to_device, token_nll
 
-#: Rows per packed-evaluation forward (the default of every function here; the kernel
-#: warm-up compiles for it, :mod:`plora.engine.warmup`).
-EVAL_BATCH_ROWS = 32
+log = logging.getLogger(__name__)
 
 
 def evaluate_packed(
@@ -96,7 +97,7 @@ def evaluate_packed(
     labels: Sequence[str] | None,
     batch_size: int = EVAL_BATCH_ROWS,
     max_new_tokens: int = 8,
-    max_tokens: int | None = None,
+    max_tokens: int | None = EVAL_MAX_TOKENS,
 ) -> dict[Slot, EvalResult]:
     """Eval loss and task metric of every slot in ``slots``, all slots in the same forwards.
 
@@ -155,7 +156,7 @@ def packed_loss(
     *,
     pad_id: int,
     batch_size: int = EVAL_BATCH_ROWS,
-    max_tokens: int | None = None,
+    max_tokens: int | None = EVAL_MAX_TOKENS,
     full_logits: bool = False,
 ) -> list[float]:
     """Per slot, the token-weighted mean NLL over the examples' target tokens (NaN if none).
@@ -194,7 +195,7 @@ def packed_accuracy(
     options: Sequence[str],
     *,
     batch_size: int = EVAL_BATCH_ROWS,
-    max_tokens: int | None = None,
+    max_tokens: int | None = EVAL_MAX_TOKENS,
 ) -> list[float]:
     """Per slot, the fraction of examples whose best-scoring option is their label.
 
@@ -241,7 +242,7 @@ def packed_exact_match(
     *,
     batch_size: int = EVAL_BATCH_ROWS,
     max_new_tokens: int = 8,
-    max_tokens: int | None = None,
+    max_tokens: int | None = EVAL_MAX_TOKENS,
 ) -> list[float]:
     """Per slot, the fraction of examples whose greedy answer equals ``example.answer``.
 
@@ -293,6 +294,8 @@ def _score_rows(
 
     Per forward: the decoder and the head at the scored positions (:func:`_head_nll`), or with
     ``full_logits`` or a model without a plain head, the whole model (:func:`_logits_nll`).
+    A forward of several rows that runs out of GPU memory adds nothing: its rows and the rest
+    are cut again at half its size (:func:`_split_after_oom`).
 
     Returns:
         float64 ``[size]`` on the model's device.
@@ -300,11 +303,13 @@ def _score_rows(
     device = _device(model)
     parts = None if full_logits else plain_head_parts(model)
     sums = torch.zeros(size, dtype=torch.float64, device=device)
-    for chunk in forward_chunks(rows, batch_size, max_tokens):
+    pending = list(forward_chunks(rows, batch_size, max_tokens))[::-1]  # popped from the end
+    while pending:
+        chunk = pending.pop()
         width = max(len(r.ids) for r in chunk)
         ids = [list(r.ids) + [pad_id] * (width - len(r.ids)) for r in chunk]
         mask = [[1] * len(r.ids) + [0] * (width - len(r.ids)) for r in chunk]
-        inputs = torch.tensor([ids, mask], dtype=torch.long).to(device)
+        inputs = _to_device(torch.tensor([ids, mask], dtype=torch.long), device)
         index = torch.tensor(
             [
                 [j * width + p - 1 for j, r in enumerate(chunk) for p in r.scored],
@@ -312,14 +317,41 @@ def _score_rows(
                 [r.dest for r in chunk for _ in r.scored],
             ],
             dtype=torch.long,
-        ).to(device)
-        with packed_segments(model, chunk_segments(chunk)):
-            if parts is None:
-                nll = _logits_nll(model, inputs, index)
-            else:
-                nll = _head_nll(model, *parts, inputs, index)
+        )
+        index = _to_device(index, device)
+        try:
+            with packed_segments(model, chunk_segments(chunk)):
+                if parts is None:
+                    nll = _logits_nll(model, inputs, index)
+                else:
+                    nll = _head_nll(model, *parts, inputs, index)
+        except torch.OutOfMemoryError:
+            if len(chunk) == 1:
+                raise
+            pending, max_tokens = _split_after_oom(chunk, pending, max_tokens)
+            continue
         sums.index_add_(0, index[2], nll.double(), alpha=-1)
     return sums
+
+
+def _split_after_oom(
+    chunk: list[EvalRow], pending: list[list[EvalRow]], max_tokens: int | None
+) -> tuple[list[list[EvalRow]], int]:
+    """After ``chunk`` ran out of GPU memory: its rows and those of ``pending`` (forwards in
+    popped-from-the-end order) cut again at half ``chunk``'s rows and padded tokens, and that
+    token cap; the GPU's cached blocks are handed back first."""
+    rows = max(1, len(chunk) // 2)
+    tokens = max(1, len(chunk) * max(len(r.ids) for r in chunk) // 2)
+    if max_tokens is not None:
+        tokens = min(tokens, max_tokens)
+    log.warning(
+        "packed evaluation: a forward of %d rows ran out of GPU memory; going on with at most "
+        "%d rows and %d tokens a forward", len(chunk), rows, tokens,
+    )  # fmt: skip
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    rest = chunk + [row for later in reversed(pending) for row in later]
+    return list(forward_chunks(rest, rows, tokens))[::-1], tokens
 
 
 def _logits_nll(model: Any, inputs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -354,7 +386,7 @@ def evaluate_adapters(
     max_new_tokens: int = 8,
     max_examples: int | None = None,
     packed: bool = True,
-    max_tokens: int | None = None,
+    max_tokens: int | None = EVAL_MAX_TOKENS,
 ) -> dict[int | None, EvalResult]:
     """Evaluate slots of a packed model on ``dataset.eval``, each as if it ran alone.
 

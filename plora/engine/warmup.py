@@ -32,7 +32,7 @@ from torch import nn
 
 from plora.config import LoRAConfig
 from plora.engine.api import EngineSpec, PackRequest
-from plora.engine.evaluate_packed import EVAL_BATCH_ROWS
+from plora.engine.eval_rows import rows_per_forward
 from plora.model_spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def warm_pack_kernels(
     device: torch.device | str,
     dtype: torch.dtype = torch.bfloat16,
     max_rows: int | None = None,
-    eval_rows: int = EVAL_BATCH_ROWS,
+    eval_rows: int | None = None,
 ) -> WarmupReport:
     """Compile the packed-LoRA kernels one training step (and one packed-evaluation forward) of
     ``configs`` launches.
@@ -84,7 +84,8 @@ def warm_pack_kernels(
         device: the CUDA device the pack trains on; anything else returns at once.
         dtype: the base model's compute dtype.
         max_rows: the trainer's micro-batch row limit (None: one micro-batch).
-        eval_rows: rows of one packed-evaluation forward to warm as well (0: none).
+        eval_rows: rows of one packed-evaluation forward to warm as well (0: none; None: the
+            rows of a full-width forward, :func:`~plora.engine.eval_rows.rows_per_forward`).
 
     Returns:
         A :class:`WarmupReport`; failures are logged and reported, never raised (the first step
@@ -102,6 +103,8 @@ def warm_pack_kernels(
     rows = [c.batch_size for c in configs]
     total = sum(rows)
     rows_per_step = min(max_rows or total, total)
+    if eval_rows is None:
+        eval_rows = rows_per_forward(seq_len)
     targets = {t for c in configs for t in c.target_modules}
     shapes: dict[tuple[int, int, bool], str] = {}  # one stand-in per distinct shape
     for name in spec.projection_shapes:

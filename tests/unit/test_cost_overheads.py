@@ -374,4 +374,4 @@ def test_h100_eval_rows_pay_the_slow_host() -> None:
     h200 = SweepCostModel(
         QWEN1_5B, 640, 1000, HardwareConfig(gpu_type="H200", num_gpus=4), eval_metric="none"
     ).overheads
-    assert h100.eval_s_per_row > 1.2 * h200.eval_s_per_row
+    assert h100.eval_s_per_row > 1.1 * h200.eval_s_per_row  # 1.12x with 102-row forwards

@@ -176,3 +176,48 @@ def test_scored_rows_drop_the_mask_only_where_causal_attention_is_exact(
         None if attn is None else SimpleNamespace(_attn_implementation=attn, sliding_window=window)
     )
     assert causal_suffices(SimpleNamespace(config=config), width=width) is causal
+
+
+@pytest.mark.parametrize("full_logits", [False, True])
+def test_a_forward_out_of_memory_is_split_and_nothing_is_counted_twice(
+    one_thread, full_logits, caplog
+):
+    """A scoring forward that runs out of GPU memory is cut in halves and retried, and every
+    later forward keeps to the smaller size; the sums equal a run that never ran out."""
+    from plora.engine import evaluate_packed
+    from plora.engine.evaluate import _pad_id, eval_mode
+
+    model, tok, sets = _packed_setup("tiny-qwen2")
+    examples, slots = sets["reverse"].eval, [3, None, 12, 7]
+    kw = dict(pad_id=_pad_id(tok), batch_size=6, full_logits=full_logits)
+    with eval_mode(model):
+        ref = evaluate_packed.packed_loss(model, examples, slots, **kw)
+    module = model if full_logits else model.get_decoder()
+    sizes: list[int] = []
+
+    def runs_out_over_four_rows(m, args, kwargs):
+        rows = kwargs["input_ids"].shape[0]
+        sizes.append(rows)
+        if rows > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (a test)")
+
+    hook = module.register_forward_pre_hook(runs_out_over_four_rows, with_kwargs=True)
+    try:
+        with eval_mode(model), caplog.at_level("WARNING"):
+            got = evaluate_packed.packed_loss(model, examples, slots, **kw)
+    finally:
+        hook.remove()
+    assert got == pytest.approx(ref, rel=1e-6)
+    assert sizes[0] == 6 and max(sizes[1:]) <= 3  # one failure, then half-size forwards
+    assert sum(sizes[1:]) == len(examples) * len(slots)  # every row scored once
+    assert "ran out of GPU memory" in caplog.text
+
+    def always_out(m, args, kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (a test)")
+
+    hook = module.register_forward_pre_hook(always_out, with_kwargs=True)
+    try:
+        with eval_mode(model), pytest.raises(torch.OutOfMemoryError):  # one row: nothing left
+            evaluate_packed.packed_loss(model, examples, slots, **kw)
+    finally:
+        hook.remove()
