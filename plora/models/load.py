@@ -102,9 +102,13 @@ def load_model(
             fix="point to a directory written by save_pretrained",
         )
     torchao_first()  # transformers imports it below, with a page of warnings
+    quantization = getattr(ref, "quantization", "none")
+    # Unquantized weights are read straight onto ``device`` (a GPU's copy of a few GB from the
+    # page cache, no host copy of the model first); NF4 quantizes on the host's copy below.
+    placement = {"device_map": {"": torch.device(device)}} if quantization == "none" else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype, trust_remote_code=trust
+            path, dtype=torch_dtype, trust_remote_code=trust, **placement
         )
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
     except (OSError, ValueError) as err:
@@ -120,7 +124,6 @@ def load_model(
     if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
-    quantization = getattr(ref, "quantization", "none")
     if quantization != "none":  # on the target device, one projection at a time
         quantize_model(model, quantization, device=device)
     # transformers wraps PreTrainedModel.to with functools.wraps, which typeshed cannot bind
