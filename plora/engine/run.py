@@ -69,11 +69,17 @@ class PackSession:
         self.model, self.tokenizer = load_model(
             spec.model, dtype=dtype, device=load_device or self.device
         )
+        t1 = time.perf_counter()
         self.fused_kernels = apply_fused_kernels(self.model, spec.fused_kernels, device=self.device)
         """Whether the base runs Liger-Kernel's fused ops (training and packed evaluation)."""
+        t2 = time.perf_counter()
         self.data = load_dataset(spec.dataset, self.tokenizer)
         self.model_path = resolve_model_path(spec.model)
-        self.load_s = time.perf_counter() - t0
+        t3 = time.perf_counter()
+        self.load_s = t3 - t0
+        self.load_parts = {"model": t1 - t0, "kernels": t2 - t1, "data": t3 - t2}
+        """Seconds of ``load_s`` by part: the base model (and tokenizer), its fused kernels'
+        patching, the dataset's tokenization."""
         self.model_loads = 1
         self._load_charged = False
 

@@ -76,7 +76,8 @@ class ParallelPackSession(PackSession):
         self.stage = parallelize(
             self.model, dims=dims, mesh=self.mesh, shard_base=shard_base, cpu_offload=cpu_offload
         )
-        self.load_s += time.perf_counter() - t0
+        self.load_parts["parallelize"] = time.perf_counter() - t0
+        self.load_s += self.load_parts["parallelize"]
 
     @classmethod
     def for_job(

@@ -272,16 +272,19 @@ class Coordinator:
         load_s: float,
         node: str | None,
         build_s: float = 0.0,
+        load_parts: dict[str, float] | None = None,
     ) -> None:
         """A worker group loaded the base model: its GPUs are warm; start-up was measured
-        (``ready_s`` from the request, ``load_s`` of it in the engine's load; ``build_s`` of it
-        went to a built-in model's one-time build and is no start-up sample)."""
+        (``ready_s`` from the request, ``load_s`` of it in the engine's load, by part in
+        ``load_parts``; ``build_s`` of it went to a built-in model's one-time build and is no
+        start-up sample)."""
         self.residency.ready(gpu_ids)
         if self.running:  # running jobs' predicted ends had the start-up left in them
             self._retime_running()
         self.measure.add_group_ready(ready_s=max(0.0, ready_s - build_s), load_s=load_s)
         self._decide(Decision.WORKERS_READY, gpu_ids=list(gpu_ids), ready_s=ready_s,
-                     load_s=load_s, build_s=build_s, node=node)  # fmt: skip
+                     load_s=load_s, build_s=build_s, node=node,
+                     load_parts={k: round(v, 3) for k, v in (load_parts or {}).items()})  # fmt: skip
 
     def on_group_lost(self, gpu_ids: Sequence[int]) -> None:
         """A worker group was torn down (a worker died, or its GPUs are needed at another d)."""

@@ -156,7 +156,7 @@ class Dispatcher:
             group.ready_s = time.monotonic() - group.started_at
             self.coord.on_group_ready(
                 group.gpu_ids, ready_s=group.ready_s, load_s=group.info.load_s,
-                build_s=group.info.build_s, node=group.node,
+                build_s=group.info.build_s, node=group.node, load_parts=group.info.load_parts,
             )  # fmt: skip
             for job in self.jobs.values():
                 if job.group is group:

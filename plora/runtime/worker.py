@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -51,6 +51,9 @@ class WorkerInfo:
     """Seconds of the engine's build spent building a built-in tiny base model on its first use
     on this machine (or waiting for the process building it): once per machine, not part of the
     group's start-up that the profile store keeps."""
+    load_parts: dict[str, float] = field(default_factory=dict)
+    """``load_s`` by part, where the engine reports them: ``import`` (the engine's modules),
+    ``model``, ``kernels``, ``data`` (:class:`~plora.engine.run.PackSession`), ``parallelize``."""
 
 
 def _tiny_build_s() -> float:
@@ -181,7 +184,9 @@ class PackWorker:
             # Logical GPUs on a CPU machine: no CUDA device to pin, keep to one core.
             torch.set_num_threads(max(1, threads))
 
-    def node_info(self, load_s: float = 0.0, build_s: float = 0.0) -> WorkerInfo:
+    def node_info(
+        self, load_s: float = 0.0, build_s: float = 0.0, load_parts: dict[str, float] | None = None
+    ) -> WorkerInfo:
         """Where this worker runs: node id, host, IP, the GPU ids Ray gave it."""
         ctx = ray.get_runtime_context()
         return WorkerInfo(
@@ -192,6 +197,7 @@ class PackWorker:
             pid=os.getpid(),
             load_s=load_s,
             build_s=build_s,
+            load_parts=dict(load_parts or {}),
         )
 
     def load(self, master: tuple[str, int] | None = None) -> WorkerInfo:
@@ -205,9 +211,11 @@ class PackWorker:
             if master is not None:
                 self.init_group(*master)
                 t0 = time.perf_counter()
+            t_import = time.perf_counter()
             if self._engine_cls is None and self.world_size > 1:
                 from plora.parallel.session import ParallelPackSession
 
+                t_import = time.perf_counter() - t_import
                 self.engine = ParallelPackSession.for_job(
                     self._spec, self.world_size, self.strategy
                 )
@@ -216,6 +224,7 @@ class PackWorker:
                     from plora.engine.run import PackSession
 
                     self._engine_cls = PackSession
+                t_import = time.perf_counter() - t_import
                 self.engine = self._engine_cls(self._spec)
         except Exception as e:
             self._load_error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -223,7 +232,13 @@ class PackWorker:
         finally:
             self._loaded.set()
         build_s = _tiny_build_s() - built_before
-        return self.node_info(load_s=time.perf_counter() - t0 - build_s, build_s=build_s)
+        parts = {"import": t_import, **getattr(self.engine, "load_parts", {})}
+        logging.getLogger(__name__).info(
+            "engine loaded: %s", ", ".join(f"{k} {v:.1f} s" for k, v in parts.items())
+        )
+        return self.node_info(
+            load_s=time.perf_counter() - t0 - build_s, build_s=build_s, load_parts=parts
+        )
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's IP and a free port on it: where rank 0 hosts the process-group store."""

@@ -257,6 +257,11 @@ def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> Non
     triggers = [d["inputs"]["trigger"] for d in decisions if d["kind"] == "refit"]
     assert triggers == ["calibration"] + ["job done"] * len(jobs)
     assert kinds.count("start_workers") == kinds.count("workers_ready") <= 8
+    for ready in (d["inputs"] for d in decisions if d["kind"] == "workers_ready"):
+        parts = ready["load_parts"]  # the engine's load by part, each within it
+        assert set(parts) == {"import", "model", "kernels", "data"}
+        assert all(v >= 0 for v in parts.values())
+        assert sum(parts.values()) <= ready["load_s"] + ready["build_s"] + 1e-3
     assert store.plan_json.is_file() and (out / "base_model" / "config.json").is_file()
     assert not list(tmp_path.glob(".sweep.tmp-*"))
 
