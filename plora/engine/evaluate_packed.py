@@ -50,7 +50,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -260,7 +260,7 @@ def packed_exact_match(
     ]
     hits = [0] * len(slots)
     texts: dict[tuple[int, ...], str] = {}  # adapters often agree: decode each answer once
-    for chunk in forward_chunks(rows, batch_size, max_tokens, extra=max_new_tokens):
+    for chunk in _forwards(rows, batch_size, max_tokens, extra=max_new_tokens):
         with packed_segments(model, chunk_segments(chunk)):
             gens = generate_greedy(
                 model,
@@ -278,6 +278,20 @@ def packed_exact_match(
 
 
 # ---------------------------------------------------------------------------- pieces
+
+
+def _forwards(
+    rows: Sequence[EvalRow], batch_size: int, max_tokens: int | None, *, extra: int = 0
+) -> Iterator[list[EvalRow]]:
+    """``rows`` cut into forwards of one row count (the last one shorter): ``batch_size``, or
+    fewer where ``max_tokens`` holds fewer rows at the widest row's length (``+ extra``).
+
+    One count, not as many rows as each forward's own width allows: kernels specialized on the
+    row count (Liger-Kernel's RoPE takes it as a compile-time constant) compile once."""
+    if max_tokens is not None and rows:
+        widest = max(len(r.ids) for r in rows) + extra
+        batch_size = max(1, min(batch_size, max_tokens // widest))
+    return forward_chunks(rows, batch_size, max_tokens, extra=extra)
 
 
 def _score_rows(
@@ -303,7 +317,7 @@ def _score_rows(
     device = _device(model)
     parts = None if full_logits else plain_head_parts(model)
     sums = torch.zeros(size, dtype=torch.float64, device=device)
-    pending = list(forward_chunks(rows, batch_size, max_tokens))[::-1]  # popped from the end
+    pending = list(_forwards(rows, batch_size, max_tokens))[::-1]  # popped from the end
     while pending:
         chunk = pending.pop()
         width = max(len(r.ids) for r in chunk)
@@ -351,7 +365,7 @@ def _split_after_oom(
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     rest = chunk + [row for later in reversed(pending) for row in later]
-    return list(forward_chunks(rest, rows, tokens))[::-1], tokens
+    return list(_forwards(rest, rows, tokens))[::-1], tokens
 
 
 def _logits_nll(model: Any, inputs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,11 @@ slots and a step's rows, through the same code path as the trainer
 process (:func:`start_warmup`) while its own load (mostly importing transformers) goes on; the
 first step then finds the kernels in Triton's on-disk cache. It never changes results: the stand-in layers are thrown
 away, and a variant it missed is simply compiled at the first step, as before.
+
+Where the engine runs Liger-Kernel's fused ops (``training.fused_kernels``), the child then runs
+:func:`warm_fused_layer`: one random decoder layer of the base's architecture, patched the same
+way, forward and backward at the step's rows and a gradient-free forward at a packed evaluation
+forward's rows (Liger's RoPE compiles per row count).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -49,6 +54,8 @@ class WarmupReport:
     seconds: float = 0.0
     skipped: str | None = None
     """Why nothing ran (no CUDA, no kernels, an unsupported model), else None."""
+    fused_layer_s: float | None = None
+    """Seconds of :func:`warm_fused_layer` (Liger-Kernel's ops); None where they were not run."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,6 +169,49 @@ def _warm_cross_entropy(vocab: int, *, device: torch.device, dtype: torch.dtype)
     cross_entropy_(logits, targets, torch.ones(2, device=device))
 
 
+def warm_fused_layer(
+    model_ref: str,
+    setting: str,
+    *,
+    rows: int,
+    seq_len: int,
+    eval_rows: int | None = None,
+    device: torch.device | str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+) -> bool:
+    """Compile Liger-Kernel's RMSNorm, SwiGLU and RoPE as the pack's step and its packed
+    evaluation launch them (:func:`plora.engine.liger.apply_fused_kernels`): one decoder layer of
+    the base's architecture, random frozen weights, forward and backward on ``rows`` rows of
+    ``seq_len`` tokens (the input requiring the gradient, as the LoRA factors make it), then a
+    forward without gradients on ``eval_rows`` rows (None: a full-width evaluation forward's,
+    :func:`~plora.engine.eval_rows.rows_per_forward`; RoPE compiles per row count). Whether the
+    ops are fused here (``setting``: ``training.fused_kernels``); errors are the caller's."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from plora.engine.liger import apply_fused_kernels
+
+    cfg = AutoConfig.from_pretrained(model_ref)
+    cfg.num_hidden_layers = 1
+    if isinstance(getattr(cfg, "layer_types", None), list):
+        cfg.layer_types = cfg.layer_types[:1]
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.requires_grad_(False)
+    if not apply_fused_kernels(model, setting, device=device):
+        return False
+    decoder, embed = model.get_decoder(), model.get_input_embeddings()
+    ids = torch.randint(0, cfg.vocab_size, (rows, seq_len), device=device)
+    x = embed(ids).requires_grad_(True)
+    hidden = decoder(inputs_embeds=x, use_cache=False)[0]
+    hidden.backward(torch.ones_like(hidden))
+    if eval_rows is None:
+        eval_rows = rows_per_forward(seq_len)
+    with torch.no_grad():
+        ids = torch.randint(0, cfg.vocab_size, (eval_rows, seq_len), device=device)
+        decoder(inputs_embeds=embed(ids), use_cache=False)
+    return True
+
+
 def start_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Popen[str] | None:
     """Start :func:`warm_pack_kernels` for ``request``'s pack in a child process (None off CUDA).
 
@@ -178,6 +228,7 @@ def start_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Popen[str
         "configs": [c.to_dict() for c in request.configs],
         "seq_len": spec.dataset.max_seq_len,
         "max_rows": request.rows_limit(spec.max_rows),
+        "fused_kernels": str(spec.fused_kernels),
     }
     return spawn_warmup(job)
 
@@ -230,7 +281,27 @@ def _main() -> None:
         report = warm_pack_kernels(
             model, configs, seq_len=job["seq_len"], device="cuda", max_rows=job["max_rows"]
         )
+        if report.skipped is None and job.get("fused_kernels", "off") != "off":
+            report = _with_fused_layer(report, job)
     print(json.dumps(report.to_dict()), flush=True)
+
+
+def _with_fused_layer(report: WarmupReport, job: dict[str, Any]) -> WarmupReport:
+    """``report`` with :func:`warm_fused_layer` run for ``job`` (its time; never fatal)."""
+    t0 = time.perf_counter()
+    try:
+        rows = max(1, report.tokens // job["seq_len"])  # the step's rows
+        fused = warm_fused_layer(
+            job["model"], job["fused_kernels"], rows=rows, seq_len=job["seq_len"]
+        )
+        torch.cuda.synchronize()
+    except Exception as e:  # the first step compiles them instead
+        log.warning("fused-kernel warm-up skipped: %s", WarmupReport.failed(e).skipped)
+        return report
+    if not fused:
+        return report
+    took = time.perf_counter() - t0
+    return replace(report, fused_layer_s=took, seconds=report.seconds + took)
 
 
 if __name__ == "__main__":
@@ -242,5 +313,6 @@ __all__ = [
     "finish_warmup",
     "spawn_warmup",
     "start_warmup",
+    "warm_fused_layer",
     "warm_pack_kernels",
 ]

@@ -38,8 +38,11 @@ from plora.engine.evaluate_packed import evaluate_adapters
 from plora.engine.trainer import PackedTrainer
 
 model = tiny_model(hidden={HIDDEN}, intermediate={INTERMEDIATE}).to("cuda", torch.bfloat16)
-data = toy_dataset(32, fixed_len={SEQ})
-data = dataclasses.replace(data, eval=data.train)  # 32 rows: one full eval forward per slot
+if sys.argv[1] != "off":  # Liger's ops, as a sweep's engine patches them
+    from plora.engine.liger import apply_fused_kernels
+    assert apply_fused_kernels(model, sys.argv[1], device="cuda")
+data = toy_dataset(128, fixed_len={SEQ})
+data = dataclasses.replace(data, eval=data.train)  # 3 x 128 rows: full eval forwards of 128
 trainer = PackedTrainer(model, TOKENIZER, data, device="cuda")
 for c in {CONFIGS!r}:
     trainer.add(LoRAConfig(**c))
@@ -62,20 +65,25 @@ def _run(args: list[str], cache: Path, stdin: str | None = None) -> str:
     return out.stdout
 
 
-def test_warm_up_process_compiles_what_the_first_step_and_evaluation_launch(tmp_path):
+@pytest.mark.parametrize("fused", ["off", "on"])
+def test_warm_up_process_compiles_what_the_first_step_and_evaluation_launch(tmp_path, fused):
+    if fused == "on":
+        pytest.importorskip("liger_kernel")
     cold = tmp_path / "cold"
-    _run(["-c", STEP], cold)  # the control: a fresh process's first step compiles kernels
+    _run(["-c", STEP, fused], cold)  # the control: a fresh process's first step compiles kernels
     assert _entries(cold)
 
     model_dir = tmp_path / "model"
     tiny_model(hidden=HIDDEN, intermediate=INTERMEDIATE).config.save_pretrained(model_dir)
     configs = [LoRAConfig(**c).to_dict() for c in CONFIGS]
-    job = {"model": str(model_dir), "configs": configs, "seq_len": SEQ, "max_rows": None}
+    job = {"model": str(model_dir), "configs": configs, "seq_len": SEQ, "max_rows": None,
+           "fused_kernels": fused}  # fmt: skip
     warm = tmp_path / "warm"
     report = json.loads(_run(["-m", "plora.engine.warmup"], warm, json.dumps(job)).splitlines()[-1])
     # q, k/v, o, gate/up, down of the tiny Qwen2: 5 distinct (in, out, bias)
     assert report["skipped"] is None and len(report["shapes"]) == 5, report
+    assert (report["fused_layer_s"] is not None) == (fused == "on"), report
     warmed = _entries(warm)
     assert warmed
-    _run(["-c", STEP], warm)
+    _run(["-c", STEP, fused], warm)
     assert _entries(warm) == warmed  # the step and the evaluation found every kernel cached

@@ -302,6 +302,22 @@ def test_packed_forwards_respect_row_and_token_caps(lengths, batch_size, max_tok
     assert chunk_segments(mixed) == [(4, 0, 2), (9, 3, 4)]
 
 
+def test_packed_forwards_share_one_row_count():
+    """Every forward but the last has the same rows (Liger's RoPE compiles per row count): as
+    many as the token cap holds at the widest row, not as many as each forward's width allows."""
+    from plora.engine.eval_rows import EvalRow, forward_chunks
+    from plora.engine.evaluate_packed import _forwards
+
+    rows = [EvalRow(group=0, slot=1, ids=[7] * n) for n in (2, 3, 5, 9, 9, 5, 3, 2)]
+    assert [len(c) for c in forward_chunks(rows, 8, 20)] == [3, 2, 3]  # per-forward widths
+    for extra in (0, 1):  # 20 // (9 + extra) rows
+        chunks = list(_forwards(rows, 8, 20, extra=extra))
+        assert [len(c) for c in chunks] == [2, 2, 2, 2]
+        assert [r for c in chunks for r in c] == rows
+    assert [len(c) for c in _forwards(rows, 3, None)] == [3, 3, 2]
+    assert [len(c) for c in _forwards(rows, 8, 4)] == [1] * 8  # a row over the cap runs alone
+
+
 @pytest.mark.gpu
 def test_packed_evaluation_on_cuda():
     """fp32 on CUDA (torch path) equals the reference; bf16 autocast (fused kernels) is close."""

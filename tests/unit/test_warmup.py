@@ -53,3 +53,32 @@ def test_a_child_that_fails_is_reported_not_raised():
     proc = spawn_warmup({"model": "tiny-qwen2"})  # no configs: the child raises KeyError
     report = finish_warmup(proc, timeout_s=120)
     assert report.skipped is not None and "exited with 1" in report.skipped
+
+
+def test_the_fused_layer_runs_the_step_and_an_evaluation_forward(monkeypatch):
+    """Liger's ops (CUDA only) compile as the step and the packed evaluation launch them: one
+    decoder layer of the base's architecture, forward and backward at the step's rows, then a
+    gradient-free forward at a full evaluation forward's rows (RoPE compiles per row count)."""
+    from plora.engine import liger, warmup
+    from plora.engine.eval_rows import rows_per_forward
+    from plora.models import resolve_model_path
+
+    path = resolve_model_path("tiny-qwen2")
+    kw = dict(rows=3, seq_len=8, device="cpu", dtype=torch.float32)
+    assert warmup.warm_fused_layer(path, "auto", **kw) is False  # Liger never runs on CPU
+    seen: list[tuple[int, int, bool, bool]] = []
+
+    def fuse(model, setting, *, device):  # stands in for Liger's patch: watch the layers run
+        assert setting == "on" and len(model.get_decoder().layers) == 1
+        model.get_decoder().register_forward_pre_hook(
+            lambda m, a, k: seen.append(
+                (*k["inputs_embeds"].shape[:2], k["inputs_embeds"].requires_grad,
+                 torch.is_grad_enabled())
+            ),
+            with_kwargs=True,
+        )  # fmt: skip
+        return True
+
+    monkeypatch.setattr(liger, "apply_fused_kernels", fuse)
+    assert warmup.warm_fused_layer(path, "on", **kw) is True
+    assert seen == [(3, 8, True, True), (rows_per_forward(8), 8, False, False)]
