@@ -15,10 +15,10 @@ process (:func:`start_warmup`) while its own load (mostly importing transformers
 first step then finds the kernels in Triton's on-disk cache. It never changes results: the stand-in layers are thrown
 away, and a variant it missed is simply compiled at the first step, as before.
 
-Where the engine runs Liger-Kernel's fused ops (``training.fused_kernels``), the child then runs
-:func:`warm_fused_layer`: one random decoder layer of the base's architecture, patched the same
-way, forward and backward at the step's rows and a gradient-free forward at a packed evaluation
-forward's rows (Liger's RoPE compiles per row count).
+Where the engine runs Liger-Kernel's fused ops (``training.fused_kernels``), a second child
+(:func:`start_fused_warmup`) runs :func:`warm_fused_layer`: one random decoder layer of the base's
+architecture, patched the same way, forward and backward at the step's rows and gradient-free
+forwards at a packed evaluation forward's rows. Nothing waits for it (:func:`reap_warmup`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -179,15 +180,22 @@ def warm_fused_layer(
     device: torch.device | str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
 ) -> bool:
-    """Compile Liger-Kernel's RMSNorm, SwiGLU and RoPE as the pack's step and its packed
+    """Compile Liger-Kernel's RMSNorm, SwiGLU and RoPE as the pack's steps and its packed
     evaluation launch them (:func:`plora.engine.liger.apply_fused_kernels`): one decoder layer of
-    the base's architecture, random frozen weights, forward and backward on ``rows`` rows of
-    ``seq_len`` tokens (the input requiring the gradient, as the LoRA factors make it), then a
-    forward without gradients on ``eval_rows`` rows (None: a full-width evaluation forward's,
-    :func:`~plora.engine.eval_rows.rows_per_forward`; RoPE compiles per row count). Whether the
-    ops are fused here (``setting``: ``training.fused_kernels``); errors are the caller's."""
+    the base's architecture, random frozen weights, forward and backward on ``rows`` rows (the
+    input requiring the gradient, as the LoRA factors make it), then forwards without gradients
+    on ``eval_rows`` rows (None: a full-width evaluation forward's,
+    :func:`~plora.engine.eval_rows.rows_per_forward`). Whether the ops are fused here
+    (``setting``: ``training.fused_kernels``); errors are the caller's.
+
+    RoPE's kernel compiles per row count and per whether the row width is a multiple of 16
+    (Triton specializes integer arguments so): the step runs at the graphed steps' width (a
+    length bucket, :func:`~plora.engine.graphed.bucket_length`) and one token shorter (the
+    first, eager step's width is its longest row's), the evaluation at widths on both sides of
+    16 within ``seq_len`` (its forwards' widths are their longest rows')."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from plora.engine.graphed import bucket_length
     from plora.engine.liger import apply_fused_kernels
 
     cfg = AutoConfig.from_pretrained(model_ref)
@@ -200,15 +208,21 @@ def warm_fused_layer(
     if not apply_fused_kernels(model, setting, device=device):
         return False
     decoder, embed = model.get_decoder(), model.get_input_embeddings()
-    ids = torch.randint(0, cfg.vocab_size, (rows, seq_len), device=device)
-    x = embed(ids).requires_grad_(True)
-    hidden = decoder(inputs_embeds=x, use_cache=False)[0]
-    hidden.backward(torch.ones_like(hidden))
-    if eval_rows is None:
-        eval_rows = rows_per_forward(seq_len)
-    with torch.no_grad():
-        ids = torch.randint(0, cfg.vocab_size, (eval_rows, seq_len), device=device)
-        decoder(inputs_embeds=embed(ids), use_cache=False)
+
+    def run(n: int, width: int, *, grad: bool) -> None:
+        ids = torch.randint(0, cfg.vocab_size, (n, width), device=device)
+        with torch.set_grad_enabled(grad):
+            x = embed(ids).requires_grad_(grad)
+            hidden = decoder(inputs_embeds=x, use_cache=False)[0]
+            if grad:
+                hidden.backward(torch.ones_like(hidden))
+
+    step = bucket_length(seq_len)
+    for width in (step, step - 1):
+        run(rows, width, grad=True)
+    scored = max(17, seq_len // 16 * 16)
+    for width in (scored, scored - 1):
+        run(rows_per_forward(seq_len) if eval_rows is None else eval_rows, width, grad=False)
     return True
 
 
@@ -228,7 +242,28 @@ def start_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Popen[str
         "configs": [c.to_dict() for c in request.configs],
         "seq_len": spec.dataset.max_seq_len,
         "max_rows": request.rows_limit(spec.max_rows),
+    }
+    return spawn_warmup(job)
+
+
+def start_fused_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Popen[str] | None:
+    """Start :func:`warm_fused_layer` for ``request``'s pack in a child process of its own,
+    beside :func:`start_warmup`'s (None off CUDA or with ``training.fused_kernels: off``).
+
+    Its own process: it imports transformers and builds a layer, which the packed kernels' child
+    need not wait for; the engine does not wait for it either (what it has not cached when the
+    first step begins, that step compiles)."""
+    on_cuda = (spec.device or "cuda").startswith("cuda") and torch.cuda.is_available()
+    if not on_cuda or not request.configs or str(spec.fused_kernels) == "off":
+        return None
+    total = sum(c.batch_size for c in request.configs)
+    max_rows = request.rows_limit(spec.max_rows)
+    job = {
+        "part": "fused",
+        "model": spec.model.name_or_path,
         "fused_kernels": str(spec.fused_kernels),
+        "rows": min(max_rows or total, total),  # a micro-batch's rows, as warm_pack_kernels
+        "seq_len": spec.dataset.max_seq_len,
     }
     return spawn_warmup(job)
 
@@ -250,9 +285,25 @@ def spawn_warmup(job: dict[str, Any]) -> subprocess.Popen[str]:
     return proc
 
 
-def finish_warmup(proc: subprocess.Popen[str] | None, timeout_s: float = 0.0) -> WarmupReport:
+def reap_warmup(proc: subprocess.Popen[str] | None, on_report: Any = None) -> None:
+    """Let ``proc`` finish on its own: a daemon thread waits for it and hands its report to
+    ``on_report`` (e.g. a logger)."""
+    if proc is None:
+        return
+
+    def wait() -> None:
+        report = finish_warmup(proc, timeout_s=None)
+        if on_report is not None:
+            on_report(report)
+
+    threading.Thread(target=wait, name="plora-warmup-reaper", daemon=True).start()
+
+
+def finish_warmup(
+    proc: subprocess.Popen[str] | None, timeout_s: float | None = 0.0
+) -> WarmupReport:
     """The child's report: waits up to ``timeout_s``, then stops a child still compiling (what
-    it has not cached yet, the first step compiles)."""
+    it has not cached yet, the first step compiles; None: no limit)."""
     if proc is None:
         return WarmupReport(skipped="no warm-up process")
     try:
@@ -270,38 +321,38 @@ def finish_warmup(proc: subprocess.Popen[str] | None, timeout_s: float = 0.0) ->
 
 
 def _main() -> None:
-    """``python -m plora.engine.warmup``: one :func:`start_warmup` job (JSON on stdin)."""
+    """``python -m plora.engine.warmup``: one :func:`start_warmup` job (JSON on stdin); with
+    ``"part": "fused"`` (:func:`start_fused_warmup`), Liger-Kernel's ops instead."""
     job = json.loads(sys.stdin.read())
-    try:
-        model = ModelSpec.from_hf_config(job["model"])
-    except Exception as e:  # an architecture plora cannot read ahead: the first step compiles
-        report = WarmupReport.failed(e)
+    if job.get("part") == "fused":
+        report = _fused_layer_report(job)
     else:
-        configs = [LoRAConfig.from_dict(c) for c in job["configs"]]
-        report = warm_pack_kernels(
-            model, configs, seq_len=job["seq_len"], device="cuda", max_rows=job["max_rows"]
-        )
-        if report.skipped is None and job.get("fused_kernels", "off") != "off":
-            report = _with_fused_layer(report, job)
+        try:
+            model = ModelSpec.from_hf_config(job["model"])
+        except Exception as e:  # an architecture plora cannot read ahead: the first step compiles
+            report = WarmupReport.failed(e)
+        else:
+            configs = [LoRAConfig.from_dict(c) for c in job["configs"]]
+            report = warm_pack_kernels(
+                model, configs, seq_len=job["seq_len"], device="cuda", max_rows=job["max_rows"]
+            )
     print(json.dumps(report.to_dict()), flush=True)
 
 
-def _with_fused_layer(report: WarmupReport, job: dict[str, Any]) -> WarmupReport:
-    """``report`` with :func:`warm_fused_layer` run for ``job`` (its time; never fatal)."""
+def _fused_layer_report(job: dict[str, Any]) -> WarmupReport:
+    """:func:`warm_fused_layer` for ``job`` (model, fused_kernels, rows, seq_len), reported."""
     t0 = time.perf_counter()
     try:
-        rows = max(1, report.tokens // job["seq_len"])  # the step's rows
         fused = warm_fused_layer(
-            job["model"], job["fused_kernels"], rows=rows, seq_len=job["seq_len"]
+            job["model"], job["fused_kernels"], rows=job["rows"], seq_len=job["seq_len"]
         )
         torch.cuda.synchronize()
     except Exception as e:  # the first step compiles them instead
-        log.warning("fused-kernel warm-up skipped: %s", WarmupReport.failed(e).skipped)
-        return report
+        return WarmupReport.failed(e)
     if not fused:
-        return report
+        return WarmupReport(skipped="Liger-Kernel's ops are not used here")
     took = time.perf_counter() - t0
-    return replace(report, fused_layer_s=took, seconds=report.seconds + took)
+    return WarmupReport(tokens=job["rows"] * job["seq_len"], seconds=took, fused_layer_s=took)
 
 
 if __name__ == "__main__":
@@ -311,7 +362,9 @@ if __name__ == "__main__":
 __all__ = [
     "WarmupReport",
     "finish_warmup",
+    "reap_warmup",
     "spawn_warmup",
+    "start_fused_warmup",
     "start_warmup",
     "warm_fused_layer",
     "warm_pack_kernels",

@@ -301,15 +301,22 @@ class PackWorker:
 
     def _warm_up(self, request: PackRequest) -> Any:
         """Compile the first job's packed kernels in a child process while ``load`` still runs
-        (one GPU, the default engine): its first step then reads them from Triton's disk cache."""
+        (one GPU, the default engine): its first step then reads them from Triton's disk cache.
+        Liger-Kernel's ops compile in a second child that nobody waits for
+        (:func:`plora.engine.warmup.start_fused_warmup`)."""
         if not (self.cuda and self._default_engine and self.world_size == 1 and self._spec):
             return None
-        from plora.engine.warmup import start_warmup
+        from plora.engine.warmup import reap_warmup, start_fused_warmup, start_warmup
 
+        log = logging.getLogger(__name__)
         try:
+            reap_warmup(
+                start_fused_warmup(self._spec, request),
+                lambda report: log.info("fused-kernel warm-up, %s: %s", request.job_id, report),
+            )
             return start_warmup(self._spec, request)
         except Exception as e:  # an optimization only: the first step compiles instead
-            logging.getLogger(__name__).warning("kernel warm-up not started: %s", e)
+            log.warning("kernel warm-up not started: %s", e)
             return None
 
     def _finish_warm_up(self, proc: Any, job_id: str) -> None:

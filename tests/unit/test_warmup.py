@@ -4,6 +4,7 @@ tests/gpu/test_warmup_gpu.py)."""
 from __future__ import annotations
 
 import json
+import queue
 
 import pytest
 import torch
@@ -13,7 +14,9 @@ from plora.engine.api import EngineSpec, PackRequest
 from plora.engine.warmup import (
     WarmupReport,
     finish_warmup,
+    reap_warmup,
     spawn_warmup,
+    start_fused_warmup,
     start_warmup,
     warm_pack_kernels,
 )
@@ -43,10 +46,22 @@ def test_nothing_is_started_or_compiled_without_cuda(tmp_path):
 
 
 @no_cuda
-def test_the_child_reports_through_finish_warmup():
+def test_the_child_reports_through_finish_warmup(tmp_path):
     job = {"model": "tiny-qwen2", "configs": [CFG.to_dict()], "seq_len": 40, "max_rows": None}
     report = finish_warmup(spawn_warmup(job), timeout_s=120)
     assert report.skipped == "not a CUDA pack" and report.shapes == ()
+    spec = EngineSpec(
+        model=ModelRef(name_or_path="tiny-qwen2"), dataset=DatasetSpec(path="x.jsonl")
+    )
+    request = PackRequest(job_id="j1", configs=(CFG,), out_dir=str(tmp_path))
+    assert start_fused_warmup(spec, request) is None
+    # the fused child, reaped in the background: no CUDA to build its layer on, reported
+    fused = {"part": "fused", "model": "tiny-qwen2", "fused_kernels": "auto", "rows": 4,
+             "seq_len": 40}  # fmt: skip
+    reports: queue.Queue = queue.Queue()
+    reap_warmup(spawn_warmup(fused), reports.put)
+    report = reports.get(timeout=120)
+    assert report.skipped is not None and report.fused_layer_s is None
 
 
 def test_a_child_that_fails_is_reported_not_raised():
@@ -56,9 +71,9 @@ def test_a_child_that_fails_is_reported_not_raised():
 
 
 def test_the_fused_layer_runs_the_step_and_an_evaluation_forward(monkeypatch):
-    """Liger's ops (CUDA only) compile as the step and the packed evaluation launch them: one
-    decoder layer of the base's architecture, forward and backward at the step's rows, then a
-    gradient-free forward at a full evaluation forward's rows (RoPE compiles per row count)."""
+    """Liger's ops (CUDA only) compile as the steps and the packed evaluation launch them: one
+    decoder layer of the base's architecture, forward and backward at the step's rows, then
+    gradient-free forwards at a full evaluation forward's rows."""
     from plora.engine import liger, warmup
     from plora.engine.eval_rows import rows_per_forward
     from plora.models import resolve_model_path
@@ -81,4 +96,7 @@ def test_the_fused_layer_runs_the_step_and_an_evaluation_forward(monkeypatch):
 
     monkeypatch.setattr(liger, "apply_fused_kernels", fuse)
     assert warmup.warm_fused_layer(path, "on", **kw) is True
-    assert seen == [(3, 8, True, True), (rows_per_forward(8), 8, False, False)]
+    evals = rows_per_forward(8)  # the step at its bucket's width and one token shorter; then
+    # the evaluation at widths a multiple of 16 and not (RoPE compiles per row count and so)
+    assert seen == [(3, 64, True, True), (3, 63, True, True), (evals, 17, False, False),
+                    (evals, 16, False, False)]  # fmt: skip
