@@ -39,7 +39,6 @@ from typing import Any
 from plora.config import ConfigError
 from plora.cost.recency import weighted_median
 from plora.cost.throughput import StepTimeModel
-from plora.engine.eval_rows import rows_per_forward
 from plora.model_spec import ModelSpec
 
 #: The share of a training step's fixed part (launches, weight reads) a forward pays
@@ -47,6 +46,22 @@ from plora.model_spec import ModelSpec
 FORWARD_FRACTION = 1.0 / 3.0
 #: The generation budget of exact match (``plora.engine.evaluate_packed``'s default).
 EVAL_MAX_NEW_TOKENS = 8
+#: Rows per packed-evaluation forward, at most: the size of the forwards
+#: :mod:`plora.engine.evaluate_packed` runs (the default of its functions; the kernel warm-up
+#: compiles for it) and this module charges a forward's fixed part over (:func:`rows_per_forward`).
+EVAL_BATCH_ROWS = 128
+#: Padded tokens (rows x width) per packed-evaluation forward, at most. A forward without
+#: gradients holds one layer's activations at a time: a few GiB at this size on the models plora
+#: trains, where the training step beside it holds every layer's. A scoring forward that still
+#: runs out of GPU memory is split in two and retried (``evaluate_packed._score_rows``).
+EVAL_MAX_TOKENS = 65_536
+
+
+def rows_per_forward(width: int) -> int:
+    """Rows of a packed-evaluation forward whose rows are ``width`` tokens long (at least 1)."""
+    return max(1, min(EVAL_BATCH_ROWS, EVAL_MAX_TOKENS // max(1, width)))
+
+
 #: Label options an accuracy metric scores per row when the labels are not known yet.
 ACCURACY_OPTIONS = 2
 
@@ -393,6 +408,8 @@ class Overheads:
 
 __all__ = [
     "CPU",
+    "EVAL_BATCH_ROWS",
+    "EVAL_MAX_TOKENS",
     "FIELD_OF",
     "GPU",
     "DefaultConstants",
@@ -400,4 +417,5 @@ __all__ = [
     "OverheadKind",
     "OverheadSample",
     "Overheads",
+    "rows_per_forward",
 ]

@@ -13,22 +13,9 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from plora.cost.overheads import EVAL_BATCH_ROWS, EVAL_MAX_TOKENS, rows_per_forward
+
 Slot = int | None
-
-#: Rows per packed-evaluation forward, at most (the default of every function of
-#: :mod:`plora.engine.evaluate_packed`; the kernel warm-up compiles for it, and the cost model
-#: charges a forward's fixed part over it: :func:`rows_per_forward`).
-EVAL_BATCH_ROWS = 128
-#: Padded tokens (rows x width) per packed-evaluation forward, at most. A forward without
-#: gradients holds one layer's activations at a time: a few GiB at this size on the models plora
-#: trains, where the training step beside it holds every layer's. A scoring forward that still
-#: runs out of GPU memory is split in two and retried (``evaluate_packed._score_rows``).
-EVAL_MAX_TOKENS = 65_536
-
-
-def rows_per_forward(width: int) -> int:
-    """Rows of a packed-evaluation forward whose rows are ``width`` tokens long (at least 1)."""
-    return max(1, min(EVAL_BATCH_ROWS, EVAL_MAX_TOKENS // max(1, width)))
 
 
 @dataclass(frozen=True, slots=True)
