@@ -84,30 +84,32 @@ class DefaultConstants:
     checkpoint_fixed_s: float
 
 
-#: The cold-start measurement behind the GPU defaults: one H100 (the lent ``nvidia-h100-x1``), the
-#: Qwen2.5-1.5B shape (1.544e9 params, bf16), a resident worker of ``plora sweep``
-#: (``benchmarks/e2e.py``, four sweeps on two hosts, 2026-11-27, medians; the ``workers_ready`` and
-#: ``job_done`` entries of ``decisions.jsonl``): 21.1 s from the worker's request to its loaded
-#: model (16.2-24.1 s), 15.2 s of it the load (12.2-17.8 s), then 2.3 s more in the first job's
-#: first step than in a steady one (the kernels' JIT compilation left after the warm-up child
-#: compiled beside the load; 1.8-4.3 s); the job's set-up took 2.4 s. (2026-11-25 on an H200,
-#: before the warm-up and the graphed step: 16.9 s, 9.7 s, 7.6 s and 2.2 s: 14.8 s of worker
-#: start charged where 5.5-8 s was measured on 2026-11-27.)
+#: The cold-start measurement behind the GPU defaults: the Qwen2.5-1.5B shape (1.544e9 params,
+#: bf16), a resident worker of ``plora sweep`` (``benchmarks/e2e.py``, three sweeps on an H200 and
+#: two H100 hosts, 2026-11-28, weights read straight onto the GPU; medians of the
+#: ``workers_ready`` and ``job_done`` entries of ``decisions.jsonl`` and the first and steady
+#: step times of ``metrics.parquet``): 15.6 s from the worker's request to its loaded model
+#: (15.4-17.6 s), 11.2 s of it the load (11.1-13.0 s: importing the engine 8.6-10.7 s, the
+#: weights 0.7-1.0 s, Liger's patch 0.6-0.8 s, the dataset 0.8 s), then 1.5 s more in the first
+#: job's first step than in a steady one (1.4-1.8 s); the job's set-up took 1.5 s (1.4-2.6 s).
+#: (2026-11-27, loading on the host first: 21.1, 15.2, 2.3 and 2.4 s on two H100 hosts.)
 COLD_START_MEASURED: dict[str, Any] = {
     "gpu": "H100",
     "weight_bytes": 2.0 * 1.543714304e9,
-    "ready_s": 21.1,
-    "load_s": 15.2,
-    "compile_s": 2.3,
-    "job_start_s": 2.4,
+    "ready_s": 15.57,
+    "load_s": 11.18,
+    "compile_s": 1.48,
+    "job_start_s": 1.53,
 }
-#: The model loads behind the GPU defaults' load line: ``plora sweep``'s resident worker groups
-#: on a 4 x H100 host (``benchmarks/e2e.py --case M`` and ``--case L``, 2026-11-27, weights in the
-#: page cache as after a download; the ``load_s`` of ``workers_ready`` in ``decisions.jsonl``,
-#: what a ``model_load`` sample is): Qwen2.5-7B (d = 1, four groups at once) 17.0-18.7 s, median
-#: 17.96 s; Qwen2.5-32B (d = 2 tp, two groups at once, every rank reads the whole checkpoint)
-#: 23.0 and 23.4 s. A line through the two medians: about 9.5 GB/s and 16.4 s fixed (imports,
-#: model construction, the engine's set-up). (The 1 GB/s assumed before charged the 32B 72 s.)
+#: The model loads behind the GPU defaults' load bandwidth: ``plora sweep``'s resident worker
+#: groups on a 4 x H100 host (``benchmarks/e2e.py --case M`` and ``--case L``, 2026-11-27, weights
+#: in the page cache as after a download, loaded on the host and then moved to the GPU; the
+#: ``load_s`` of ``workers_ready`` in ``decisions.jsonl``, what a ``model_load`` sample is):
+#: Qwen2.5-7B (d = 1, four groups at once) 17.0-18.7 s, median 17.96 s; Qwen2.5-32B (d = 2 tp, two
+#: groups at once, every rank reads the whole checkpoint) 23.0 and 23.4 s: about 9.5 GB/s between
+#: them. The fixed part is the 1.5B load of :data:`COLD_START_MEASURED` less its bytes at that
+#: rate (about 10.9 s): the weights now go straight to the GPU, and the larger loads were not
+#: measured that way yet.
 LOAD_MEASURED: tuple[dict[str, Any], ...] = (
     {"model": "Qwen/Qwen2.5-7B", "weight_bytes": 2.0 * 7615616512, "load_s": 17.96},
     {"model": "Qwen/Qwen2.5-32B", "weight_bytes": 2.0 * 32763876352, "load_s": 23.23},
@@ -115,16 +117,18 @@ LOAD_MEASURED: tuple[dict[str, Any], ...] = (
 
 
 def _load_line(small: dict[str, Any], large: dict[str, Any]) -> dict[str, float]:
-    """Bytes per second and fixed seconds of the line through two measured loads."""
+    """Bytes per second between two measured loads, and the fixed seconds that put the line
+    through :data:`COLD_START_MEASURED`'s load."""
     rate = (large["weight_bytes"] - small["weight_bytes"]) / (large["load_s"] - small["load_s"])
+    cold = COLD_START_MEASURED
     return {
         "load_bytes_per_s": rate,
-        "model_load_fixed_s": small["load_s"] - small["weight_bytes"] / rate,
+        "model_load_fixed_s": cold["load_s"] - cold["weight_bytes"] / rate,
     }
 
 
 #: GPU defaults: the worker start is the measured request-to-ready minus the load, plus the
-#: first step's compilation (≈ 8.2 s); the model load the line of :data:`LOAD_MEASURED`; write
+#: first step's compilation (≈ 5.9 s); the model load the line of :func:`_load_line`; write
 #: bandwidth and fixed export/checkpoint parts assumed.
 GPU = DefaultConstants(
     worker_start_s=COLD_START_MEASURED["ready_s"]

@@ -171,8 +171,9 @@ def test_bad_sweep_overhead_options(kwargs, match) -> None:
 # ------------------------------------------------------------------------------ defaults
 def test_gpu_default_cold_start_reproduces_the_measurement() -> None:
     """Worker start + a job start of the measured 1.5B bf16 model = what the resident worker
-    measured outside its load (request to ready, first-step compilation, job set-up); the
-    model load is the line through the loads measured of a 7B and a 32B base."""
+    measured outside its load (request to ready, first-step compilation, job set-up); its model
+    load = the measured one, at the bandwidth between the loads measured of a 7B and a 32B
+    base."""
     cm = SweepCostModel(QWEN1_5B, 512, 1000, H100)
     o = cm.overheads
     assert o.source == "default" and o.measured == ()
@@ -180,11 +181,16 @@ def test_gpu_default_cold_start_reproduces_the_measurement() -> None:
     m = COLD_START_MEASURED
     measured = m["ready_s"] - m["load_s"] + m["compile_s"] + m["job_start_s"]
     assert o.worker_start_s + o.job_start_s == pytest.approx(measured, rel=0.01)
+    assert o.model_load_s == pytest.approx(m["load_s"], rel=0.01)
+    small, large = LOAD_MEASURED
     for point in LOAD_MEASURED:
         spec = ModelSpec.from_hf_config(point["model"])
         assert 2.0 * spec.total_params == pytest.approx(point["weight_bytes"])
-        load = SweepCostModel(spec, 512, 1000, H100).overheads.model_load_s
-        assert load == pytest.approx(point["load_s"], rel=0.01), point["model"]
+    loads = [
+        SweepCostModel(ModelSpec.from_hf_config(p["model"]), 512, 1000, H100).overheads.model_load_s
+        for p in LOAD_MEASURED
+    ]
+    assert loads[1] - loads[0] == pytest.approx(large["load_s"] - small["load_s"], rel=0.01)
     assert 3e9 < GPU.load_bytes_per_s < 2e10 and 0.0 < GPU.model_load_fixed_s < 30.0
     qwen7b = ModelSpec.from_hf_config("Qwen/Qwen2.5-7B")
     bigger = SweepCostModel(qwen7b, 512, 1000, H100).overheads
