@@ -3,8 +3,9 @@
 A row is one ``(slot, example)`` pair -- ``(slot, example, option)`` for accuracy -- of
 :mod:`plora.engine.evaluate_packed`. Rows are laid out slot by slot (:func:`length_order` gives
 each slot's example order), cut into consecutive forwards under a row and a padded-token cap
-(:func:`forward_chunks`), and each forward's rows are routed by its segment table
-(:func:`chunk_segments`).
+(:func:`forward_chunks`; one row count per evaluation: :func:`even_forwards`; cut again after a
+forward ran out of memory: :func:`recut_after_oom`), and each forward's rows are routed by its
+segment table (:func:`chunk_segments`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,34 @@ def forward_chunks(
         yield chunk
 
 
+def even_forwards(
+    rows: Sequence[EvalRow], batch_size: int, max_tokens: int | None, *, extra: int = 0
+) -> Iterator[list[EvalRow]]:
+    """``rows`` cut into forwards of one row count (the last one shorter): ``batch_size``, or
+    fewer where ``max_tokens`` holds fewer rows at the widest row's length (``+ extra``).
+
+    One count, not as many rows as each forward's own width allows: kernels specialized on the
+    row count (Liger-Kernel's RoPE takes it as a compile-time constant) compile once."""
+    if max_tokens is not None and rows:
+        widest = max(len(r.ids) for r in rows) + extra
+        batch_size = max(1, min(batch_size, max_tokens // widest))
+    return forward_chunks(rows, batch_size, max_tokens, extra=extra)
+
+
+def recut_after_oom(
+    chunk: list[EvalRow], pending: list[list[EvalRow]], max_tokens: int | None
+) -> tuple[list[list[EvalRow]], tuple[int, int]]:
+    """After the forward of ``chunk`` ran out of memory: its rows and those of ``pending``
+    (forwards in popped-from-the-end order, so returned) cut again at half ``chunk``'s rows and
+    padded tokens (``max_tokens`` if lower); and those two caps."""
+    rows = max(1, len(chunk) // 2)
+    tokens = max(1, len(chunk) * max(len(r.ids) for r in chunk) // 2)
+    if max_tokens is not None:
+        tokens = min(tokens, max_tokens)
+    rest = chunk + [row for later in reversed(pending) for row in later]
+    return list(even_forwards(rest, rows, tokens))[::-1], (rows, tokens)
+
+
 def chunk_segments(chunk: Sequence[EvalRow]) -> list[tuple[int, int, int]]:
     """``(slot, start, stop)`` of each run of adapter rows in ``chunk`` (base rows: none)."""
     segments, start = [], 0
@@ -79,7 +108,9 @@ __all__ = [
     "EvalRow",
     "Slot",
     "chunk_segments",
+    "even_forwards",
     "forward_chunks",
     "length_order",
+    "recut_after_oom",
     "rows_per_forward",
 ]

@@ -50,7 +50,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -67,8 +67,9 @@ from plora.engine.eval_rows import (
     EvalRow,
     Slot,
     chunk_segments,
-    forward_chunks,
+    even_forwards,
     length_order,
+    recut_after_oom,
 )
 from plora.engine.evaluate import (
     EvalResult,
@@ -260,7 +261,7 @@ def packed_exact_match(
     ]
     hits = [0] * len(slots)
     texts: dict[tuple[int, ...], str] = {}  # adapters often agree: decode each answer once
-    for chunk in _forwards(rows, batch_size, max_tokens, extra=max_new_tokens):
+    for chunk in even_forwards(rows, batch_size, max_tokens, extra=max_new_tokens):
         with packed_segments(model, chunk_segments(chunk)):
             gens = generate_greedy(
                 model,
@@ -280,20 +281,6 @@ def packed_exact_match(
 # ---------------------------------------------------------------------------- pieces
 
 
-def _forwards(
-    rows: Sequence[EvalRow], batch_size: int, max_tokens: int | None, *, extra: int = 0
-) -> Iterator[list[EvalRow]]:
-    """``rows`` cut into forwards of one row count (the last one shorter): ``batch_size``, or
-    fewer where ``max_tokens`` holds fewer rows at the widest row's length (``+ extra``).
-
-    One count, not as many rows as each forward's own width allows: kernels specialized on the
-    row count (Liger-Kernel's RoPE takes it as a compile-time constant) compile once."""
-    if max_tokens is not None and rows:
-        widest = max(len(r.ids) for r in rows) + extra
-        batch_size = max(1, min(batch_size, max_tokens // widest))
-    return forward_chunks(rows, batch_size, max_tokens, extra=extra)
-
-
 def _score_rows(
     model: Any,
     rows: Sequence[EvalRow],
@@ -309,7 +296,8 @@ def _score_rows(
     Per forward: the decoder and the head at the scored positions (:func:`_head_nll`), or with
     ``full_logits`` or a model without a plain head, the whole model (:func:`_logits_nll`).
     A forward of several rows that runs out of GPU memory adds nothing: its rows and the rest
-    are cut again at half its size (:func:`_split_after_oom`).
+    are cut again at half its size (:func:`~plora.engine.eval_rows.recut_after_oom`), the
+    GPU's cached blocks handed back first.
 
     Returns:
         float64 ``[size]`` on the model's device.
@@ -317,7 +305,7 @@ def _score_rows(
     device = _device(model)
     parts = None if full_logits else plain_head_parts(model)
     sums = torch.zeros(size, dtype=torch.float64, device=device)
-    pending = list(_forwards(rows, batch_size, max_tokens))[::-1]  # popped from the end
+    pending = list(even_forwards(rows, batch_size, max_tokens))[::-1]  # popped from the end
     while pending:
         chunk = pending.pop()
         width = max(len(r.ids) for r in chunk)
@@ -342,30 +330,17 @@ def _score_rows(
         except torch.OutOfMemoryError:
             if len(chunk) == 1:
                 raise
-            pending, max_tokens = _split_after_oom(chunk, pending, max_tokens)
+            pending, caps = recut_after_oom(chunk, pending, max_tokens)
+            max_tokens = caps[1]
+            log.warning(
+                "packed evaluation: a forward of %d rows ran out of GPU memory; going on with at "
+                "most %d rows and %d tokens a forward", len(chunk), *caps,
+            )  # fmt: skip
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             continue
         sums.index_add_(0, index[2], nll.double(), alpha=-1)
     return sums
-
-
-def _split_after_oom(
-    chunk: list[EvalRow], pending: list[list[EvalRow]], max_tokens: int | None
-) -> tuple[list[list[EvalRow]], int]:
-    """After ``chunk`` ran out of GPU memory: its rows and those of ``pending`` (forwards in
-    popped-from-the-end order) cut again at half ``chunk``'s rows and padded tokens, and that
-    token cap; the GPU's cached blocks are handed back first."""
-    rows = max(1, len(chunk) // 2)
-    tokens = max(1, len(chunk) * max(len(r.ids) for r in chunk) // 2)
-    if max_tokens is not None:
-        tokens = min(tokens, max_tokens)
-    log.warning(
-        "packed evaluation: a forward of %d rows ran out of GPU memory; going on with at most "
-        "%d rows and %d tokens a forward", len(chunk), rows, tokens,
-    )  # fmt: skip
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    rest = chunk + [row for later in reversed(pending) for row in later]
-    return list(_forwards(rest, rows, tokens))[::-1], tokens
 
 
 def _logits_nll(model: Any, inputs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

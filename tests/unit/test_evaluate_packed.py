@@ -142,10 +142,10 @@ def _same(got: EvalResult, ref: EvalResult) -> bool:
 
 def _spy_forwards(monkeypatch) -> list[list[list]]:
     """Record the rows of every packed forward, one list per pass (loss, metric)."""
-    from plora.engine import evaluate_packed
+    from plora.engine import eval_rows
 
     passes: list[list[list]] = []
-    real = evaluate_packed.forward_chunks
+    real = eval_rows.forward_chunks
 
     def spy(*args, **kw):
         passes.append([])
@@ -153,7 +153,7 @@ def _spy_forwards(monkeypatch) -> list[list[list]]:
             passes[-1].append(chunk)
             yield chunk
 
-    monkeypatch.setattr(evaluate_packed, "forward_chunks", spy)
+    monkeypatch.setattr(eval_rows, "forward_chunks", spy)  # even_forwards cuts through it
     return passes
 
 
@@ -305,17 +305,16 @@ def test_packed_forwards_respect_row_and_token_caps(lengths, batch_size, max_tok
 def test_packed_forwards_share_one_row_count():
     """Every forward but the last has the same rows (Liger's RoPE compiles per row count): as
     many as the token cap holds at the widest row, not as many as each forward's width allows."""
-    from plora.engine.eval_rows import EvalRow, forward_chunks
-    from plora.engine.evaluate_packed import _forwards
+    from plora.engine.eval_rows import EvalRow, even_forwards, forward_chunks
 
     rows = [EvalRow(group=0, slot=1, ids=[7] * n) for n in (2, 3, 5, 9, 9, 5, 3, 2)]
     assert [len(c) for c in forward_chunks(rows, 8, 20)] == [3, 2, 3]  # per-forward widths
     for extra in (0, 1):  # 20 // (9 + extra) rows
-        chunks = list(_forwards(rows, 8, 20, extra=extra))
+        chunks = list(even_forwards(rows, 8, 20, extra=extra))
         assert [len(c) for c in chunks] == [2, 2, 2, 2]
         assert [r for c in chunks for r in c] == rows
-    assert [len(c) for c in _forwards(rows, 3, None)] == [3, 3, 2]
-    assert [len(c) for c in _forwards(rows, 8, 4)] == [1] * 8  # a row over the cap runs alone
+    assert [len(c) for c in even_forwards(rows, 3, None)] == [3, 3, 2]
+    assert [len(c) for c in even_forwards(rows, 8, 4)] == [1] * 8  # a row over the cap runs alone
 
 
 @pytest.mark.gpu
