@@ -11,7 +11,9 @@
 #       e2e-off: --systems plora           --plora-graphs off
 #       e2e-on:  --systems plora,tune-frac --plora-graphs on   (its speedup: graphed plora's)
 #     both --fresh-profile (each plans from the priors: the same plan, run eager or graphed; set
-#     FRESH_PROFILE=0 to plan from measurements); E2E_ARGS adds flags to both.
+#     FRESH_PROFILE=0 to plan from measurements); E2E_ARGS adds flags to both. Each run compiles
+#     into a cold Triton cache of its own, and e2e-{off,on}-ray.txt keep its Ray sessions'
+#     start-up lines and the workers' load / warm-up lines (scripts/ray_startup_lines.sh).
 #   PART=all: step, then e2e started, waiting until 540 s into the call ($WAIT_S to change).
 #   WAIT_S is a deadline from the call's start, not a wait after the step: keep it under the
 #   call's timeout_s. A call killed at its limit (SIGTERM) still copies what it has to $OUT.
@@ -104,13 +106,20 @@ e2e_start() {
     say "e2e: baseline = the package in $BASELINE_PKG, graphs auto; the new run graphs ${NEW_GRAPHS:-on}"
   fi
   touch "$RUN/e2e.started"
+  # each run compiles into a Triton cache of its own (cold, as on a fresh machine: the second run
+  # must not find the first one's kernels), and keeps its Ray start-up and worker log lines
   setsid bash -c "
-    $base_env timeout ${E2E_TIMEOUT_S:-1500} python3 benchmarks/e2e.py --systems plora $base_graphs \
-      --out $RUN/e2e-off.json $common > $RUN/e2e-off.log 2>&1
+    touch $RUN/ray-mark-off
+    TRITON_CACHE_DIR=$RUN/triton-off $base_env timeout ${E2E_TIMEOUT_S:-1500} python3 benchmarks/e2e.py \
+      --systems plora $base_graphs --out $RUN/e2e-off.json $common > $RUN/e2e-off.log 2>&1
     echo \"e2e-off exit \$?\" >> $RUN/e2e.status
-    timeout ${E2E_TIMEOUT_S:-1500} python3 benchmarks/e2e.py --systems plora,tune-frac \
-      --plora-graphs ${NEW_GRAPHS:-on} --out $RUN/e2e-on.json $common > $RUN/e2e-on.log 2>&1
+    bash scripts/ray_startup_lines.sh $RUN/ray-mark-off > $RUN/e2e-off-ray.txt 2>&1
+    touch $RUN/ray-mark-on
+    TRITON_CACHE_DIR=$RUN/triton-on timeout ${E2E_TIMEOUT_S:-1500} python3 benchmarks/e2e.py \
+      --systems plora,tune-frac --plora-graphs ${NEW_GRAPHS:-on} --out $RUN/e2e-on.json $common \
+      > $RUN/e2e-on.log 2>&1
     echo \"e2e-on exit \$?\" >> $RUN/e2e.status
+    bash scripts/ray_startup_lines.sh $RUN/ray-mark-on > $RUN/e2e-on-ray.txt 2>&1
     touch $RUN/e2e.done" < /dev/null > /dev/null 2>&1 &
   say "e2e: started $(date -u +%FT%TZ)"
   sleep 5
@@ -142,7 +151,7 @@ collect() {
     [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
   done
   (cd "$RUN" && tar -czf "$OUT/graphs.tar.gz" --exclude='*.started' --exclude='*.done' \
-     --exclude='*.summarised' ./* 2>/dev/null)
+     --exclude='*.summarised' --exclude='triton-*' --exclude='ray-mark-*' ./* 2>/dev/null)
   if [ -d "$WORK" ]; then   # plora's plans and job tables of the e2e runs, not the data or weights
     (cd "$WORK" && tar -czf "$OUT/e2e-runs.tar.gz" --exclude='*/data' --exclude='*/plora/adapters' \
        --exclude='*/plora/checkpoints' --exclude='*/tune_storage' --exclude='*/profiles' \
