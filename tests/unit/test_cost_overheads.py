@@ -13,6 +13,7 @@ import pytest
 from plora.config import PROJECTIONS, ConfigError, HardwareConfig, LoRAConfig, SweepConfig
 from plora.cost import CostModel, Strategy
 from plora.cost.build import build_cost_model
+from plora.cost.defaults import COLD_START_MEASURED, CPU, GPU, LOAD_MEASURED
 from plora.cost.jobterms import (
     BUILTIN_METRICS,
     active_checkpoints,
@@ -20,16 +21,7 @@ from plora.cost.jobterms import (
     eval_defaults,
 )
 from plora.cost.model import SweepCostModel
-from plora.cost.overheads import (
-    COLD_START_MEASURED,
-    CPU,
-    GPU,
-    LOAD_MEASURED,
-    EvalMetric,
-    OverheadKind,
-    Overheads,
-    OverheadSample,
-)
+from plora.cost.overheads import EvalMetric, OverheadKind, Overheads, OverheadSample
 from plora.cost.profile import Profile, ProfileStore
 from plora.cost.throughput import StepSample
 from plora.model_spec import ModelSpec
