@@ -18,7 +18,9 @@ away, and a variant it missed is simply compiled at the first step, as before.
 Where the engine runs Liger-Kernel's fused ops (``training.fused_kernels``), a second child
 (:func:`start_fused_warmup`) runs :func:`warm_fused_layer`: one random decoder layer of the base's
 architecture, patched the same way, forward and backward at the step's rows and gradient-free
-forwards at a packed evaluation forward's rows. Nothing waits for it (:func:`reap_warmup`).
+forwards at a packed evaluation forward's rows. The worker waits for it a few seconds at most
+(``plora.runtime.worker.FUSED_WARMUP_WAIT_S``), then stops it: it holds GPU memory that the first
+step's plan did not count.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import json
 import logging
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -251,8 +252,7 @@ def start_fused_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Pop
     beside :func:`start_warmup`'s (None off CUDA or with ``training.fused_kernels: off``).
 
     Its own process: it imports transformers and builds a layer, which the packed kernels' child
-    need not wait for; the engine does not wait for it either (what it has not cached when the
-    first step begins, that step compiles)."""
+    need not wait for (what it has not cached when it is stopped, the first step compiles)."""
     on_cuda = (spec.device or "cuda").startswith("cuda") and torch.cuda.is_available()
     if not on_cuda or not request.configs or str(spec.fused_kernels) == "off":
         return None
@@ -285,25 +285,9 @@ def spawn_warmup(job: dict[str, Any]) -> subprocess.Popen[str]:
     return proc
 
 
-def reap_warmup(proc: subprocess.Popen[str] | None, on_report: Any = None) -> None:
-    """Let ``proc`` finish on its own: a daemon thread waits for it and hands its report to
-    ``on_report`` (e.g. a logger)."""
-    if proc is None:
-        return
-
-    def wait() -> None:
-        report = finish_warmup(proc, timeout_s=None)
-        if on_report is not None:
-            on_report(report)
-
-    threading.Thread(target=wait, name="plora-warmup-reaper", daemon=True).start()
-
-
-def finish_warmup(
-    proc: subprocess.Popen[str] | None, timeout_s: float | None = 0.0
-) -> WarmupReport:
+def finish_warmup(proc: subprocess.Popen[str] | None, timeout_s: float = 0.0) -> WarmupReport:
     """The child's report: waits up to ``timeout_s``, then stops a child still compiling (what
-    it has not cached yet, the first step compiles; None: no limit)."""
+    it has not cached yet, the first step compiles)."""
     if proc is None:
         return WarmupReport(skipped="no warm-up process")
     try:
@@ -362,7 +346,6 @@ if __name__ == "__main__":
 __all__ = [
     "WarmupReport",
     "finish_warmup",
-    "reap_warmup",
     "spawn_warmup",
     "start_fused_warmup",
     "start_warmup",

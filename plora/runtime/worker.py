@@ -34,6 +34,10 @@ from plora.engine.api import (
 #: Longest wait, after the model loaded, for the first job's kernel warm-up process to finish
 #: (it compiles what the first step would compile anyway; a stuck one is stopped).
 WARMUP_WAIT_S = 60.0
+#: Longest wait after that for the Liger-Kernel warm-up process, which is then stopped: it holds
+#: GPU memory the first step's plan did not count, and saves that step 1-2 s (an H100, cold
+#: caches, 2026-11-28), which a longer wait would not pay for.
+FUSED_WARMUP_WAIT_S = 3.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -300,32 +304,39 @@ class PackWorker:
                 hooks.flush(wait=True)
 
     def _warm_up(self, request: PackRequest) -> Any:
-        """Compile the first job's packed kernels in a child process while ``load`` still runs
-        (one GPU, the default engine): its first step then reads them from Triton's disk cache.
-        Liger-Kernel's ops compile in a second child that nobody waits for
-        (:func:`plora.engine.warmup.start_fused_warmup`)."""
+        """Compile the first job's kernels in child processes while ``load`` still runs (one
+        GPU, the default engine): the packed LoRA kernels, and Liger-Kernel's ops in a second
+        child (:mod:`plora.engine.warmup`); the first step then reads them from Triton's disk
+        cache. Returns the two children (either may be None)."""
         if not (self.cuda and self._default_engine and self.world_size == 1 and self._spec):
             return None
-        from plora.engine.warmup import reap_warmup, start_fused_warmup, start_warmup
+        from plora.engine.warmup import start_fused_warmup, start_warmup
 
-        log = logging.getLogger(__name__)
-        try:
-            reap_warmup(
-                start_fused_warmup(self._spec, request),
-                lambda report: log.info("fused-kernel warm-up, %s: %s", request.job_id, report),
-            )
-            return start_warmup(self._spec, request)
-        except Exception as e:  # an optimization only: the first step compiles instead
-            log.warning("kernel warm-up not started: %s", e)
-            return None
+        children = []
+        for start in (start_warmup, start_fused_warmup):
+            try:
+                children.append(start(self._spec, request))
+            except Exception as e:  # an optimization only: the first step compiles instead
+                logging.getLogger(__name__).warning("kernel warm-up not started: %s", e)
+                children.append(None)
+        return tuple(children)
 
-    def _finish_warm_up(self, proc: Any, job_id: str) -> None:
-        if proc is None:
+    def _finish_warm_up(self, children: Any, job_id: str) -> None:
+        """Wait for :meth:`_warm_up`'s children (:data:`WARMUP_WAIT_S`, then
+        :data:`FUSED_WARMUP_WAIT_S` more for the second); one still running is stopped, so none
+        runs beside the first step."""
+        if children is None:
             return
         from plora.engine.warmup import finish_warmup
 
-        self.warmup = finish_warmup(proc, timeout_s=WARMUP_WAIT_S)
-        logging.getLogger(__name__).info("kernel warm-up, %s: %s", job_id, self.warmup)
+        packed, fused = children
+        log = logging.getLogger(__name__)
+        if packed is not None:
+            self.warmup = finish_warmup(packed, timeout_s=WARMUP_WAIT_S)
+            log.info("kernel warm-up, %s: %s", job_id, self.warmup)
+        if fused is not None:
+            report = finish_warmup(fused, timeout_s=FUSED_WARMUP_WAIT_S)
+            log.info("fused-kernel warm-up, %s: %s", job_id, report)
 
 
 __all__ = ["PackWorker", "RelayHooks", "WorkerInfo"]

@@ -4,7 +4,6 @@ tests/gpu/test_warmup_gpu.py)."""
 from __future__ import annotations
 
 import json
-import queue
 
 import pytest
 import torch
@@ -14,7 +13,6 @@ from plora.engine.api import EngineSpec, PackRequest
 from plora.engine.warmup import (
     WarmupReport,
     finish_warmup,
-    reap_warmup,
     spawn_warmup,
     start_fused_warmup,
     start_warmup,
@@ -55,12 +53,10 @@ def test_the_child_reports_through_finish_warmup(tmp_path):
     )
     request = PackRequest(job_id="j1", configs=(CFG,), out_dir=str(tmp_path))
     assert start_fused_warmup(spec, request) is None
-    # the fused child, reaped in the background: no CUDA to build its layer on, reported
+    # the fused child: no CUDA to build its layer on, reported
     fused = {"part": "fused", "model": "tiny-qwen2", "fused_kernels": "auto", "rows": 4,
              "seq_len": 40}  # fmt: skip
-    reports: queue.Queue = queue.Queue()
-    reap_warmup(spawn_warmup(fused), reports.put)
-    report = reports.get(timeout=120)
+    report = finish_warmup(spawn_warmup(fused), timeout_s=120)
     assert report.skipped is not None and report.fused_layer_s is None
 
 
@@ -100,3 +96,39 @@ def test_the_fused_layer_runs_the_step_and_an_evaluation_forward(monkeypatch):
     # the evaluation at widths a multiple of 16 and not (RoPE compiles per row count and so)
     assert seen == [(3, 64, True, True), (3, 63, True, True), (evals, 17, False, False),
                     (evals, 16, False, False)]  # fmt: skip
+
+
+def test_the_fused_child_gets_a_micro_batchs_rows(monkeypatch):
+    import dataclasses
+
+    import plora.engine.warmup as warmup
+
+    jobs = []
+    monkeypatch.setattr(warmup.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(warmup, "spawn_warmup", lambda job: jobs.append(job) or "proc")
+    spec = EngineSpec(
+        model=ModelRef(name_or_path="tiny-qwen2"), dataset=DatasetSpec(path="x.jsonl"),
+        device="cuda",
+    )  # fmt: skip
+    two = (CFG, dataclasses.replace(CFG, config_id="b"))  # 4 + 4 rows
+    for max_rows in (None, 3):
+        request = PackRequest(job_id="j", configs=two, out_dir=".", max_rows=max_rows)
+        assert warmup.start_fused_warmup(spec, request) == "proc"
+    assert [(j["part"], j["rows"], j["seq_len"]) for j in jobs] == [
+        ("fused", 8, 256),
+        ("fused", 3, 256),
+    ]
+    off = dataclasses.replace(spec, fused_kernels="off")
+    assert warmup.start_fused_warmup(off, request) is None
+
+
+def test_a_child_still_running_at_the_deadline_is_stopped():
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True
+    )
+    report = finish_warmup(proc, timeout_s=0.5)
+    assert report.skipped == "still compiling when the first step began"
+    assert proc.returncode is not None  # stopped, not left beside the first step
