@@ -321,6 +321,7 @@ def _score_rows(
             dtype=torch.long,
         )
         index = _to_device(index, device)
+        nll = None
         try:
             with packed_segments(model, chunk_segments(chunk)):
                 if parts is None:
@@ -330,6 +331,7 @@ def _score_rows(
         except torch.OutOfMemoryError:
             if len(chunk) == 1:
                 raise
+        if nll is None:  # out of memory; handled here, where its traceback's tensors are freed
             pending, caps = recut_after_oom(chunk, pending, max_tokens)
             max_tokens = caps[1]
             log.warning(
