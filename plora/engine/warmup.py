@@ -110,8 +110,7 @@ def warm_pack_kernels(
         return WarmupReport(skipped="no Triton kernels for this dtype")
     t0 = time.perf_counter()
     rows = [c.batch_size for c in configs]
-    total = sum(rows)
-    rows_per_step = min(max_rows or total, total)
+    rows_per_step = step_rows(configs, max_rows)
     if eval_rows is None:
         eval_rows = rows_per_forward(seq_len)
     targets = {t for c in configs for t in c.target_modules}
@@ -160,6 +159,12 @@ def warm_pack_kernels(
     )
 
 
+def step_rows(configs: Sequence[LoRAConfig], max_rows: int | None) -> int:
+    """Rows of one (micro-batch) step of ``configs``: their batch sizes, at most ``max_rows``."""
+    total = sum(c.batch_size for c in configs)
+    return min(max_rows or total, total)
+
+
 def _warm_cross_entropy(vocab: int, *, device: torch.device, dtype: torch.dtype) -> None:
     """The packed loss's cross-entropy kernel, with and without the gradient, at the
     vocabulary's width (the training step and the packed evaluation launch both)."""
@@ -177,7 +182,6 @@ def warm_fused_layer(
     *,
     rows: int,
     seq_len: int,
-    eval_rows: int | None = None,
     device: torch.device | str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
 ) -> bool:
@@ -185,15 +189,15 @@ def warm_fused_layer(
     evaluation launch them (:func:`plora.engine.liger.apply_fused_kernels`): one decoder layer of
     the base's architecture, random frozen weights, forward and backward on ``rows`` rows (the
     input requiring the gradient, as the LoRA factors make it), then forwards without gradients
-    on ``eval_rows`` rows (None: a full-width evaluation forward's,
-    :func:`~plora.engine.eval_rows.rows_per_forward`). Whether the ops are fused here
-    (``setting``: ``training.fused_kernels``); errors are the caller's.
+    on a full-width evaluation forward's rows (:func:`~plora.engine.eval_rows.rows_per_forward`).
+    Whether the ops are fused here (``setting``: ``training.fused_kernels``); errors are the
+    caller's.
 
     RoPE's kernel compiles per row count and per whether the row width is a multiple of 16
     (Triton specializes integer arguments so): the step runs at the graphed steps' width (a
     length bucket, :func:`~plora.engine.graphed.bucket_length`) and one token shorter (the
-    first, eager step's width is its longest row's), the evaluation at widths on both sides of
-    16 within ``seq_len`` (its forwards' widths are their longest rows')."""
+    first, eager step's width is its longest row's), the evaluation at a width divisible by 16
+    and one token shorter (its forwards' widths are their longest rows')."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from plora.engine.graphed import bucket_length
@@ -223,7 +227,7 @@ def warm_fused_layer(
         run(rows, width, grad=True)
     scored = max(17, seq_len // 16 * 16)
     for width in (scored, scored - 1):
-        run(rows_per_forward(seq_len) if eval_rows is None else eval_rows, width, grad=False)
+        run(rows_per_forward(seq_len), width, grad=False)
     return True
 
 
@@ -235,8 +239,7 @@ def start_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Popen[str
     compiles on its own core into Triton's on-disk cache, which the parent's first step reads.
     The caller owns the process (:func:`finish_warmup`).
     """
-    on_cuda = (spec.device or "cuda").startswith("cuda") and torch.cuda.is_available()
-    if not on_cuda or not request.configs:
+    if not _cuda_pack(spec, request):
         return None
     job = {
         "model": spec.model.name_or_path,
@@ -253,19 +256,22 @@ def start_fused_warmup(spec: EngineSpec, request: PackRequest) -> subprocess.Pop
 
     Its own process: it imports transformers and builds a layer, which the packed kernels' child
     need not wait for (what it has not cached when it is stopped, the first step compiles)."""
-    on_cuda = (spec.device or "cuda").startswith("cuda") and torch.cuda.is_available()
-    if not on_cuda or not request.configs or str(spec.fused_kernels) == "off":
+    if not _cuda_pack(spec, request) or str(spec.fused_kernels) == "off":
         return None
-    total = sum(c.batch_size for c in request.configs)
-    max_rows = request.rows_limit(spec.max_rows)
     job = {
         "part": "fused",
         "model": spec.model.name_or_path,
         "fused_kernels": str(spec.fused_kernels),
-        "rows": min(max_rows or total, total),  # a micro-batch's rows, as warm_pack_kernels
+        "rows": step_rows(request.configs, request.rows_limit(spec.max_rows)),
         "seq_len": spec.dataset.max_seq_len,
     }
     return spawn_warmup(job)
+
+
+def _cuda_pack(spec: EngineSpec, request: PackRequest) -> bool:
+    """Whether ``request``'s pack has configs and trains on CUDA here (what a warm-up needs)."""
+    on_cuda = (spec.device or "cuda").startswith("cuda") and torch.cuda.is_available()
+    return on_cuda and bool(request.configs)
 
 
 def spawn_warmup(job: dict[str, Any]) -> subprocess.Popen[str]:
