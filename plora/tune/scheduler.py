@@ -145,6 +145,9 @@ class PLoRAScheduler(TrialScheduler):
         return decision
 
     def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict) -> None:
+        # Tune's stop_trial calls this, not on_trial_remove, for a paused trial still saving
+        # its pause (status RUNNING): HyperBand stops such bracket losers too
+        self._stop_if_paused(trial)
         if result and trial.trial_id not in self.stopped:
             self.inner.on_trial_complete(tune_controller, trial, result)
         else:  # a stopped trial's last result must not enter the rungs a second time
@@ -152,9 +155,7 @@ class PLoRAScheduler(TrialScheduler):
         self._save()
 
     def on_trial_remove(self, tune_controller: Any, trial: Any) -> None:
-        if trial.trial_id in self.paused:  # stopped while paused: its adapter ends stopped
-            self.stopped[trial.trial_id] = self.paused.pop(trial.trial_id)
-            self._request(trial, "stop_config", StopKind.STOPPED_PAUSED)
+        self._stop_if_paused(trial)
         self.inner.on_trial_remove(tune_controller, trial)
         self._save()
 
@@ -171,6 +172,12 @@ class PLoRAScheduler(TrialScheduler):
     def _stop_adapter(self, trial: Any, result: Mapping[str, Any], step: int) -> None:
         self.stopped[trial.trial_id] = step
         self._request(trial, "stop_config", StopKind.EARLY)
+
+    def _stop_if_paused(self, trial: Any) -> None:
+        """A paused trial that ends without reporting again ends stopped at its pause step."""
+        if trial.trial_id in self.paused:
+            self.stopped[trial.trial_id] = self.paused.pop(trial.trial_id)
+            self._request(trial, "stop_config", StopKind.STOPPED_PAUSED)
 
     def _request(self, trial: Any, method: str, kind: StopKind) -> None:
         """Ask the trial's sweep (its relay) to stop or pause the trial's adapter."""

@@ -200,6 +200,37 @@ def test_a_trial_stopped_while_paused_stops_its_adapter_and_the_state_keeps_paus
     assert sched.paused == {} and sched.stopped == {"b": 1}
 
 
+def test_a_paused_trial_stopped_while_still_saving_its_pause_stops_its_adapter(relay) -> None:
+    """HyperBand stops a bracket loser that is still saving its pause (Tune status RUNNING);
+    Tune's ``stop_trial`` then calls ``on_trial_complete``, not ``on_trial_remove`` (a
+    fresh-clone CI run on 2026-11-28 ended such a config ``paused``)."""
+    # max_t 8, factor 2: trials 0-3 fill a bracket with no milestone before step 8, trials
+    # 4-7 one whose first milestone is step 4, where it keeps the better half
+    hyperband = HyperBandScheduler(time_attr="adapter_step", metric="loss", mode="min",
+                                   max_t=8, reduction_factor=2)  # fmt: skip
+    sched = PLoRAScheduler(hyperband)
+    trials = [Trial(str(i)) for i in range(8)]
+
+    def stop_trial(trial: Trial) -> None:  # Tune's stop_trial for a RUNNING trial
+        sched.on_trial_complete(controller, trial, result(trial, 4, 3.0))
+
+    controller = SimpleNamespace(get_trials=lambda: trials, get_live_trials=lambda: trials,
+                                 stop_trial=stop_trial)  # fmt: skip
+    for t in trials:
+        t.status, t.is_saving = "RUNNING", False
+        sched.on_trial_add(controller, t)
+    for t, loss in zip(trials[4:7], (3.0, 1.0, 1.5), strict=True):  # each waits at step 4
+        assert sched.on_trial_result(controller, t, result(t, 4, loss)) == TrialScheduler.PAUSE
+    assert sched.paused == {"4": 4, "5": 4, "6": 4}
+    trials[4].is_saving = True  # Tune is still saving this paused proxy when the bracket ends
+    for t in trials[5:7]:
+        t.status = "PAUSED"
+    sched.on_trial_result(controller, trials[7], result(trials[7], 4, 2.0))
+    # 4 (a loser) ends stopped at its pause step, 7 (the other) stops in its pack
+    assert relay.stops == [("t-4", "stopped_while_paused"), ("t-7", "early_stop")]
+    assert sched.stopped == {"4": 4, "7": 4} and "4" not in sched.paused
+
+
 @pytest.mark.parametrize(
     ("make", "fix"),
     [
