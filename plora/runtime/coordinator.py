@@ -313,6 +313,8 @@ class Coordinator:
             return
         if status is ConfigStatus.PAUSED:
             return pause.stop_paused(self, config_id, reason=reason)
+        if config_id in self._stop_requests:
+            return  # asked again (a restored Tune scheduler re-decides): its job stops it once
         self._decide(Decision.STOP_CONFIG, config_ids=[config_id], reason=reason, was=str(status),
                      step=step if step is not None else self.progress.get(config_id, 0))  # fmt: skip
         if status is ConfigStatus.QUEUED:
@@ -323,6 +325,7 @@ class Coordinator:
             self._persist()
         else:
             self._stop_requests.add(config_id)
+            self._persist()  # durable at once: a driver killed now resumes with it
 
     def on_job_finished(self, job_id: str, outcome: PackOutcome) -> list[JobSpec]:
         """A job returned: every config's result and where its seconds went

@@ -63,6 +63,11 @@ def test_stop_config_queued_and_running() -> None:
     assert coord.status[queued[0]] is ConfigStatus.STOPPED
     running = spec.config_ids[0]
     coord.stop_config(running)
+    coord.stop_config(running, reason="asked again")  # e.g. by a restored Tune scheduler
+    assert [d.config_ids for d in coord.decisions if d.kind is Decision.STOP_CONFIG] == [
+        (queued[0],),
+        (running,),
+    ]  # one decision per stop
     assert coord.poll(spec.job_id).stop == {running}
     assert coord.poll(spec.job_id).stop == set()  # delivered once
     nxt = finish(coord, spec)
