@@ -313,7 +313,7 @@ class Coordinator:
             return
         if status is ConfigStatus.PAUSED:
             return pause.stop_paused(self, config_id, reason=reason)
-        if config_id in self._stop_requests:
+        if status is ConfigStatus.RUNNING and config_id in self._stop_requests:
             return  # asked again (a restored Tune scheduler re-decides): its job stops it once
         self._decide(Decision.STOP_CONFIG, config_ids=[config_id], reason=reason, was=str(status),
                      step=step if step is not None else self.progress.get(config_id, 0))  # fmt: skip
