@@ -138,7 +138,7 @@ def test_case_t_draws_one_list_for_both_systems(tmp_path):
     tokens, 20 steps, 8 GPUs; plora's sweep file (``search: random``, seeded) expands to the
     configs Tune's grid gets, each with its own alpha and a unique name."""
     import yaml
-    from e2e import parse_args
+    from e2e_args import parse_args
     from e2e_setup import sweep_dict, tune_spec
 
     from plora.config import SweepConfig
@@ -181,7 +181,7 @@ def test_case_t_draws_one_list_for_both_systems(tmp_path):
     ],
 )
 def test_bad_draw_flags_fail_in_one_line(extra, needle, tmp_path, capsys):
-    from e2e import parse_args
+    from e2e_args import parse_args
 
     with pytest.raises(SystemExit) as exc:
         parse_args([*extra, "--out", str(tmp_path / "e2e.json")])
@@ -237,7 +237,7 @@ def test_plora_graphs_goes_into_the_sweep_file_and_the_report(flag, want, tmp_pa
     """``--plora-graphs`` is plora's ``training.cuda_graphs`` (default auto), and the report
     records it with the environment's ``PLORA_CUDA_GRAPHS``."""
     import yaml
-    from e2e import parse_args
+    from e2e_args import parse_args
     from e2e_setup import plora_engine, sweep_dict
 
     from plora.config import CudaGraphs, SweepConfig
