@@ -322,10 +322,9 @@ class Coordinator:
             self.status[config_id] = ConfigStatus.STOPPED
             self._tell(config_id, tell_metrics({}, self.metric_name, status=ConfigStatus.STOPPED))
             self.results[config_id] = self._result_row(config_id, status=ConfigStatus.STOPPED)
-            self._persist()
         else:
             self._stop_requests.add(config_id)
-            self._persist()  # durable at once: a driver killed now resumes with it
+        self._persist()  # durable at once: a driver killed now resumes with the stop
 
     def on_job_finished(self, job_id: str, outcome: PackOutcome) -> list[JobSpec]:
         """A job returned: every config's result and where its seconds went
