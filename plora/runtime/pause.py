@@ -144,11 +144,16 @@ def _requeue(coord: Any, config_id: str, *, reason: str) -> None:
 
 def on_paused(coord: Any, config_id: str, row: dict[str, Any], *, job_id: str) -> None:
     """A config left job ``job_id`` paused (``row``: its result row at the pause step); a resume
-    that waited for its train-state queues it now."""
+    that waited for its train-state queues it now. One resumed meanwhile and taken back by that
+    same job as a refill, which ended before training it again (its row is still the pause's),
+    is queued again: no running job will bring its result."""
     coord.pauses.leaving.pop(config_id, None)
     coord._decide(Decision.CONFIG_PAUSED, job_id=job_id, config_ids=[config_id],
                   steps=row.get("steps"), eval_loss=row.get("eval_loss"))  # fmt: skip
     if coord.status.get(config_id) is not ConfigStatus.PAUSED:
+        if not any(config_id in run.config_ids for run in coord.running.values()):
+            coord.status[config_id] = ConfigStatus.QUEUED
+            coord.results[config_id] = row
         return  # resumed meanwhile and packed again: that run's result will come
     coord.results[config_id] = row
     if config_id in coord.pauses.stop_when_left:

@@ -133,6 +133,33 @@ def test_a_resume_waits_until_the_worker_wrote_the_train_state(tmp_path) -> None
     assert any(d.kind is Decision.RESUME_CONFIG for d in coord.decisions)
 
 
+def test_a_resumed_config_its_old_job_took_back_but_never_trained_is_queued_again(
+    tmp_path,
+) -> None:
+    """Resumed while its pack still ran, a config can be refilled into that same job, which may
+    end before training it again: the job's row for it is still the pause's. It must be queued
+    again (a CI run on 2026-11-28 left such a config running in no job, and the sweep hung)."""
+    store = SweepStore(tmp_path)
+    coord, _ = _coord(store=store)
+    (spec,) = coord.start()
+    coord.on_reports(spec.job_id, [report(*({"config_id": c, "step": 5} for c in spec.config_ids))])
+    _pause(coord, "c01")
+    assert coord.poll(spec.job_id).pause == {"c01"}
+    _write_paused_state(tmp_path, "c01", 6)
+    _resume(coord, "c01")
+    coord.on_reports(spec.job_id, [report({"config_id": "c00", "step": 40})])
+    assert [c.config_id for c in coord.poll(spec.job_id).add] == ["c01"]  # taken back
+    results = {
+        "c00": {"status": "done", "steps": 40},
+        "c01": {"status": "paused", "steps": 6, "eval_loss": 2.5},  # ended before retaking it
+        "c02": {"status": "done", "steps": 40},
+        "c03": {"status": "done", "steps": 40},
+    }
+    (again,) = coord.on_job_finished(spec.job_id, outcome(spec.job_id, results))
+    assert again.config_ids == ("c01",)
+    assert coord.results["c01"]["steps"] == 6  # its row until the next pack's comes
+
+
 def test_stop_while_paused_and_pause_of_a_queued_config() -> None:
     coord, _ = _coord()
     (spec,) = coord.start()
