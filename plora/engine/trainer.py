@@ -98,7 +98,7 @@ class PackedTrainer:
         cuda_graphs: bool | None = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else model_device(model)
-        self.model = model.to(self.device)
+        self.model = self._to_device(model)
         self.dataset = dataset
         self.train_examples = list(dataset.train)
         if not self.train_examples:
@@ -139,6 +139,10 @@ class PackedTrainer:
         self._profile: list[StepProfile] = []
         self.last_step: StepProfile | None = None
         """Measurements of the latest step."""
+
+    def _to_device(self, model: nn.Module) -> nn.Module:
+        """``model`` on :attr:`device` (a parallel rank keeps its shards where they are)."""
+        return model.to(self.device)
 
     # ------------------------------------------------------------- adapters
     @property

@@ -26,16 +26,20 @@ CPU offload (``cpu_offload=True``, the ``fsdp_offload`` strategy): every unit ge
 ``CPUOffloadPolicy``, so the sharded base lives in host memory (pinned on CUDA) and each layer's
 shard is copied to the GPU just before its all-gather, forward and again in backward. The base
 is frozen, so no gradient or optimizer state goes back. The adapters are ignored by FSDP and
-stay on the GPU; so does the LM head. Build the model on the CPU and let ``fully_shard`` move
-each unit (a base too big for one GPU never is on one whole); the trainer's ``model.to(device)``
-then moves the rest, and FSDP puts the offloaded shards back in pinned host memory.
+stay on the GPU; so does the LM head. Build the model on the CPU and let ``fully_shard`` shard
+each unit in place (a base too big for one GPU never is on one whole); the trainer then moves
+the rest with :func:`to_device_but_offloaded`. A plain ``model.to(device)`` would move the
+host shards too, and FSDP2 refuses to run offloaded parameters found on the GPU ("FSDP
+parameters should be materialized on CPU when enabling CPU offloading").
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from plora.engine.adapters import packed_layers
 
@@ -95,4 +99,31 @@ def apply_fsdp(
                 offload_policy=offload)  # fmt: skip
 
 
-__all__ = ["apply_fsdp"]
+def to_device_but_offloaded(model: nn.Module, device: torch.device) -> nn.Module:
+    """Move ``model`` to ``device`` in place, leaving its DTensors where parallelizing put them.
+
+    :func:`plora.parallel.parallelize` places every DTensor it makes: TP and FSDP shards on the
+    mesh's device, and under :func:`apply_fsdp` with ``cpu_offload`` the base's shards in host
+    memory, where FSDP2 must find them. Every plain tensor moves: the adapters FSDP ignores,
+    the LM head, a pipeline stage's own weights, buffers such as RoPE's frequencies. Tensors
+    keep their identity where ``nn.Module.to`` keeps it (``.data`` is replaced).
+
+    Returns:
+        ``model``.
+    """
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if isinstance(param, DTensor) or param.device == device:
+                continue
+            moved = param.data.to(device)
+            if torch._has_compatible_shallow_copy_type(param.data, moved):
+                param.data = moved
+            else:  # e.g. to ``meta``: a new parameter, as ``nn.Module.to`` makes then
+                setattr(module, name, nn.Parameter(moved, requires_grad=param.requires_grad))
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None and not isinstance(buf, DTensor) and buf.device != device:
+                module._buffers[name] = buf.to(device)
+    return model
+
+
+__all__ = ["apply_fsdp", "to_device_but_offloaded"]

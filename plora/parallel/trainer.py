@@ -39,6 +39,7 @@ from plora.engine.trainer import PackedTrainer
 from plora.parallel.balance import balanced_micro_batches, bin_tokens
 from plora.parallel.dims import MESH_DIMS, ParallelDims
 from plora.parallel.export import full_adapter_state_dict, gather_keyed, shard_keyed
+from plora.parallel.fsdp import to_device_but_offloaded
 from plora.parallel.optim import ParallelPackedAdamW
 from plora.parallel.pp import MicroBatchRouting, PipelineStageModule, run_1f1b
 
@@ -106,6 +107,11 @@ class ParallelPackedTrainer(PackedTrainer):
         self.optimizer = ParallelPackedAdamW(
             self.layers, dp_group=self.dp_group, tp_group=self.tp_group, pp_group=self.pp_group
         )
+
+    def _to_device(self, model: nn.Module) -> nn.Module:
+        """Every plain tensor to the rank's device; the DTensors stay where ``parallelize`` put
+        them (FSDP2's CPU offload needs its base shards on the host)."""
+        return to_device_but_offloaded(model, self.device)
 
     # ------------------------------------------------------------------ step
     def _accumulate(self, batches, denoms, active):
