@@ -71,38 +71,54 @@ def _count_fused_rope(model, monkeypatch) -> dict[str, int]:
     return calls
 
 
-def _train(model, data, *, dtype=None, ckpt=False, steps=3):
-    """Train CFGS packed; the A/B gradients of the first step are captured before the update."""
+def _train(model, data, *, dtype=None, ckpt=False, steps=3, graphs=None):
+    """Train CFGS packed; the A/B gradients of the first step are captured before its update
+    (the eager step's ``optimizer.step``, or the graphed step's ``optimizer.apply`` in its first,
+    eager run through the static buffers). Returns the trainer too."""
     trainer = PackedTrainer(model, TOKENIZER, data, device="cuda", dtype=dtype,
-                            gradient_checkpointing=ckpt)  # fmt: skip
+                            gradient_checkpointing=ckpt, cuda_graphs=graphs)  # fmt: skip
     inits = {}
     for cfg in CFGS:
         slot = trainer.add(cfg)
         inits[cfg.config_id] = {k: v.detach().clone()
                                 for k, v in adapter_state_dict(trainer.model, slot).items()}  # fmt: skip
     grads: list[torch.Tensor] = []
-    step = trainer.optimizer.step
 
-    def spy(lrs):
-        if not grads:
-            for layer in trainer.layers.values():
-                grads.extend(p.grad.detach().float().clone() for p in (layer.A, layer.Bt)
-                             if p.grad is not None and p.numel())  # fmt: skip
-        return step(lrs)
+    def spied(update):
+        def spy(*args, **kwargs):
+            if not grads:
+                for layer in trainer.layers.values():
+                    grads.extend(p.grad.detach().float().clone() for p in (layer.A, layer.Bt)
+                                 if p.grad is not None and p.numel())  # fmt: skip
+            return update(*args, **kwargs)
 
-    trainer.optimizer.step = spy  # type: ignore[method-assign]
+        return spy
+
+    trainer.optimizer.step = spied(trainer.optimizer.step)  # type: ignore[method-assign]
+    trainer.optimizer.apply = spied(trainer.optimizer.apply)  # type: ignore[method-assign]
     losses: dict[str, list[float]] = {}
     for _ in range(steps):
         for m in trainer.step():
             losses.setdefault(m.config_id, []).append(m.loss)
     weights = {c.config_id: {k: v.detach().float().cpu() for k, v in adapter_state_dict(
         trainer.model, trainer.slot_of(c.config_id)).items()} for c in CFGS}  # fmt: skip
-    return losses, grads, weights, inits
+    return losses, grads, weights, inits, trainer
 
 
+def _python_steps(trainer, steps: int) -> int:
+    """How many of ``steps`` ran the model's Python (eager steps and graph captures; a replay
+    runs none), checking that a graphed trainer really replayed."""
+    if trainer.graphs is None:
+        return steps
+    g = trainer.graphs
+    assert g.disabled is None and g.replays >= 1, (g.disabled, g.captures, g.replays)
+    return g.eager_steps + g.captures
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphed"])
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 @pytest.mark.parametrize("ckpt", [False, True], ids=["plain", "checkpointing"])
-def test_packed_step_with_liger_equals_stock(family, ckpt, monkeypatch):
+def test_packed_step_with_liger_equals_stock(family, ckpt, graphs, monkeypatch):
     base = tiny_model(family, hidden=128, intermediate=256).cuda().to(torch.bfloat16)
     data = toy_dataset()
     stock = copy.deepcopy(base)
@@ -112,19 +128,22 @@ def test_packed_step_with_liger_equals_stock(family, ckpt, monkeypatch):
     assert layer.input_layernorm.forward.__func__ is lk.LigerRMSNorm.forward
     assert layer.mlp.forward.__func__ is lk.LigerSwiGLUMLP.forward
     calls = _count_fused_rope(fused, monkeypatch)
-    lf, gf, wf, _ = _train(fused, data, ckpt=ckpt)
-    assert calls["n"] >= 3 * len(fused.model.layers)  # Liger's RoPE ran in every step
+    lf, gf, wf, _, tf = _train(fused, data, ckpt=ckpt, graphs=graphs)
+    # Liger's RoPE ran in every layer of every step that ran Python (under checkpointing the
+    # recomputation in backward calls it again); a replay repeats what its capture ran
+    assert calls["n"] >= _python_steps(tf, 3) * len(fused.model.layers)
     before = calls["n"]
-    ls, gs, ws, _ = _train(stock, data, ckpt=ckpt)
+    ls, gs, ws, _, ts = _train(stock, data, ckpt=ckpt, graphs=graphs)
+    _python_steps(ts, 3)
     assert calls["n"] == before  # the unpatched copy ran the stock RoPE
     for cid in lf:
-        print(family, ckpt, cid, "losses liger", lf[cid], "stock", ls[cid])
+        print(family, ckpt, graphs, cid, "losses liger", lf[cid], "stock", ls[cid])
         torch.testing.assert_close(torch.tensor(lf[cid]), torch.tensor(ls[cid]), rtol=2e-2, atol=0)
     assert len(gf) == len(gs) > 0
     worst = max(
         ((a - b).norm() / b.norm().clamp_min(1e-12)).item() for a, b in zip(gf, gs, strict=True)
     )
-    print(family, ckpt, f"first-step A/B gradients: worst relative difference {worst:.2e}")
+    print(family, ckpt, graphs, f"first-step A/B gradients: worst relative difference {worst:.2e}")
     assert worst < 5e-2
     for cid in wf:
         assert adapter_rel_err(wf[cid], ws[cid]) < 5e-2
@@ -137,7 +156,7 @@ def test_fp32_packed_on_liger_base_equals_peft_alone():
     data = toy_dataset()
     fused = copy.deepcopy(base)
     assert liger.apply_fused_kernels(fused, "on") is True
-    losses, _, weights, inits = _train(fused, data, dtype=torch.float32)
+    losses, _, weights, inits, _ = _train(fused, data, dtype=torch.float32)
     for cfg in CFGS:
         ref_losses, ref_w, _ = peft_reference(base, cfg, inits[cfg.config_id], data, cfg.max_steps)
         err = adapter_rel_err(weights[cfg.config_id], {k: v.cpu() for k, v in ref_w.items()})
