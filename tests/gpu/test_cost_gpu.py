@@ -66,8 +66,11 @@ def test_peft_step_peak_matches_app_a(batch: int) -> None:
     assert want == pytest.approx(peak, rel=0.05)
 
 
-def test_packed_engine_refit_covers_peaks_and_times() -> None:
-    """Refit from the engine's own profile: step times within 10%, every peak covered."""
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphed"])
+def test_packed_engine_refit_covers_peaks_and_times(graphs: bool) -> None:
+    """Refit from the engine's own profile: step times within 10%, every peak covered. The
+    graphed step (the default on CUDA) is fitted by the model's graphed form, the eager one by
+    its eager form (``cuda_graphs``): each step kind is booked by its own coefficients."""
     from plora.engine.data import Example, TokenizedDataset
     from plora.engine.trainer import PackedTrainer
 
@@ -87,11 +90,14 @@ def test_packed_engine_refit_covers_peaks_and_times() -> None:
     ]
     samples = []
     for pack in packs:
-        trainer = PackedTrainer(_model(), tok, data, device="cuda", seq_len=SEQ, profile_steps=6)
+        trainer = PackedTrainer(_model(), tok, data, device="cuda", seq_len=SEQ, profile_steps=6,
+                                cuda_graphs=graphs)  # fmt: skip
         for k in pack:
             trainer.add(k)
         for _ in range(6):
             trainer.step()
+        if graphs:  # the first step ran eagerly, the second captured: the rest replayed
+            assert trainer.graphs is not None and trainer.graphs.replays == 5, trainer.graphs
         steps = trainer.profile().steps[2:]
         samples.append(
             StepSample.from_configs(
@@ -112,8 +118,16 @@ def test_packed_engine_refit_covers_peaks_and_times() -> None:
         HardwareConfig(gpu_type=gpu),
         memory=MemoryOptions(loss=Loss.FUSED, reserved_bytes=0.0),
         overheads=Overheads.zero(),  # measured steps only: compare step time, no overheads
+        cuda_graphs=graphs,
     )
     new = cm.refit(samples)
+    for pack, s in zip(packs, samples, strict=True):
+        print(
+            f"graphs={graphs} K={len(pack)} bs={pack[0].batch_size}: measured "
+            f"{s.step_time_s * 1e3:.2f} ms, {s.peak_memory_bytes / 2**30:.2f} GiB; booked "
+            f"{new.job_time(pack, 1) / 50 * 1e3:.2f} ms, {new.pack_memory(pack, 1) / 2**30:.2f} GiB"
+        )
+    print("refit", new.last_refit)
     assert new.last_refit.error_after < 0.1
     for pack, s in zip(packs, samples, strict=True):
         assert new.pack_memory(pack, 1) >= s.peak_memory_bytes

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -31,13 +32,46 @@ pytestmark = [
 WEIGHT_RTOL = 5e-2
 
 
+def kill_rank_one_at_first_checkpoint(ray, out: Path, killed: dict[str, str], stop) -> None:
+    """Kill rank 1 of the ``partest`` sweep's running group as soon as a job's first checkpoint
+    is on disk (``killed``: the actors' names and namespaces). On a GPU a tiny d = 2 job runs
+    its steps in a second or two: asking Ray for the actors only after the checkpoint appeared
+    (``kill_rank_one``) let the job finish first ("never found a rank-1 worker", H200,
+    2026-11-28). So the rank-1 actors are looked up while the job starts, and the checkpoint is
+    polled every few milliseconds; ``stop`` (an event) ends the wait with the sweep."""
+    ranks: dict[str, object] = {}
+    while not stop.is_set():
+        if not ranks:
+            for a in ray.util.list_named_actors(all_namespaces=True):
+                if a["name"].startswith("plora-partest-") and a["name"].endswith("-r1"):
+                    ranks[a["name"]] = (ray.get_actor(a["name"], namespace=a["namespace"]),
+                                        a["namespace"])  # fmt: skip
+        if ranks and any(out.glob("checkpoints/*/state-*")):
+            for name, (actor, namespace) in ranks.items():
+                ray.kill(actor, no_restart=True)
+                killed[name] = namespace
+            return
+        time.sleep(0.005 if ranks else 0.05)
+
+
+def _sweep_story(out: Path) -> str:
+    """The jobs and decisions of the sweep in ``out`` (printed when an assertion fails)."""
+    from plora.sweepdir.reader import read_decisions
+    from plora.sweepdir.store import SweepStore
+
+    jobs = SweepStore(out).read_jobs()
+    cols = [c for c in ("job_id", "attempt", "gpus", "strategy", "status", "configs") if c in jobs]
+    decisions = read_decisions(out).to_string(max_colwidth=160)
+    return f"jobs:\n{jobs[cols].to_string()}\ndecisions:\n{decisions}"
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy", ["tp", "pp"])
 def test_a_killed_rank_of_a_d2_job_resumes_from_its_checkpoint(strategy, tmp_path) -> None:
     ray = pytest.importorskip("ray")
     from _engine_testlib import adapter_rel_err
     from safetensors.torch import load_file
-    from test_parallel_jobs import CONFIGS, EVERY, STEPS, _forcing_d2, _reference, kill_rank_one
+    from test_parallel_jobs import CONFIGS, EVERY, STEPS, _forcing_d2, _reference
 
     from plora.config import Strategy
     from plora.runtime.driver import RunOptions, run_sweep
@@ -52,21 +86,28 @@ def test_a_killed_rank_of_a_d2_job_resumes_from_its_checkpoint(strategy, tmp_pat
     killed: dict[str, str] = {}
     ray.init(num_gpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})  # fmt: skip
+    stop = threading.Event()
     try:
-        t = threading.Thread(target=kill_rank_one, args=(ray, out, killed, 400.0), daemon=True)
+        t = threading.Thread(
+            target=kill_rank_one_at_first_checkpoint, args=(ray, out, killed, stop), daemon=True
+        )
         t.start()
         summary = run_sweep(
             sweep, out, cost=cost, source=StaticSource(CONFIGS),
             options=RunOptions(checkpoint_every=EVERY, refill=False),
         )  # fmt: skip
+        stop.set()
         t.join(5)
     finally:
+        stop.set()
         ray.shutdown()
+    story = _sweep_story(out)
+    print(story)
     assert killed, "the test never found a rank-1 worker to kill"
     assert summary.ok and summary.counts["done"] == len(CONFIGS)
     store = SweepStore(out)
     jobs = store.read_jobs()
-    assert set(jobs["gpus"]) == {2} and set(jobs["strategy"]) == {strategy}
+    assert set(jobs["gpus"]) == {2} and set(jobs["strategy"]) == {strategy}, story
     died = jobs[jobs["status"] == "died"]
     assert len(died) >= 1
     m = store.read_metrics()
