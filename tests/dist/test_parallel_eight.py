@@ -21,7 +21,6 @@ from _dist_cases import (
     STEPS,
     Case,
     assert_layout,
-    assert_same_training,
     base_model,
     probe_logits,
     spawn,
@@ -29,6 +28,7 @@ from _dist_cases import (
     trained_ids,
 )
 from _engine_testlib import TOKENIZER, toy_dataset
+from _spread import assert_same_training, reference_spread, weight_tolerance
 
 from plora.engine.adapters import adapter_state_dict
 from plora.engine.trainer import PackedTrainer
@@ -62,18 +62,30 @@ def test_the_wide_shape_is_needed_for_eight_ranks():
 
 @pytest.fixture(scope="module")
 def reference():
-    """Per-step losses, norms, final weights and probe logits of one process."""
+    """Per-step losses, norms, final weights and probe logits of one process, and the weight
+    tolerance from its own spread under 2-, 4- and 8-way split reductions (``_spread``)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the workers: same matmul reduction order
     base = base_model("wide8")
-    trainer = PackedTrainer(copy.deepcopy(base), TOKENIZER, toy_dataset(), device="cpu")
-    losses, norms, _, _ = train(trainer, refill=False)
-    weights = {
-        cid: adapter_state_dict(trainer.model, trainer.slot_of(cid)) for cid in trained_ids(False)
-    }
+
+    def run():
+        trainer = PackedTrainer(copy.deepcopy(base), TOKENIZER, toy_dataset(), device="cpu")
+        losses, norms, _, _ = train(trainer, refill=False)
+        weights = {
+            cid: adapter_state_dict(trainer.model, trainer.slot_of(cid))
+            for cid in trained_ids(False)
+        }
+        return trainer, losses, norms, weights
+
+    trainer, losses, norms, weights = run()
     probe = probe_logits(trainer.model, trainer.slot_of)
+    # measured 2026-11-28 (x86, 1 thread): 6.8e-6, 3.4e-6 and 1.8e-5 (adapter "c", 8 parts):
+    # eight partial sums already move the reference past the contract's 1e-5, as tp8 did
+    # (1.44e-5 in CI)
+    spread = max(reference_spread(lambda: run()[3], weights, parts) for parts in (2, 4, 8))
     torch.set_num_threads(threads)
-    return {"losses": losses, "norms": norms, "weights": weights, "probe": probe}
+    return {"losses": losses, "norms": norms, "weights": weights, "probe": probe,
+            "tol": weight_tolerance(spread)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +105,7 @@ def test_eight_ranks_equal_single_process(case, runs, reference):
         got = torch.load(runs / f"{case.name}.rank{rank}.pt")
         assert_layout(got["layout"], shape, bt_cols, fsdp, layers)
         idle += got["layout"]["idle_micro_batches"]
-        assert_same_training(got, reference, trained_ids(False))
+        assert_same_training(got, reference, trained_ids(False), tol=reference["tol"])
         # evaluation's forward (under PP the stages in turn) gives every rank the same logits
         torch.testing.assert_close(got["probe"], reference["probe"], rtol=1e-5, atol=1e-5)
     # a step has 2 + 3 + 1 = 6 rows: 8 FSDP bins leave 2 empty a step (on some ranks), and
