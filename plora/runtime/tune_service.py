@@ -78,6 +78,7 @@ class TuneService:
         self._runs = 0
         self._relay = ""
         self._error: str | None = None
+        self._announced: dict[Path, list[str]] = {}  # expect() before the first registration
 
     def register(
         self, params: dict[str, Any], trial_id: str, experiment_dir: str
@@ -107,6 +108,21 @@ class TuneService:
                 assert self._source is not None
                 self._source.add(config)
             return config.config_id, self._relay, int(config.max_steps or 0)
+
+    def expect(self, trial_ids: list[str], experiment_dir: str) -> None:
+        """Trials Tune added to ``experiment_dir`` and is starting: their configs are planned
+        with the first ones, not after them (:meth:`RegistrationSource.expect`). Announced before
+        the first registration, they wait for the sweep's source; another experiment's are
+        ignored."""
+        out = (Path(experiment_dir) / SWEEP_SUBDIR).absolute()
+        ids = [config_id_of(t) for t in trial_ids]
+        with self._lock:
+            if self._out is not None and out != self._out:
+                return
+            if self._source is None:
+                self._announced.setdefault(out, []).extend(ids)
+            else:
+                self._source.expect(ids)
 
     def finish(self, timeout_s: float = 60.0) -> bool:
         """The Tune experiment ended: end the sweep once its configs ended (no lingering) and
@@ -140,6 +156,8 @@ class TuneService:
         prefix = f"{self.name}-r{self._runs}"
         self._relay = f"{prefix}-coordinator"
         source = RegistrationSource(settle_s=self.settle_s, linger_s=self.linger_s)
+        source.expect(self._announced.pop(self._out, []))
+        self._announced.clear()
         self._source = source
         resume = (self._out / STATE_JSON).is_file()
         options = RunOptions(

@@ -107,6 +107,7 @@ class PLoRAScheduler(TrialScheduler):
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
         self._load_once(trial)
+        self._announce(trial)
         self.inner.on_trial_add(tune_controller, trial)
         bracket = self._saved_brackets.get(trial.trial_id)
         if bracket is not None and isinstance(self.inner, AsyncHyperBandScheduler):
@@ -167,6 +168,15 @@ class PLoRAScheduler(TrialScheduler):
             f"PLoRAScheduler: {len(self.stopped)} adapters stopped, {len(self.paused)} paused\n"
             f"{self.inner.debug_string()}"
         )
+
+    def _announce(self, trial: Any) -> None:
+        """A trial Tune will start (not one restored finished or paused): its sweep plans it
+        with the trials that start before it (:func:`plora.tune.trainable.announce_trials`)."""
+        from plora.tune.trainable import announce_trials
+
+        storage = getattr(trial, "storage", None)
+        if storage is not None and getattr(trial, "status", None) == "PENDING":
+            announce_trials([trial.trial_id], str(Path(storage.experiment_fs_path).absolute()))
 
     # -- stopping -------------------------------------------------------------------------
     def _stop_adapter(self, trial: Any, result: Mapping[str, Any], step: int) -> None:

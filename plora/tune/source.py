@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from plora.config import LoRAConfig
@@ -75,14 +75,21 @@ class RegistrationSource:
     Ray Tune proxy trial registers its config); thread-safe.
 
     The planner should see many configs before it packs them, but Tune starts trials one by one:
-    registered configs are handed out (:meth:`ask`) once no new one came for ``settle_s``
-    seconds. The source is finished once every config it handed out was told (ended) and
-    nothing was registered or told for ``linger_s`` seconds; it then refuses registrations
-    (:meth:`add` returns False) so whoever registers knows to start a new run.
+    registered configs are handed out (:meth:`ask`) once every config announced by
+    :meth:`expect` (the trials Tune added and is starting) registered and no new one came for
+    ``settle_s`` seconds. Tune starts a trial's actor seconds after it adds the trial, more on a
+    busy machine, so a quiet time alone would plan whichever trials happened to be up. An
+    announced config that has not registered ``expect_s`` seconds after its announcement (a
+    trial Tune cannot start yet: the cluster lacks the CPUs for its proxy) is no longer waited
+    for. The source is finished once every config it handed out was told (ended), none
+    announced is still awaited, and nothing was registered or told for ``linger_s`` seconds; it
+    then refuses registrations (:meth:`add` returns False) so whoever registers knows to start a
+    new run.
 
     Args:
         settle_s: Quiet seconds after the last registration before configs are handed out.
         linger_s: Idle seconds, everything ended, after which the source is finished.
+        expect_s: Longest wait for an announced config to register.
         clock: Seconds since an arbitrary origin (default ``time.monotonic``).
     """
 
@@ -91,12 +98,17 @@ class RegistrationSource:
         *,
         settle_s: float = 1.0,
         linger_s: float = 30.0,
+        expect_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if settle_s < 0 or linger_s < 0:
-            raise ValueError(f"settle_s={settle_s}, linger_s={linger_s} must be >= 0")
+        if min(settle_s, linger_s, expect_s) < 0:
+            raise ValueError(
+                f"settle_s={settle_s}, linger_s={linger_s}, expect_s={expect_s} must be >= 0"
+            )
         self.settle_s = settle_s
         self.linger_s = linger_s
+        self.expect_s = expect_s
+        self._expected: dict[str, float] = {}  # announced, not registered: id -> when announced
         self._clock = clock
         self._lock = threading.Lock()
         self._configs: dict[str, LoRAConfig] = {}
@@ -115,7 +127,22 @@ class RegistrationSource:
             if config.config_id not in self._configs:
                 self._configs[config.config_id] = config
                 self._last = self._clock()
+            self._expected.pop(config.config_id, None)
             return True
+
+    def expect(self, config_ids: Iterable[str]) -> None:
+        """Announce configs about to register (trials Tune added and is starting): nothing is
+        handed out while one of them is awaited (at most ``expect_s`` seconds each)."""
+        with self._lock:
+            now = self._clock()
+            for cid in config_ids:
+                if cid not in self._configs:
+                    self._expected.setdefault(cid, now)
+
+    def _awaited(self) -> bool:
+        """Whether an announced config has yet to register (within its ``expect_s``)."""
+        now = self._clock()
+        return any(now - t < self.expect_s for t in self._expected.values())
 
     def close(self) -> None:
         """No more registrations will come (the Tune experiment ended): finished as soon as
@@ -131,7 +158,7 @@ class RegistrationSource:
 
     def _ready(self) -> bool:
         waiting = len(self._configs) > len(self._asked)
-        return waiting and self._clock() - self._last >= self.settle_s
+        return waiting and self._clock() - self._last >= self.settle_s and not self._awaited()
 
     def ask(self, n: int) -> list[LoRAConfig]:
         with self._lock:
@@ -151,7 +178,7 @@ class RegistrationSource:
         with self._lock:
             if not self._closed:
                 idle = self._clock() - self._last >= self.linger_s
-                every = len(self._asked) == len(self._configs)
+                every = len(self._asked) == len(self._configs) and not self._awaited()
                 self._closed = idle and every and self._ended >= set(self._asked)
             return self._closed
 

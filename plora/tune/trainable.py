@@ -136,6 +136,16 @@ def release_services(timeout_s: float = 60.0) -> None:
     _SERVICES.clear()  # the last handles: Ray ends an actor no handle refers to
 
 
+def announce_trials(trial_ids: list[str], experiment_dir: str) -> None:
+    """Tell this driver's sweeps that Tune added these trials to ``experiment_dir`` and is
+    starting them (:class:`~plora.tune.scheduler.PLoRAScheduler` calls it from
+    ``on_trial_add``): their configs are planned together with the first ones to register, not
+    after a quiet time that a busy machine outlasts. The sweep of another experiment ignores
+    them."""
+    for service in _SERVICES.values():
+        service.expect.remote(list(trial_ids), experiment_dir)
+
+
 def _release_ended() -> None:
     """Let go of the services of earlier :func:`plora_trainable` calls whose sweep ran and
     ended (every config ended and ``linger_s`` passed: that Tuner is done), so a notebook that
@@ -259,4 +269,10 @@ def _finish(
     tune.report(final, checkpoint=checkpoint)
 
 
-__all__ = ["PENDING_TRIALS", "PROXY_CPUS", "plora_trainable", "release_services"]
+__all__ = [
+    "PENDING_TRIALS",
+    "PROXY_CPUS",
+    "announce_trials",
+    "plora_trainable",
+    "release_services",
+]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -30,6 +31,14 @@ class Trial:
     trial_id: str
     storage: object = None
     config: dict = field(default_factory=dict)
+    status: str = "PENDING"
+
+
+def tune_storage(path: Path) -> SimpleNamespace:
+    """A Tune trial's storage as the wrapper reads it: the driver's staging directory (its
+    state file) and the experiment directory (``path / "exp"``)."""
+    return SimpleNamespace(experiment_driver_staging_path=str(path),
+                           experiment_fs_path=str(path / "exp"))  # fmt: skip
 
 
 class Relay:
@@ -79,7 +88,7 @@ def drive(sched: PLoRAScheduler, trials: list[Trial], steps: range) -> list[tupl
 
 
 def test_stop_becomes_a_stop_of_that_adapter_and_tune_continues(relay, tmp_path) -> None:
-    storage = SimpleNamespace(experiment_driver_staging_path=str(tmp_path))
+    storage = tune_storage(tmp_path)
     trials = [Trial(t, storage) for t in "abcd"]
     sched = PLoRAScheduler(asha())
     for t in trials:
@@ -100,16 +109,14 @@ def test_stop_becomes_a_stop_of_that_adapter_and_tune_continues(relay, tmp_path)
 
 
 def test_restored_state_decides_exactly_as_the_uninterrupted_scheduler(relay, tmp_path) -> None:
-    trials = [
-        Trial(t, SimpleNamespace(experiment_driver_staging_path=str(tmp_path / "x"))) for t in LOSS
-    ]
+    trials = [Trial(t, tune_storage(tmp_path / "x")) for t in LOSS]
     whole = PLoRAScheduler(asha())
     for t in trials:
         whole.on_trial_add(None, t)
     reference = drive(whole, trials, range(1, 9))
 
     (tmp_path / "y").mkdir()
-    storage = SimpleNamespace(experiment_driver_staging_path=str(tmp_path / "y"))
+    storage = tune_storage(tmp_path / "y")
     trials = [Trial(t.trial_id, storage) for t in trials]
     first = PLoRAScheduler(asha())
     for t in trials:
@@ -180,7 +187,7 @@ def test_a_median_rule_pause_pauses_the_adapter_and_a_later_result_resumes_it(re
 def test_a_trial_stopped_while_paused_stops_its_adapter_and_the_state_keeps_pauses(
     relay, tmp_path
 ) -> None:
-    storage = SimpleNamespace(experiment_driver_staging_path=str(tmp_path))
+    storage = tune_storage(tmp_path)
     rule = MedianStoppingRule(time_attr="adapter_step", metric="loss", mode="min",
                               grace_period=1, min_samples_required=1, hard_stop=False)  # fmt: skip
     sched = PLoRAScheduler(rule)
@@ -273,3 +280,40 @@ def test_registration_source_settles_lingers_and_merges_restored_configs() -> No
     again.add(lora(3))  # a trial registered before the resumed coordinator restored its state
     again.set_state(state)
     assert [c.config_id for c in again.ask(10)] == ["c03"] and not again.is_finished()
+
+
+def test_registration_source_waits_for_announced_configs_then_settles() -> None:
+    """Trials Tune added (announced) are planned with the first ones to register, however long
+    their start takes; one that never registers is waited for ``expect_s`` at most."""
+    now = [0.0]
+    src = RegistrationSource(settle_s=1.0, linger_s=5.0, expect_s=60.0, clock=lambda: now[0])
+    src.expect(["c00", "c01", "c02"])
+    src.add(lora(0))
+    now[0] = 30.0  # long settled, but c01 and c02 are still starting
+    assert src.ask(10) == [] and not src.has_waiting()
+    src.add(lora(1))
+    src.add(lora(2))
+    assert src.ask(10) == []  # every announced one is here: settling from the last
+    now[0] = 31.0
+    assert [c.config_id for c in src.ask(10)] == ["c00", "c01", "c02"]
+    src.expect(["c01", "c03"])  # a registered one announced again is not awaited
+    for cid in ("c00", "c01", "c02"):
+        src.tell(cid, {})
+    now[0] = 40.0
+    assert not src.is_finished()  # c03 is still starting: not finished however long the idle
+    now[0] = 31.0 + 60.0
+    assert src.is_finished()  # c03 never came: not waited for past expect_s
+
+
+def test_trials_tune_will_start_are_announced_to_their_sweep(monkeypatch, tmp_path) -> None:
+    """``on_trial_add`` announces a pending trial to the sweeps of this driver (with its
+    experiment directory); a trial restored finished or paused will not register: not announced."""
+    import plora.tune.trainable as trainable
+
+    calls: list[tuple[list[str], str]] = []
+    monkeypatch.setattr(trainable, "announce_trials", lambda ids, d: calls.append((ids, d)))
+    sched = PLoRAScheduler(asha())
+    storage = tune_storage(tmp_path)
+    for tid, status in (("a", "PENDING"), ("b", "TERMINATED"), ("c", "PAUSED")):
+        sched.on_trial_add(None, Trial(tid, storage=storage, status=status))
+    assert calls == [(["a"], str(tmp_path / "exp"))]
