@@ -10,6 +10,7 @@ trained on one GPU (bf16: within the tolerance of the other NCCL tests). Needs t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -67,11 +68,22 @@ def _sweep_story(out: Path) -> str:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy", ["tp", "pp"])
-def test_a_killed_rank_of_a_d2_job_resumes_from_its_checkpoint(strategy, tmp_path) -> None:
+def test_a_killed_rank_of_a_d2_job_resumes_from_its_checkpoint(
+    strategy, tmp_path, monkeypatch
+) -> None:
     ray = pytest.importorskip("ray")
+    import test_parallel_jobs
     from _engine_testlib import adapter_rel_err
     from safetensors.torch import load_file
-    from test_parallel_jobs import CONFIGS, EVERY, STEPS, _forcing_d2, _reference
+    from test_parallel_jobs import EVERY, STEPS, _forcing_d2, _reference
+
+    # One row per step: the planner may cut a config's batch into micro-batches until it fits
+    # one GPU, and with the ray tests' batches of 2 and 3 rows the memory that forces d = 2 at
+    # full batches let one-row micro-batches fit d = 1 (H200, 2026-11-28: the tp sweep planned
+    # both configs at d = 1, so no rank 1 existed; pp's retry re-planned its other config at
+    # d = 1). A batch of one row has no smaller micro-batch.
+    CONFIGS = [dataclasses.replace(c, batch_size=1) for c in test_parallel_jobs.CONFIGS]
+    monkeypatch.setattr(test_parallel_jobs, "CONFIGS", CONFIGS)
 
     from plora.config import Strategy
     from plora.runtime.driver import RunOptions, run_sweep
@@ -79,6 +91,7 @@ def test_a_killed_rank_of_a_d2_job_resumes_from_its_checkpoint(strategy, tmp_pat
     from plora.sweepdir.store import SweepStore
 
     sweep, cost = _forcing_d2(Strategy(strategy), "H100")
+    assert all(cost.micro_batches_to_fit([c], 1) is None for c in CONFIGS)
     ref_dir = tmp_path / "ref"
     _, ref_results = _reference(sweep, ref_dir)  # one GPU, bf16 autocast
     torch.cuda.empty_cache()

@@ -50,11 +50,14 @@ def _adapters(root: Path) -> dict[str, dict[str, torch.Tensor]]:
 def one_gpu(tmp_path_factory):
     """The one-GPU engine's adapters and results, as a sweep runs it, and the spread: the
     worst distance over the adapters between that run and one with the other kernels."""
+    from plora.config import CudaGraphs
+    from plora.config.fused import FusedKernels
     from plora.engine.api import EngineSpec
     from plora.engine.run import PackSession
 
+    other = {"cuda_graphs": CudaGraphs.OFF, "fused_kernels": FusedKernels.OFF}
     runs = {}
-    for name, options in (("sweep", {}), ("other", {"cuda_graphs": "off", "fused_kernels": "off"})):
+    for name, options in (("sweep", {}), ("other", other)):
         out = tmp_path_factory.mktemp(f"one-{name}")
         session = PackSession(EngineSpec(**SPEC, **options))
         results = {}
