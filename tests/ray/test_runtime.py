@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from packfn import PackFnEngine
+from waits import driver_actors_gone
 
 from plora.config import LoRAConfig, SweepConfig
 from plora.runtime.driver import RunOptions, run_sweep
@@ -205,7 +206,7 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
     done_before = {c for c, s in state["status"].items() if s == "done"}
     killed_at = state["elapsed_s"]
     sweep = tiny_sweep(num_gpus=1, name="resumetest")
-    time.sleep(1.0)  # let Ray reap the dead driver's actors and placement groups
+    driver_actors_gone("plora-resumetest-")
     summary = run_sweep(
         None, out, resume=True, cost=cost_of(sweep), source=StaticSource(configs(6, steps=30)),
         options=RunOptions(engine=PackFnEngine, checkpoint_every=5, refill=False, ask_batch=2),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from tune_helpers import HERE, ROOT, trainable_for
+from waits import driver_actors_gone
 
 from plora.sweepdir.store import SweepStore
 
@@ -82,7 +83,7 @@ def _kill_mid_sweep(storage: Path, address: str) -> bool:
         err.close()
     # the scheduler's state reaches Tune's sync whole (its temporary is written elsewhere)
     assert "Last sync command failed" not in (storage / "driver.err").read_text()
-    time.sleep(1.0)  # let Ray reap the dead driver's actors and placement groups
+    driver_actors_gone("plora-tune-restoretest-")
     return bool(unended)
 
 

@@ -184,12 +184,26 @@ def test_concurrent_builders_build_once(tmp_path, monkeypatch):
     monkeypatch.setattr(tiny_mod, "PRETRAIN_STEPS", 3)
     monkeypatch.setenv("PLORA_CACHE_DIR", str(tmp_path))
     build, builds = tiny_mod._pretrained_model, []
+    complete, missing = tiny_mod._complete, set()
+    both_arrived = threading.Event()
+
+    def seen_complete(path):
+        done = complete(path)
+        if not done:  # a caller that found no model: it builds, or waits for the builder
+            missing.add(threading.get_ident())
+            if len(missing) == 2:
+                both_arrived.set()
+        return done
 
     def slow_build(*args):
         builds.append(threading.get_ident())
-        time.sleep(0.5)  # the other caller arrives while this one builds
+        # the other caller has found no model either (it waits on the lock), however late
+        # its thread started on a busy machine; then it waits the 0.5 s this build takes
+        assert both_arrived.wait(timeout=120)
+        time.sleep(0.5)
         return build(*args)
 
+    monkeypatch.setattr(tiny_mod, "_complete", seen_complete)
     monkeypatch.setattr(tiny_mod, "_pretrained_model", slow_build)
     spent: list[float] = []
     before = tiny_mod.build_seconds()

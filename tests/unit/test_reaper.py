@@ -13,12 +13,16 @@ import psutil
 
 DRIVER = """
 import subprocess, sys, time
+import psutil
 from plora.runtime.reaper import start_reaper
 reaper = start_reaper(interval_s=0.1, grace_s=1.0)
 # a child that starts a grandchild, as the raylet starts Ray's agents
 child = subprocess.Popen([sys.executable, "-c",
     "import subprocess, sys, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"])
-time.sleep(1.0)  # the watchdog records the tree
+deadline = time.monotonic() + 120  # the grandchild is up (two process starts on a busy box)
+while not psutil.Process(child.pid).children() and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(1.0)  # ten of the watchdog's 0.1 s rounds: it records the whole tree
 print(reaper.process.pid, flush=True)
 if sys.argv[1] == "release":
     reaper.release()
