@@ -1,7 +1,8 @@
-"""One line of a pytest junit file: ``N passed, F failed, E errors, S skipped`` and each skip's
-reason (and each failure's test), as ``benchmarks/results/gpu-tier-<kind>-<date>.txt`` keeps it.
+"""One line over pytest junit files: ``N passed, F failed, E errors, S skipped``, then each
+skip's reason and each failure's test, as ``benchmarks/results/gpu-tier-<kind>-<date>.txt``
+keeps it. A file that is missing (its pytest never finished) is named and counted as an error.
 
-    python scripts/junit_summary.py gpu-tier.xml
+    python scripts/junit_summary.py gpu-tier-side.xml gpu-tier-one.xml gpu-tier-two.xml
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
-def summarize(path: Path) -> str:
-    """The summary of the junit file at ``path`` (every test case counted once)."""
-    passed, failed, errors, skipped = [], [], [], []
-    for case in ET.parse(path).getroot().iter("testcase"):
+def summarize(paths: list[Path]) -> str:
+    """The summary of the junit files at ``paths`` (every test case counted once)."""
+    passed: list[str] = []
+    failed: list[str] = []
+    errors = [f"{p} (no junit file: its pytest did not finish)" for p in paths if not p.exists()]
+    skipped: list[str] = []
+    cases = (c for p in paths if p.exists() for c in ET.parse(p).getroot().iter("testcase"))
+    for case in cases:
         name = f"{case.get('classname', '')}::{case.get('name', '')}"
         kinds = {child.tag: child for child in case}
         if "error" in kinds:
@@ -35,7 +40,7 @@ def summarize(path: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("junit", type=Path)
+    parser.add_argument("junit", type=Path, nargs="+")
     args = parser.parse_args()
     print(summarize(args.junit))
 
