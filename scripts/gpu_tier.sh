@@ -13,7 +13,7 @@
 #   2. the two-GPU tests (NCCL equivalence, resident d = 2 sessions, the killed rank under Ray).
 # On one GPU, one process runs them all (the two-GPU ones skip with their reason).
 #
-# Writes $OUT/env.txt, $OUT/gpu-tier-PART.log (with the slowest tests), $OUT/gpu-tier-PART.xml
+# Writes $OUT/env.txt, $OUT/gpu-tier-PART.log (passing tests' output too: measured spreads and fits; the slowest tests), $OUT/gpu-tier-PART.xml
 # (junit), $OUT/gpu-tier.txt (scripts/junit_summary.py over every part: the counts, each skip's
 # reason, each failure; then the wall time): 8 files, what a device call brings back; with
 # MULTIGPU=1 $OUT/multigpu.json and $OUT/multigpu.log. Exit status: 0 when
@@ -34,7 +34,7 @@ part() {  # part NAME GPUS FILES...: one pytest process, its log and junit under
   local name=$1 gpus=$2; shift 2
   local left=$(( deadline - $(date +%s) ))
   (cd /tmp/plora-tests && CUDA_VISIBLE_DEVICES=$gpus timeout "$left" python3 -m pytest -q -m gpu \
-     "$@" -p no:cacheprovider --durations=15 --junitxml="$OUT/gpu-tier-$name.xml" \
+     "$@" -p no:cacheprovider -rP --durations=15 --junitxml="$OUT/gpu-tier-$name.xml" \
      ${PYTEST_ARGS:-}) > "$OUT/gpu-tier-$name.log" 2>&1
   local status=$?
   echo "part $name (GPUs $gpus): pytest exit $status at $(( $(date +%s) - start )) s"
