@@ -13,11 +13,12 @@
 #   2. the two-GPU tests (NCCL equivalence, resident d = 2 sessions, the killed rank under Ray).
 # On one GPU, one process runs them all (the two-GPU ones skip with their reason).
 #
-# Writes $OUT/env.txt, $OUT/gpu-tier-PART.log (the passing tests' output too: measured spreads
-# and fits; the slowest tests), $OUT/gpu-tier-PART.xml (junit), $OUT/gpu-tier.txt (scripts/junit_summary.py over every part: the counts, each skip's
-# reason, each failure; then the wall time): 8 files, what a device call brings back; with
-# MULTIGPU=1 $OUT/multigpu.json and $OUT/multigpu.log. Exit status: 0 when
-# every part passed (the benchmark's failures are rows of its JSON).
+# Writes $OUT/env.txt; per part $OUT/gpu-tier-PART.log (the passing tests' output too: measured
+# spreads and fits; the slowest tests) and $OUT/gpu-tier-PART.xml (junit); $OUT/gpu-tier.txt
+# (scripts/junit_summary.py over every part: the counts, each skip's reason, each failure; then
+# the wall time): 8 files, what a device call brings back. With MULTIGPU=1 also
+# $OUT/multigpu.json and $OUT/multigpu.log. Exit status: 0 when every part passed (the
+# benchmark's failures are rows of its JSON).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 ROOT=$(pwd)
