@@ -29,10 +29,13 @@ from typing import Any
 
 from plora.config import SweepConfig
 from plora.runtime.driver import RunOptions, run_sweep
-from plora.sweepdir.schema import STATE_JSON
+from plora.sweepdir.schema import STATE_JSON, ConfigStatus
+from plora.sweepdir.store import SweepStore
 from plora.tune.source import RegistrationSource
 from plora.tune.space import config_from_tune
 
+ENDED = frozenset({ConfigStatus.DONE, ConfigStatus.STOPPED, ConfigStatus.FAILED})
+"""A config's statuses once it ended for good (a paused one will train again)."""
 SWEEP_SUBDIR = "plora"
 """The sweep directory's name inside the Tune experiment directory."""
 
@@ -82,9 +85,12 @@ class TuneService:
 
     def register(
         self, params: dict[str, Any], trial_id: str, experiment_dir: str
-    ) -> tuple[str, str, int]:
-        """Register a trial's config; returns ``(config_id, relay actor name, max_steps)``
-        (``max_steps`` 0 for a config trained by epochs).
+    ) -> tuple[str, str, int, dict[str, Any] | None]:
+        """Register a trial's config; returns ``(config_id, relay actor name, max_steps,
+        result)`` (``max_steps`` 0 for a config trained by epochs). ``result`` is the config's
+        results row when it already ended in an earlier run of this service (its trial missed
+        the result before that run ended: a proxy descheduled past ``linger_s``); no run is
+        started for it, as a new one would end as soon, again before the trial read it.
 
         Raises:
             ConfigError: ``params`` is not a point of the sweep's space (one line, the key).
@@ -101,13 +107,17 @@ class TuneService:
                     f"{experiment_dir}: give each Tuner its own plora_trainable(...)"
                 )
             self._out = out
+            steps = int(config.max_steps or 0)
             if self._source is None or not self._source.add(config):
                 if self._thread is not None:
                     self._thread.join()  # the last run is ending: its source refused
+                ended = _ended_row(out, config.config_id) if self._runs else None
+                if ended is not None:
+                    return config.config_id, self._relay, steps, ended
                 self._start()
                 assert self._source is not None
                 self._source.add(config)
-            return config.config_id, self._relay, int(config.max_steps or 0)
+            return config.config_id, self._relay, steps, None
 
     def expect(self, trial_ids: list[str], experiment_dir: str) -> None:
         """Trials Tune added to ``experiment_dir`` and is starting: their configs are planned
@@ -181,6 +191,21 @@ class TuneService:
         self._thread = threading.Thread(target=run, name=f"{prefix}-sweep", daemon=True)
         self._thread.start()
         started.wait()
+
+
+def _ended_row(out: Path, config_id: str) -> dict[str, Any] | None:
+    """``config_id``'s row of the sweep's ``results.parquet`` when it ended (done, stopped or
+    failed; a paused config has not), paths resolved and missing values None."""
+    import pandas as pd
+
+    res = SweepStore(out).read_results()
+    if res.empty or "config_id" not in res:
+        return None
+    rows = res[res["config_id"] == config_id]
+    if rows.empty or rows.iloc[-1]["status"] not in ENDED:
+        return None
+    return {k: None if pd.api.types.is_scalar(v) and pd.isna(v) else v
+            for k, v in rows.iloc[-1].to_dict().items()}  # fmt: skip
 
 
 def _fields(options: RunOptions) -> dict[str, Any]:

@@ -201,21 +201,27 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
             "release_services() (or a later plora_trainable() call) let it go; pass a new "
             "plora_trainable(...) to the Tuner (or to Tuner.restore)"
         ) from None
-    registered: Any = ray.get(service.register.remote(config, trial_id, _experiment_dir()))
-    config_id, relay_name, max_steps = registered
+
+    def register() -> Any:
+        """``(config_id, relay name, max_steps, result if it ended)``: TuneService.register."""
+        return ray.get(service.register.remote(config, trial_id, _experiment_dir()))
+
+    config_id, relay_name, max_steps, ended = register()
     last_step, last = 0, dict[str, Any]()
-    relay = None
+    relay: Any = None
     wait_s = poll_s
     while True:
+        if ended is not None:  # it ended in a run of the sweep that ended before we read it
+            _finish(ended, last, config_id=config_id, relay_name=relay_name)
+            return
         if relay is None:
             try:
                 relay = ray.get_actor(relay_name)
             except ValueError:  # the sweep is starting (or restarting): ask again
                 time.sleep(poll_s)
-                config_id, relay_name, max_steps = ray.get(
-                    service.register.remote(config, trial_id, _experiment_dir())
-                )
+                config_id, relay_name, max_steps, ended = register()
                 continue
+            wait_s = poll_s  # a new run of the sweep: its first rows may come at once
             # this trial runs (again): a config its scheduler paused is queued again and
             # continues where it left (a config that is not paused is left as it is)
             # (the steps a run of this trial before a pause reported are not reported again)
@@ -229,6 +235,7 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
             rows, result = ray.get(relay.history.remote(config_id, last_step))
         except ray.exceptions.RayActorError:  # that run of the sweep ended: register again
             relay = None
+            config_id, relay_name, max_steps, ended = register()
             continue
         for m in rows:
             last = {

@@ -32,7 +32,7 @@ def test_a_waiting_proxy_backs_off_and_a_training_one_reads_at_poll_s(monkeypatc
     relay = SimpleNamespace(
         resume_config=_call(0), history=SimpleNamespace(remote=lambda cid, last: next(answers))
     )
-    service = SimpleNamespace(register=_call(("t-x", "relay", 2)))
+    service = SimpleNamespace(register=_call(("t-x", "relay", 2, None)))
     monkeypatch.setattr(ray, "get_actor", lambda name: service if name == "svc" else relay)
     monkeypatch.setattr(ray, "get", lambda ref: ref)
     monkeypatch.setattr(trainable, "_experiment_dir", lambda: "/exp")
@@ -45,3 +45,37 @@ def test_a_waiting_proxy_backs_off_and_a_training_one_reads_at_poll_s(monkeypatc
     trainable._follow({}, service_name="svc", poll_s=0.2)
     assert [r["adapter_step"] for r in reports] == [1, 2, 2] and reports[-1]["status"] == "done"
     assert waits == pytest.approx([0.4, 0.8, 1.0, 1.0, 1.0, 0.2, 0.2, 0.4, 0.8])
+
+
+def test_a_proxy_whose_sweep_run_ended_unread_gets_its_result_at_registration(monkeypatch) -> None:
+    """The run of the sweep ended (its relay gone) before the proxy read its config's result:
+    registering again answers with the result (no new run), and the trial ends with it."""
+    import ray
+    from ray import tune
+
+    def gone(*a, **k):
+        raise ray.exceptions.RayActorError()
+
+    # the relay answers the resume, then its run ends before the history read
+    relays = iter([SimpleNamespace(resume_config=_call(0), history=SimpleNamespace(remote=gone))])
+
+    def get_actor(name):
+        if name == "svc":
+            return service
+        relay = next(relays, None)
+        if relay is None:
+            raise ValueError(f"no actor {name}")
+        return relay
+
+    ended = {"status": "done", "steps": 2, "eval_loss": 0.5, "adapter_path": None}
+    registrations = iter([("t-x", "relay-r1", 2, None), ("t-x", "relay-r1", 2, ended)])
+    service = SimpleNamespace(register=SimpleNamespace(remote=lambda *a: next(registrations)))
+    monkeypatch.setattr(ray, "get_actor", get_actor)
+    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    monkeypatch.setattr(trainable, "_experiment_dir", lambda: "/exp")
+    monkeypatch.setattr(tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "x"))
+    reports: list[dict] = []
+    monkeypatch.setattr(tune, "report", lambda m, checkpoint=None: reports.append(m))
+    monkeypatch.setattr(trainable, "time", SimpleNamespace(sleep=lambda s: None))
+    trainable._follow({}, service_name="svc", poll_s=0.2)
+    assert [(r["status"], r["steps"], r["eval_loss"]) for r in reports] == [("done", 2, 0.5)]
