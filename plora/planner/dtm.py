@@ -11,7 +11,8 @@ principle of §6.2 and Eq. 13 instead: the policy of **maximum concurrent throug
 ``Σ_j v(pack_j) / T(pack_j)`` (ties: the first found, which explores better per-GPU
 throughput first). That is the quantity the job planner (Alg. 2) is built to keep high.
 
-Search: depth-first, children in order of per-GPU throughput ``F(d, K) / d``; memoized on
+Search: depth-first (on an explicit stack: a policy's jobs nest as deep as there are jobs),
+children in order of per-GPU throughput ``F(d, K) / d``; memoized on
 (GPUs left, multiset of configs left — the per-class counts) and pruned with the bound
 ``value(g, K) <= g · max_{d <= g} F(d, K) / d`` (each job ``j`` of any policy has
 ``F_j <= F(d_j, K) <= d_j · max_d F(d, K) / d``, and ``Σ d_j <= g``); ``F(d, K) / d`` is
@@ -31,6 +32,7 @@ while that raises the throughput; Alg. 1 alone would leave those GPUs idle.
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,6 +226,34 @@ class DTM:
         )
 
     def _solve(self, g: int, counts: tuple[int, ...], cap: float) -> Policy:
+        """:meth:`_search` from ``(g, counts, cap)``, its sub-problems on an explicit stack.
+
+        A policy of ``n`` jobs is a chain of ``n`` nested sub-problems: on 1,024 GPUs with
+        one-GPU jobs that is more than Python's recursion limit (``RecursionError`` at 5,000 x
+        1,024, 2026-11-28). Each sub-problem is a generator that yields the sub-problem it needs
+        and receives its policy; this loop runs them in the order the recursion did.
+        """
+        stack = [self._search(g, counts, cap)]
+        reply: Policy | None = None  # None: start the generator on top
+        while True:
+            top = stack[-1]
+            try:
+                sub = next(top) if reply is None else top.send(reply)
+            except StopIteration as done:
+                stack.pop()
+                policy: Policy = done.value
+                if not stack:
+                    return policy
+                reply = policy
+            else:
+                stack.append(self._search(*sub))
+                reply = None
+
+    def _search(
+        self, g: int, counts: tuple[int, ...], cap: float
+    ) -> Generator[tuple[int, tuple[int, ...], float], Policy, Policy]:
+        """The best policy on ``g`` GPUs for ``counts`` (see the module): yields each
+        sub-problem ``(g', counts', cap)`` it needs and is sent that sub-problem's policy."""
         if g <= 0 or not any(counts):
             return EMPTY
         key = (g, counts, cap)
@@ -267,7 +297,7 @@ class DTM:
             if best.packs and pack.ratio + (g - d) * rho <= best.throughput * (1 + _TOL):
                 continue
             rest = tuple(c - t for c, t in zip(counts, pack.take, strict=True))
-            sub = self._solve(g - d, rest, cap)
+            sub = yield (g - d, rest, cap)
             cand = Policy(
                 packs=(pack, *sub.packs),
                 throughput=pack.ratio + sub.throughput,
