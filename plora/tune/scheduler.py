@@ -171,8 +171,8 @@ class PLoRAScheduler(TrialScheduler):
 
     def _announce(self, trial: Any) -> None:
         """A trial Tune will start (not one restored finished or paused): its sweep plans it
-        with the trials that start before it (:func:`plora.tune.trainable.announce_trials`)."""
-        from plora.tune.trainable import announce_trials
+        with the trials that start before it (:func:`plora.tune.services.announce_trials`)."""
+        from plora.tune.services import announce_trials
 
         storage = getattr(trial, "storage", None)
         if storage is not None and getattr(trial, "status", None) == "PENDING":

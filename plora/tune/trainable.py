@@ -52,6 +52,7 @@ from typing import Any
 
 from plora.config import ConfigError, SweepConfig
 from plora.sweepdir.schema import ConfigStatus
+from plora.tune.services import SERVICES as _SERVICES
 
 PROXY_CPUS = 0.01
 """The CPU share a proxy trial asks for (Tune refuses an all-zero request)."""
@@ -62,9 +63,6 @@ IDLE_POLL_S = 1.0
 the wait doubles from ``poll_s`` each empty read and drops back at the next new step. Sixteen
 queued proxies reading 5 times a second took 0.9 of a core of a 2-core box (examples/tune_asha.py,
 2026-11-28), beside the one worker that trained."""
-
-_SERVICES: dict[str, Any] = {}
-"""The services this driver created, by name: a Ray actor lives while a handle to it does."""
 
 
 def plora_trainable(
@@ -140,16 +138,6 @@ def release_services(timeout_s: float = 60.0) -> None:
             with contextlib.suppress(Exception):  # a service already gone has nothing to end
                 ray.get(service.finish.remote(timeout_s), timeout=timeout_s + 5)
     _SERVICES.clear()  # the last handles: Ray ends an actor no handle refers to
-
-
-def announce_trials(trial_ids: list[str], experiment_dir: str) -> None:
-    """Tell this driver's sweeps that Tune added these trials to ``experiment_dir`` and is
-    starting them (:class:`~plora.tune.scheduler.PLoRAScheduler` calls it from
-    ``on_trial_add``): their configs are planned together with the first ones to register, not
-    after a quiet time that a busy machine outlasts. The sweep of another experiment ignores
-    them."""
-    for service in _SERVICES.values():
-        service.expect.remote(list(trial_ids), experiment_dir)
 
 
 def _release_ended() -> None:
@@ -287,7 +275,6 @@ def _finish(
 __all__ = [
     "PENDING_TRIALS",
     "PROXY_CPUS",
-    "announce_trials",
     "plora_trainable",
     "release_services",
 ]

@@ -308,10 +308,10 @@ def test_registration_source_waits_for_announced_configs_then_settles() -> None:
 def test_trials_tune_will_start_are_announced_to_their_sweep(monkeypatch, tmp_path) -> None:
     """``on_trial_add`` announces a pending trial to the sweeps of this driver (with its
     experiment directory); a trial restored finished or paused will not register: not announced."""
-    import plora.tune.trainable as trainable
+    import plora.tune.services as services
 
     calls: list[tuple[list[str], str]] = []
-    monkeypatch.setattr(trainable, "announce_trials", lambda ids, d: calls.append((ids, d)))
+    monkeypatch.setattr(services, "announce_trials", lambda ids, d: calls.append((ids, d)))
     sched = PLoRAScheduler(asha())
     storage = tune_storage(tmp_path)
     for tid, status in (("a", "PENDING"), ("b", "TERMINATED"), ("c", "PAUSED")):
