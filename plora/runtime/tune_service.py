@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from plora.config import SweepConfig
+from plora.engine.reports import StepMetrics
 from plora.runtime.driver import RunOptions, run_sweep
 from plora.sweepdir.schema import STATE_JSON, ConfigStatus
 from plora.sweepdir.store import SweepStore
@@ -84,13 +85,14 @@ class TuneService:
         self._announced: dict[Path, list[str]] = {}  # expect() before the first registration
 
     def register(
-        self, params: dict[str, Any], trial_id: str, experiment_dir: str
-    ) -> tuple[str, str, int, dict[str, Any] | None]:
+        self, params: dict[str, Any], trial_id: str, experiment_dir: str, after_step: int = 0
+    ) -> tuple[str, str, int, tuple[dict[str, Any], list[StepMetrics]] | None]:
         """Register a trial's config; returns ``(config_id, relay actor name, max_steps,
-        result)`` (``max_steps`` 0 for a config trained by epochs). ``result`` is the config's
-        results row when it already ended in an earlier run of this service (its trial missed
-        the result before that run ended: a proxy descheduled past ``linger_s``); no run is
-        started for it, as a new one would end as soon, again before the trial read it.
+        ended)`` (``max_steps`` 0 for a config trained by epochs). ``ended`` is, when the config
+        already ended in an earlier run of this service, its results row and its steps past
+        ``after_step`` (the trial's last reported one), from the sweep directory: its trial
+        missed them before that run ended (a proxy descheduled past ``linger_s``). No run is
+        started for it, as a new one would end as soon, again before the trial read them.
 
         Raises:
             ConfigError: ``params`` is not a point of the sweep's space (one line, the key).
@@ -111,7 +113,7 @@ class TuneService:
             if self._source is None or not self._source.add(config):
                 if self._thread is not None:
                     self._thread.join()  # the last run is ending: its source refused
-                ended = _ended_row(out, config.config_id) if self._runs else None
+                ended = _ended(out, config.config_id, after_step) if self._runs else None
                 if ended is not None:
                     return config.config_id, self._relay, steps, ended
                 self._start()
@@ -193,19 +195,39 @@ class TuneService:
         started.wait()
 
 
-def _ended_row(out: Path, config_id: str) -> dict[str, Any] | None:
+def _ended(
+    out: Path, config_id: str, after_step: int
+) -> tuple[dict[str, Any], list[StepMetrics]] | None:
     """``config_id``'s row of the sweep's ``results.parquet`` when it ended (done, stopped or
-    failed; a paused config has not), paths resolved and missing values None."""
+    failed; a paused config has not; paths resolved, missing values None) and its steps past
+    ``after_step`` from ``metrics.parquet`` (a step trained twice: its last attempt's)."""
     import pandas as pd
 
-    res = SweepStore(out).read_results()
+    store = SweepStore(out)
+    res = store.read_results()
     if res.empty or "config_id" not in res:
         return None
     rows = res[res["config_id"] == config_id]
     if rows.empty or rows.iloc[-1]["status"] not in ENDED:
         return None
-    return {k: None if pd.api.types.is_scalar(v) and pd.isna(v) else v
-            for k, v in rows.iloc[-1].to_dict().items()}  # fmt: skip
+    result = {k: None if pd.api.types.is_scalar(v) and pd.isna(v) else v
+              for k, v in rows.iloc[-1].to_dict().items()}  # fmt: skip
+    m = store.read_metrics()
+    m = m[(m["config_id"] == config_id) & (m["step"] > after_step)]
+    m = m.sort_values(["step", "attempt"]).drop_duplicates("step", keep="last")
+    steps = [
+        StepMetrics(
+            config_id=config_id,
+            step=int(r.step),
+            loss=float(r.loss),
+            lr=float(r.lr),
+            tokens=int(r.tokens),
+            grad_norm=float(r.grad_norm),
+            time_s=float(r.step_time_s),
+        )
+        for r in m.itertuples()
+    ]
+    return result, steps
 
 
 def _fields(options: RunOptions) -> dict[str, Any]:

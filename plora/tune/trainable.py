@@ -190,17 +190,22 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
             "plora_trainable(...) to the Tuner (or to Tuner.restore)"
         ) from None
 
+    last_step, last = 0, dict[str, Any]()
+
     def register() -> Any:
-        """``(config_id, relay name, max_steps, result if it ended)``: TuneService.register."""
-        return ray.get(service.register.remote(config, trial_id, _experiment_dir()))
+        """``(config_id, relay name, max_steps, ended)``: :meth:`TuneService.register`."""
+        return ray.get(service.register.remote(config, trial_id, _experiment_dir(), last_step))
 
     config_id, relay_name, max_steps, ended = register()
-    last_step, last = 0, dict[str, Any]()
     relay: Any = None
     wait_s = poll_s
     while True:
         if ended is not None:  # it ended in a run of the sweep that ended before we read it
-            _finish(ended, last, config_id=config_id, relay_name=relay_name)
+            result, unread = ended
+            for m in unread:
+                last = _step_report(m, config_id, relay_name, max_steps)
+                tune.report(last)
+            _finish(result, last, config_id=config_id, relay_name=relay_name)
             return
         if relay is None:
             try:
@@ -226,11 +231,7 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
             config_id, relay_name, max_steps, ended = register()
             continue
         for m in rows:
-            last = {
-                "loss": m.loss, "adapter_step": m.step, "lr": m.lr, "grad_norm": m.grad_norm,
-                "tokens": m.tokens, "tokens_per_s": m.tokens / m.time_s if m.time_s > 0 else 0.0,
-                "config_id": config_id, "plora_relay": relay_name, "max_steps": max_steps,
-            }  # fmt: skip
+            last = _step_report(m, config_id, relay_name, max_steps)
             tune.report(last)
             last_step = m.step
         if (
@@ -240,6 +241,15 @@ def _follow(config: dict[str, Any], *, service_name: str, poll_s: float) -> None
             return
         wait_s = poll_s if rows else min(2.0 * wait_s, max(poll_s, IDLE_POLL_S))
         time.sleep(wait_s)
+
+
+def _step_report(m: Any, config_id: str, relay_name: str, max_steps: int) -> dict[str, Any]:
+    """What a proxy reports to Tune for one of its adapter's steps (a ``StepMetrics``)."""
+    return {
+        "loss": m.loss, "adapter_step": m.step, "lr": m.lr, "grad_norm": m.grad_norm,
+        "tokens": m.tokens, "tokens_per_s": m.tokens / m.time_s if m.time_s > 0 else 0.0,
+        "config_id": config_id, "plora_relay": relay_name, "max_steps": max_steps,
+    }  # fmt: skip
 
 
 def _finish(

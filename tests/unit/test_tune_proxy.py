@@ -68,7 +68,10 @@ def test_a_proxy_whose_sweep_run_ended_unread_gets_its_result_at_registration(mo
         return relay
 
     ended = {"status": "done", "steps": 2, "eval_loss": 0.5, "adapter_path": None}
-    registrations = iter([("t-x", "relay-r1", 2, None), ("t-x", "relay-r1", 2, ended)])
+    # step 2 was trained after the proxy's last read: it comes from the sweep directory
+    registrations = iter(
+        [("t-x", "relay-r1", 2, None), ("t-x", "relay-r1", 2, (ended, [_step(2)]))]
+    )
     service = SimpleNamespace(register=SimpleNamespace(remote=lambda *a: next(registrations)))
     monkeypatch.setattr(ray, "get_actor", get_actor)
     monkeypatch.setattr(ray, "get", lambda ref: ref)
@@ -78,4 +81,9 @@ def test_a_proxy_whose_sweep_run_ended_unread_gets_its_result_at_registration(mo
     monkeypatch.setattr(tune, "report", lambda m, checkpoint=None: reports.append(m))
     monkeypatch.setattr(trainable, "time", SimpleNamespace(sleep=lambda s: None))
     trainable._follow({}, service_name="svc", poll_s=0.2)
-    assert [(r["status"], r["steps"], r["eval_loss"]) for r in reports] == [("done", 2, 0.5)]
+    assert [r["adapter_step"] for r in reports] == [2, 2]
+    assert (reports[-1]["status"], reports[-1]["steps"], reports[-1]["eval_loss"]) == (
+        "done",
+        2,
+        0.5,
+    )
