@@ -126,9 +126,10 @@ def assert_layout(layout: dict, shape: tuple, bt_cols: int, fsdp: bool, layers: 
     assert layout["layers_here"] == layers
 
 
-def assert_same_training(got: dict, ref: dict, trained: list[str]) -> None:
+def assert_same_training(got: dict, ref: dict, trained: list[str], *, tol: float = 1e-5) -> None:
     """One rank's run equals the single process's: every step's loss and gradient norm, and
-    the final weights of the ``trained`` adapters, each of which moved B from its zero init."""
+    the final weights of the ``trained`` adapters within ``tol`` (whole-adapter relative error;
+    ``tests/dist/_spread.py`` measures it), each of which moved B from its zero init."""
     assert sorted(got["losses"]) == sorted(ref["losses"])
     for cid in ref["losses"]:
         for part in ("losses", "norms"):
@@ -137,7 +138,7 @@ def assert_same_training(got: dict, ref: dict, trained: list[str]) -> None:
             )
     assert sorted(got["weights"]) == trained
     for cid in trained:
-        assert_same_adapter(got["weights"][cid], ref["weights"][cid])
+        assert_same_adapter(got["weights"][cid], ref["weights"][cid], tol=tol)
         assert any(v.abs().max() > 1e-4 for k, v in got["weights"][cid].items() if "lora_B" in k)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
-from _engine_testlib import adapter_rel_err, assert_same_adapter
+from _engine_testlib import adapter_rel_err
 
 #: The packing contract's tolerance (DESIGN: packed == alone, fp32 CPU, <= 1e-5 relative): a
 #: parallel run is never held to a looser one than its spread justifies, nor a tighter one.
@@ -65,19 +65,3 @@ def reference_spread(
 def weight_tolerance(spread: float) -> float:
     """The contract's 1e-5, or twice the measured ``spread`` when that is larger."""
     return max(CONTRACT, 2.0 * spread)
-
-
-def assert_same_training(got: dict, ref: dict, trained: list[str], *, tol: float) -> None:
-    """``_dist_cases.assert_same_training`` with the weight tolerance ``tol``: every step's
-    loss and gradient norm equal (rtol 1e-5), the ``trained`` adapters' final weights within
-    ``tol`` (whole-adapter relative error), each of which moved B from its zero init."""
-    assert sorted(got["losses"]) == sorted(ref["losses"])
-    for cid in ref["losses"]:
-        for part in ("losses", "norms"):
-            torch.testing.assert_close(
-                torch.tensor(got[part][cid]), torch.tensor(ref[part][cid]), rtol=1e-5, atol=1e-6
-            )
-    assert sorted(got["weights"]) == trained
-    for cid in trained:
-        assert_same_adapter(got["weights"][cid], ref["weights"][cid], tol=tol)
-        assert any(v.abs().max() > 1e-4 for k, v in got["weights"][cid].items() if "lora_B" in k)

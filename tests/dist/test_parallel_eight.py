@@ -21,6 +21,7 @@ from _dist_cases import (
     STEPS,
     Case,
     assert_layout,
+    assert_same_training,
     base_model,
     probe_logits,
     spawn,
@@ -28,7 +29,7 @@ from _dist_cases import (
     trained_ids,
 )
 from _engine_testlib import TOKENIZER, toy_dataset
-from _spread import assert_same_training, reference_spread, weight_tolerance
+from _spread import reference_spread, weight_tolerance
 
 from plora.engine.adapters import adapter_state_dict
 from plora.engine.trainer import PackedTrainer

@@ -24,13 +24,14 @@ from _dist_cases import (
     STEPS,
     Case,
     assert_layout,
+    assert_same_training,
     probe_logits,
     spawn,
     train,
     trained_ids,
 )
 from _engine_testlib import TOKENIZER, assert_same_adapter, tiny_model, toy_dataset
-from _spread import assert_same_training, reference_spread, weight_tolerance
+from _spread import reference_spread, weight_tolerance
 
 from plora.engine.adapters import adapter_state_dict
 from plora.engine.trainer import PackedTrainer
