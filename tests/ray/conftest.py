@@ -25,6 +25,7 @@ def ray_cluster():
     if not ray.is_initialized():
         path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         ray.init(
+            address="local",  # its own cluster, never one that `ray start` (or a Cluster) left
             num_cpus=2,
             num_gpus=8,
             include_dashboard=False,

@@ -46,6 +46,9 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class PackFnEngine:
+    hold_at = 0  # a step at which packs wait for a config to join (see _hold); 0: none
+    hold_s = 0.0
+
     def __init__(self, spec: EngineSpec) -> None:
         global LOADS
         t0 = time.perf_counter()
@@ -109,21 +112,9 @@ class PackFnEngine:
                     hooks.sync()
                 atomic_write_json(ckpt, state)
             if hooks is not None:
-                ctl = hooks.poll()
-                if ctl.abort:
-                    raise RuntimeError("aborted")
-                for cid in ctl.stop:
-                    if state.get(cid, {}).get("status") == "running":
-                        state[cid]["status"] = "stopped"
-                for cid in ctl.pause:
-                    if state.get(cid, {}).get("status") == "running":
-                        save_train_state(pause.paused_dir(request.out_dir, cid),
-                                         {"global_step": state[cid]["step"], "adapters": {},
-                                          "packfn": dict(state[cid])})  # fmt: skip
-                        state[cid]["status"] = "paused"
-                for c in ctl.add:
-                    cfgs[c.config_id] = c
-                    state[c.config_id] = _start(c, request.out_dir)
+                added = self._obey(hooks, request, state, cfgs)
+                if n == self.hold_at and not added:
+                    self._hold(hooks, request, state, cfgs)
         train_s = time.perf_counter() - t_train
         results = {}
         for cid, s in state.items():
@@ -142,6 +133,40 @@ class PackFnEngine:
         return PackOutcome(job_id=request.job_id, results=results,
                            timings=JobTimings(load_s=load_s, start_s=0.001, train_s=train_s, model_loads=self.loads))  # fmt: skip
 
+    def _obey(self, hooks: PackHooks, request: PackRequest, state: dict, cfgs: dict) -> bool:
+        """Apply one poll's control (abort, stop, pause, add); True when configs joined."""
+        ctl = hooks.poll()
+        if ctl.abort:
+            raise RuntimeError("aborted")
+        for cid in ctl.stop:
+            if state.get(cid, {}).get("status") == "running":
+                state[cid]["status"] = "stopped"
+        for cid in ctl.pause:
+            if state.get(cid, {}).get("status") == "running":
+                save_train_state(pause.paused_dir(request.out_dir, cid),
+                                 {"global_step": state[cid]["step"], "adapters": {},
+                                  "packfn": dict(state[cid])})  # fmt: skip
+                state[cid]["status"] = "paused"
+        for c in ctl.add:
+            cfgs[c.config_id] = c
+            state[c.config_id] = _start(c, request.out_dir)
+        return bool(ctl.add)
+
+    def _hold(self, hooks: PackHooks, request: PackRequest, state: dict, cfgs: dict) -> None:
+        """Wait at step ``hold_at`` (obeying control) until a config joins the pack, or another
+        pack paused a config while this one paused none, or every config here has left, or
+        ``hold_s`` passed: a test that needs a pack alive when the coordinator refills the slot
+        of a paused config waits for those events, not for a step time."""
+        deadline = time.monotonic() + self.hold_s
+        paused = Path(request.out_dir) / pause.PAUSED_DIR
+        while time.monotonic() < deadline and any(s["status"] == "running" for s in state.values()):
+            if self._obey(hooks, request, state, cfgs):
+                return
+            mine = any(s["status"] == "paused" for s in state.values())
+            if not mine and paused.is_dir() and any(paused.iterdir()):
+                return
+            time.sleep(0.01)
+
 
 def _start(c, out_dir: str) -> dict:
     """A config's state as it joins: from its paused state when it has one."""
@@ -150,3 +175,11 @@ def _start(c, out_dir: str) -> dict:
         return {**torch.load(path)["packfn"], "status": "running"}
     w = torch.randn(4, generator=torch.Generator().manual_seed(c.seed)).tolist()
     return {"step": 0, "w": w, "loss": None, "status": "running"}
+
+
+class RefillingEngine(PackFnEngine):
+    """Packs wait at step 8 for a refill (see ``PackFnEngine._hold``; up to 120 s): a config
+    paused while others are queued has its slot refilled before its pack could end without it."""
+
+    hold_at = 8
+    hold_s = 120.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from packfn import PackFnEngine
+from packfn import PackFnEngine, RefillingEngine
 from tune_helpers import LRS, cost_of, searched_tuner, tune_sweep
 
 from plora.config import SweepConfig
@@ -51,9 +51,12 @@ def test_hyperband_pauses_adapters_out_of_their_packs_and_resumed_ones_continue_
     # 8 after 1 s of quiet (2026-11-27) and 6 of 8 after 5 s (2026-11-28), the rest starting
     # later. PLoRAScheduler announces each trial Tune adds, and the sweep plans once every
     # announced trial registered (asserted below), however slow their start.
+    # A pause reaches a pack only after Tune saw its trial's result, and a pack of 64 short steps
+    # could end first (a loaded CI run, 2026-11-28, paused nothing while configs were queued, so
+    # nothing was refilled): RefillingEngine's packs wait at step 8 until a queued config joins.
     trainable = plora_trainable(
-        sweep, options=RunOptions(engine=PackFnEngine, calibration_steps=0), cost=cost_of(sweep),
-        settle_s=0.5, linger_s=0.5,
+        sweep, options=RunOptions(engine=RefillingEngine, calibration_steps=0),
+        cost=cost_of(sweep), settle_s=0.5, linger_s=0.5,
     )  # fmt: skip
     # one bracket of 8 trials: milestones at adapter steps 1, 4, 16, 64; keeps 8, 4, 1
     hyperband = HyperBandScheduler(time_attr="adapter_step", max_t=STEPS, reduction_factor=4)
