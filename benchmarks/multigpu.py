@@ -19,12 +19,16 @@ CPU:  python benchmarks/multigpu.py --smoke      (tiny shape, 2 gloo processes, 
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import gc
+import gzip
 import json
 import os
+import shutil
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -87,6 +91,62 @@ def predicted(
     return total, step
 
 
+def _micro_counts(args: argparse.Namespace, strategy: str, k: int, d: int) -> list[int | None]:
+    """The pipeline micro-batch counts to run a pack of ``k`` with: ``--pp-micro``'s (those
+    1F1B can run: at least ``d``, at most one row each), else 2 rows per micro-batch (the bubble
+    filled by the pack's other adapters); ``[None]`` (the trainer's own) for tp and fsdp."""
+    if strategy != "pp":
+        return [None]
+    if args.pp_micro:
+        return [m for m in args.pp_micro if d <= m <= k] or [min(k, max(d, k // 2))]
+    return [min(k, max(d, k // 2))]
+
+
+def _profile_step(step, device: torch.device, out: Path | None, label: str) -> None:
+    """One more step under ``torch.profiler`` on every rank: its wall, the GPU's busy time (the
+    union of kernel intervals, so NCCL overlapping compute counts once), kernel time by kind
+    (``engine_profile.kind``, NCCL apart) and the top host operators, in
+    ``OUT/profile-LABEL-rankR.json``, and the rank's trace as ``...-rankR.trace.json.gz``."""
+    from engine_profile import kind
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    dist.barrier()
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall_s = time.perf_counter() - t0
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_kind: collections.Counter[str] = collections.Counter()
+    for e in kernels:
+        by_kind["NCCL" if "nccl" in e.name.lower() else kind(e.name)] += e.device_time_total / 1e3
+    busy_us, end = 0.0, float("-inf")
+    for start, stop in sorted((e.time_range.start, e.time_range.end) for e in kernels):
+        busy_us += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    host = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:25]
+    rank = dist.get_rank()
+    report = {
+        "label": label, "rank": rank, "wall_ms": wall_s * 1e3, "gpu_busy_ms": busy_us / 1e3,
+        "kernels": len(kernels), "by_kind_ms": dict(by_kind.most_common()),
+        "top_host_ops": [{"name": e.key, "self_ms": e.self_cpu_time_total / 1e3,
+                          "calls": e.count} for e in host],
+    }  # fmt: skip
+    print(f"profile {label} rank {rank}: wall {report['wall_ms']:.0f} ms, GPU busy "
+          f"{report['gpu_busy_ms']:.0f} ms, by kind {json.dumps(report['by_kind_ms'])}",
+          flush=True)  # fmt: skip
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / f"profile-{label}-rank{rank}.json", report)
+        trace = out / f"profile-{label}-rank{rank}.trace.json"
+        prof.export_chrome_trace(str(trace))
+        with open(trace, "rb") as f, gzip.open(f"{trace}.gz", "wb") as g:
+            shutil.copyfileobj(f, g)
+        trace.unlink()
+
+
 def _peak(device: torch.device) -> int:
     """The largest peak allocation over the job's GPUs."""
     if device.type != "cuda":
@@ -112,10 +172,9 @@ def run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, row
     tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0})()
     ceiling = d * spec.flop_ceiling_tokens_per_s(peak, args.seq)
     capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
-    for k in args.packs:
+    cases = [(k, m) for k in args.packs for m in _micro_counts(args, strategy, k, d)]
+    for k, micro in cases:
         cfgs = adapter_configs(k, args.rank)
-        # PP: 2 rows per micro-batch (the bubble filled by the pack's other adapters)
-        micro = min(k, max(d, k // 2)) if strategy == "pp" else None
         pred_b, _ = predicted(spec, cfgs, args.seq, d, strategy, liger=args.liger, ckpt=False,
                               micro=micro)  # fmt: skip
         ckpt = args.checkpointing == "on" or (
@@ -123,8 +182,9 @@ def run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, row
         )
         pred_b, pred_s = predicted(spec, cfgs, args.seq, d, strategy, liger=args.liger, ckpt=ckpt,
                                    micro=micro)  # fmt: skip
-        row = {"model": name, "case": f"{strategy}{d}-packed-{k}", "strategy": strategy, "d": d,
-               "adapters": k, "checkpointing": bool(ckpt), "liger": args.liger}  # fmt: skip
+        label = f"{strategy}{d}-packed-{k}" + (f"-m{micro}" if args.pp_micro and micro else "")
+        row = {"model": name, "case": label, "strategy": strategy, "d": d, "adapters": k,
+               "checkpointing": bool(ckpt), "liger": args.liger, "micro_batches": micro}  # fmt: skip
         trainer, added = None, []
         try:
             if device.type == "cuda":
@@ -144,6 +204,8 @@ def run_strategy(rank, args, name, cfg, spec, strategy, device, dtype, peak, row
                 tokens_per_s=tps, ceiling_fraction=tps / ceiling, step_s=step_s,
                 predicted_step_s=pred_s, peak_gib=peak_b / 2**30, predicted_gib=pred_b / 2**30,
             )  # fmt: skip
+            if args.profile:
+                _profile_step(trainer.step, device, args.out, f"{name.split('/')[-1]}-{label}")
         except Exception as e:
             # the other ranks may wait in a collective this one left: record, save, and end
             # this process (mp.spawn then ends the others) rather than hang until the timeout
@@ -302,6 +364,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--liger", action="store_true", help="Liger-Kernel's fused ops on the base")
     ap.add_argument("--checkpointing", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument(
+        "--pp-micro",
+        type=int,
+        nargs="*",
+        default=[],
+        help="pipeline micro-batch counts to run each pp pack with (default: 2 rows each)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one more step of each case on every rank (JSON and trace to --out)",
+    )
     ap.add_argument("--no-min-gpu", dest="min_gpu", action="store_false")
     ap.add_argument("--timeout-s", type=int, default=300, help="collective timeout")
     ap.add_argument("--smoke", action="store_true", help="tiny shape, gloo on CPU")

@@ -363,10 +363,16 @@ class PackedTrainer:
             exs = [truncate(ex, self.seq_len) for ex in exs]
         return exs
 
-    def _pack(self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[TrainingAdapter]):
+    def _pack_host(
+        self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[TrainingAdapter]
+    ):
+        """``micro``'s rows packed on the host, and each slot's dropout key."""
         step_of = {ad.slot: ad.step for ad in active}
-        pb = pack_micro_batch(micro, self.pad_id)
         keys = {s: (step_of[s], micro[s][0]) for s in micro}
+        return pack_micro_batch(micro, self.pad_id), keys
+
+    def _pack(self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[TrainingAdapter]):
+        pb, keys = self._pack_host(micro, active)
         # Inputs go over pinned and non-blocking; the labels stay on the host, where
         # packed_loss finds the target positions without a device sync.
         inputs = _to_device(pb.input_ids, self.device)

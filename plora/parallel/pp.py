@@ -67,8 +67,10 @@ class _Elsewhere(nn.Module):
 class MicroBatchRouting:
     """What a stage needs of one micro-batch besides the hidden states."""
 
-    attention_mask: torch.Tensor
-    """``(R_mb, S)`` long, 1 on real tokens."""
+    attention_mask: torch.Tensor | None
+    """``(R_mb, S)`` long, 1 on real tokens; ``None``: right-padded rows whose padding is no
+    target, run causally with no mask (SDPA's ``is_causal``: flash attention, and no device sync
+    in transformers' check of the mask, which would stall the host at every micro-batch)."""
     segments: tuple[tuple[int, int, int], ...] | None
     """``(slot, start, stop)`` rows of each adapter in the micro-batch; ``None``: the caller
     routes the rows (``packed_segments`` around the forward, as evaluation does)."""

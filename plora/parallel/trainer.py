@@ -34,7 +34,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from plora.engine import adapters
-from plora.engine.loss import packed_loss
+from plora.engine.loss import _to_device, packed_loss
 from plora.engine.trainer import PackedTrainer
 from plora.parallel.balance import balanced_micro_batches, bin_tokens
 from plora.parallel.dims import MESH_DIMS, ParallelDims
@@ -187,9 +187,11 @@ class ParallelPackedTrainer(PackedTrainer):
         share = self._bins(batches, fsdp)[self.coords["fsdp"]]
         start = {s: o for s, (o, _) in share.items()}
         mine = {s: batches[s][o : o + c] for s, (o, c) in share.items()}
-        # fewer rows than micro-batches (1F1B needs pp of them): the empty bins idle
+        # fewer rows than micro-batches (1F1B needs pp of them): the empty bins idle. The bins
+        # are packed on the host: ids go over once, pinned and non-blocking; labels stay there,
+        # where the loss finds its targets without a device sync
         packs = [
-            self._pack(
+            self._pack_host(
                 {s: (start[s] + o, mine[s][o : o + c]) for s, (o, c) in part.items()}, active
             )
             if part
@@ -206,29 +208,17 @@ class ParallelPackedTrainer(PackedTrainer):
                 # idle: one pad row through an active adapter (so the stage's output needs a
                 # gradient), no target token: it adds exactly zero to every gradient and loss
                 self.idle_micro_batches += 1
-                mask = torch.zeros(r_mb, width, dtype=torch.long)
-                mask[:, 0] = 1
                 routing.append(
-                    MicroBatchRouting(
-                        attention_mask=mask.to(self.device), segments=((active[0].slot, 0, 1),)
-                    )
+                    MicroBatchRouting(attention_mask=None, segments=((active[0].slot, 0, 1),))
                 )
                 continue
             pb, keys = packed
             r, w = pb.input_ids.shape
-            ids[k * r_mb : k * r_mb + r, :w] = pb.input_ids.cpu()
+            ids[k * r_mb : k * r_mb + r, :w] = pb.input_ids
             labels[k * r_mb : k * r_mb + r, :w] = pb.labels
-            mask = torch.zeros(r_mb, width, dtype=torch.long)
-            mask[:r, :w] = pb.attention_mask.cpu()
-            mask[r:, 0] = 1  # pad rows attend to one pad token (no empty softmax)
             segs = tuple((s.slot, s.start, s.stop) for s in pb.segments if s.stop > s.start)
-            routing.append(
-                MicroBatchRouting(
-                    attention_mask=mask.to(self.device),
-                    segments=segs,
-                    dropout_keys=keys,
-                )
-            )
+            # rows are right-padded (pad rows too) and no padding is a target: causal only
+            routing.append(MicroBatchRouting(attention_mask=None, segments=segs, dropout_keys=keys))
         sums_seen: list[dict[int, torch.Tensor]] = []
 
         def loss_fn(hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -242,8 +232,8 @@ class ParallelPackedTrainer(PackedTrainer):
             run_1f1b(
                 self.stage_module,
                 pp_group=self.pp_group,
-                input_ids=ids.to(self.device),
-                labels=labels.to(self.device),
+                input_ids=_to_device(ids, self.device),
+                labels=labels,
                 micro=routing,
                 loss_fn=loss_fn,
             )
