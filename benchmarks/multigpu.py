@@ -94,12 +94,14 @@ def predicted(
 def _micro_counts(args: argparse.Namespace, strategy: str, k: int, d: int) -> list[int | None]:
     """The pipeline micro-batch counts to run a pack of ``k`` with: ``--pp-micro``'s (those
     1F1B can run: at least ``d``, at most one row each), else 2 rows per micro-batch (the bubble
-    filled by the pack's other adapters); ``[None]`` (the trainer's own) for tp and fsdp."""
+    filled by the pack's other adapters; at least ``d``: a pack of fewer rows idles the rest);
+    ``[None]`` (the trainer's own) for tp and fsdp."""
     if strategy != "pp":
         return [None]
+    default = max(d, k // 2)
     if args.pp_micro:
-        return [m for m in args.pp_micro if d <= m <= k] or [min(k, max(d, k // 2))]
-    return [min(k, max(d, k // 2))]
+        return [m for m in args.pp_micro if d <= m <= max(k, d)] or [default]
+    return [default]
 
 
 def _profile_step(step, device: torch.device, out: Path | None, label: str) -> None:
