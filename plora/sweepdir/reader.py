@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from plora.config import ConfigError
 from plora.sweepdir import schema
+from plora.sweepdir.parts import read_table
 
 if TYPE_CHECKING:  # pandas (and pyarrow) load where a frame is built: the driver never waits
     import pandas as pd
@@ -190,7 +191,7 @@ def _read_parquet(path: Path, columns: tuple[str, ...], missing: Missing = None)
     if _absent(path, missing):
         return empty
     try:
-        return pd.read_parquet(path)
+        return read_table(path, columns)  # a file, or a directory of parts (metrics.parquet/)
     except Exception as exc:  # pyarrow raises several types for a corrupt file
         _damaged(path, exc, missing, "re-run or remove the file")
     return empty

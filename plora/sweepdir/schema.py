@@ -11,7 +11,9 @@ module is the one place that says what is in it. Layout (``DIR`` is ``plora swee
     DIR/plan.json           the latest plan; DIR/plans/plan-NNN.json every plan in order
     DIR/decisions.jsonl     one JSON line per coordinator decision (append-only)
     DIR/jobs.parquet        one row per job attempt (:data:`JOB_COLUMNS`)
-    DIR/metrics.parquet     one row per (config, step) (:data:`METRIC_COLUMNS`)
+    DIR/metrics.parquet/    one row per (config, step) (:data:`METRIC_COLUMNS`): a directory of
+                            parts, appended without rewriting (:mod:`plora.sweepdir.parts`;
+                            ``pandas.read_parquet`` reads it as one table)
     DIR/results.parquet     one row per config (:data:`RESULT_COLUMNS`)
     DIR/adapters/<id>/      PEFT adapters; DIR/checkpoints/<job_id>/ train-state checkpoints
     DIR/state.json          coordinator state for ``--resume`` (holds :data:`SCHEMA_VERSION`)
@@ -63,8 +65,9 @@ class JobStatus(StrEnum):
     INTERRUPTED = "interrupted"
 
 
-#: Version of this layout; bump it when a file or column changes meaning.
-SCHEMA_VERSION = 1
+#: Version of this layout; bump it when a file or column changes meaning. 2: ``metrics.parquet``
+#: is a directory of parts (1: one file; read as it is, and made a directory on ``--resume``).
+SCHEMA_VERSION = 2
 
 SWEEP_YAML = "sweep.yaml"
 BASE_MODEL_DIR = "base_model"
@@ -121,8 +124,9 @@ RESULT_DTYPES: dict[str, str] = {
 #: ``metrics.parquet``: one row per (config, optimizer step). A step trained again (a job
 #: resumed from a checkpoint older than its last metrics, a retried config) keeps the row of the
 #: attempt that counts, the latest (``attempt`` names it); ``decisions.jsonl`` records the redone
-#: range (``redo_steps``). Sweep directories written before this held a row per attempt:
-#: ``plora.sweepdir.reader.read_metrics`` keeps the latest of those.
+#: range (``redo_steps``). Its parts may still hold an earlier attempt's row until they are
+#: merged (as sweep directories written before held a row per attempt):
+#: ``plora.sweepdir.reader.read_metrics`` keeps the latest.
 METRIC_DTYPES: dict[str, str] = {
     "config_id": "str",
     "job_id": "str",

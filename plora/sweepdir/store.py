@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from plora.config import ConfigError
 from plora.sweepdir import schema
 from plora.sweepdir.lock import SweepLock, check_not_locked
-from plora.sweepdir.schema import JOB_COLUMNS, METRIC_COLUMNS
+from plora.sweepdir.parts import PartTable, read_table
+from plora.sweepdir.schema import JOB_COLUMNS, METRIC_COLUMNS, METRIC_DTYPES
 from plora.utils import atomic_path, atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:  # pandas (and pyarrow) load on the first table written or read, not with the
@@ -48,8 +49,8 @@ class SweepStore:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._parts: PartTable | None = None
         self._metrics_buffer: list[dict[str, Any]] = []
-        self._metrics: pd.DataFrame | None = None
         self.curves: RowFeed | None = None
         """The live curves (``DIR/tensorboard/``, MLflow, W&B: :mod:`plora.curves`): told every
         metric and result row written here; None: none."""
@@ -86,6 +87,15 @@ class SweepStore:
     @property
     def metrics_parquet(self) -> Path:
         return self.root / schema.METRICS_PARQUET
+
+    @property
+    def _metrics(self) -> PartTable:
+        """``metrics.parquet/``'s parts (re-rooted with the store: :func:`create_sweep_dir`)."""
+        if self._parts is None or self._parts.path != self.metrics_parquet:
+            self._parts = PartTable(
+                self.metrics_parquet, METRIC_COLUMNS, dedupe=["config_id", "step"]
+            )
+        return self._parts
 
     @property
     def results_parquet(self) -> Path:
@@ -140,26 +150,21 @@ class SweepStore:
             self.curves.add_metrics(added)
 
     def flush_metrics(self) -> None:
-        """Rewrite ``metrics.parquet`` with every row so far (atomic): one row per (config,
-        step), a step trained again (a retry from a checkpoint older than its last metrics)
-        keeping the row that came last -- the attempt the adapter went on from."""
+        """Make the buffered metric rows durable: one new part of ``metrics.parquet/``
+        (:class:`plora.sweepdir.parts.PartTable`; the rows already written are not rewritten, so
+        a flush costs its own rows). One row per (config, step) is what readers see: a step
+        trained again (a retry from a checkpoint older than its last metrics) keeps the row that
+        came last -- the attempt the adapter went on from."""
         import pandas as pd
 
-        if self._metrics is None:  # rows already on disk (a resumed sweep appends to them)
-            self._metrics = (
-                pd.read_parquet(self.metrics_parquet)
-                if self.metrics_parquet.is_file()
-                else pd.DataFrame(columns=list(METRIC_COLUMNS))
-            )
-        if not self._metrics_buffer and self.metrics_parquet.exists():
+        if not self._metrics_buffer:
+            self._metrics.create()  # an empty table from the start: readers find it
             return
         new = pd.DataFrame(self._metrics_buffer, columns=list(METRIC_COLUMNS))
         self._metrics_buffer = []
-        frames = [f for f in (self._metrics, new) if len(f)]
-        df = pd.concat(frames, ignore_index=True) if frames else new
-        df = df.drop_duplicates(["config_id", "step"], keep="last", ignore_index=True)
-        self._metrics = df
-        _write_parquet(self.metrics_parquet, df)
+        new = new.astype({c: "float64" for c, t in METRIC_DTYPES.items() if t == "float64"})
+        self._metrics.append(new.drop_duplicates(["config_id", "step"], keep="last"))  # same
+        # dtypes in every part: a part of None losses is float, as pyarrow reads the directory
 
     def write_jobs(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Replace ``jobs.parquet`` with ``rows`` (one per job, :data:`JOB_COLUMNS`)."""
@@ -234,13 +239,16 @@ class SweepStore:
         return state
 
     def read_metrics(self) -> pd.DataFrame:
-        """Every metric row so far (empty frame with the columns when there are none)."""
+        """Every metric row so far (empty frame with the columns when there are none): those
+        written, one per (config, step) (the last), then those buffered."""
         import pandas as pd
 
         rows = pd.DataFrame(self._metrics_buffer, columns=list(METRIC_COLUMNS))
-        on_disk = self._metrics
-        if on_disk is None and self.metrics_parquet.is_file():
-            on_disk = pd.read_parquet(self.metrics_parquet)
+        on_disk = None
+        if self.metrics_parquet.exists():
+            on_disk = read_table(self.metrics_parquet, METRIC_COLUMNS).drop_duplicates(
+                ["config_id", "step"], keep="last", ignore_index=True
+            )
         frames = [f for f in (on_disk, rows) if f is not None and len(f)]
         return pd.concat(frames, ignore_index=True) if frames else rows
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
 import pytest
 from runtime_fakes import finish, lora, make, report, run_to_end
 
 from plora.runtime.records import ConfigStatus, Decision, FailureKind
+from plora.sweepdir.reader import read_metrics
 from plora.sweepdir.store import SweepStore
 
 
@@ -132,8 +132,9 @@ def _steps(coord, spec, steps, *, loss: float, clock) -> None:
 @pytest.mark.parametrize("restart", ["retry", "resume"])
 def test_steps_trained_again_keep_one_metric_row_and_are_logged(tmp_path, restart) -> None:
     """Issue 29: after a killed worker (``retry``) or a killed driver (``resume``) a job goes
-    on from its step-3 checkpoint though steps 4-6 were reported: ``metrics.parquet`` holds one
-    row per (config, step) -- the new attempt's -- and ``redo_steps`` names the redone range."""
+    on from its step-3 checkpoint though steps 4-6 were reported: ``metrics.parquet`` as read
+    (its parts hold every attempt's rows) has one row per (config, step) -- the new attempt's --
+    and ``redo_steps`` names the redone range."""
     store = SweepStore(tmp_path)
     configs = [lora(0, rank=30, steps=8), lora(1, rank=30, steps=8)]
     coord, clock = make(configs, gpus=1, store=store)
@@ -151,7 +152,7 @@ def test_steps_trained_again_keep_one_metric_row_and_are_logged(tmp_path, restar
     _steps(coord, again, range(4, 9), loss=100.0, clock=clock)
     coord._persist()
 
-    rows = pd.read_parquet(tmp_path / "metrics.parquet")
+    rows = read_metrics(tmp_path)
     assert not rows.duplicated(["config_id", "step"]).any()
     for cid in spec.config_ids:
         mine = rows[rows["config_id"] == cid].sort_values("step")
