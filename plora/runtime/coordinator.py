@@ -37,6 +37,7 @@ log and the sweep directory's tables), :mod:`~plora.runtime.view` (counts, snaps
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -120,6 +121,8 @@ class Coordinator:
         self.metric_name = metric_name
         self._flush_s = metrics_flush_s
         self._last_flush = -1e9
+        self._write_batch = 0  # open batched_writes() blocks
+        self._unwritten = False  # state changed inside one, not yet written
 
         self.configs: dict[str, LoRAConfig] = {}
         self.status: dict[str, ConfigStatus] = {}
@@ -387,6 +390,11 @@ class Coordinator:
 
     def _persist(self) -> None:
         recording.persist(self)
+
+    def batched_writes(self) -> contextlib.AbstractContextManager[None]:
+        """A block of events whose sweep-directory writes happen once, at its end
+        (:func:`plora.runtime.recording.batched`)."""
+        return recording.batched(self)
 
     # -- resume (plora.runtime.resume) ------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

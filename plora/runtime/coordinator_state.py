@@ -75,6 +75,8 @@ class CoordinatorState(Protocol):
     _offset: float
     _flush_s: float
     _last_flush: float
+    _write_batch: int
+    _unwritten: bool
     _next_job: int
     _plans: int
     _plan_trigger: str

@@ -79,6 +79,8 @@ class Dispatcher:
             cuda_graphs=sweep.training.cuda_graphs,
         )
         self._groups_started = 0
+        self._ended: list[str] = []
+        """Jobs finished in this turn of the loop: their checkpoints go after its writes."""
 
     def prestart(self, gpu_ids: Iterable[int]) -> None:
         """A one-GPU group on each of ``gpu_ids``, loading before the coordinator exists."""
@@ -110,6 +112,10 @@ class Dispatcher:
             ray.kill(self.relay)
 
     def _step(self) -> None:
+        """One turn of the loop: the events since the last (step reports, stop requests, jobs
+        that ended), then the launches, then each running job's control. The sweep directory
+        is written once per batch of events (:meth:`Coordinator.batched_writes`), before the
+        jobs it launches run and before the control it posts reaches a worker."""
         refs = {job.refs[0]: jid for jid, job in self.jobs.items()}
         peers = {r: jid for jid, job in self.jobs.items() for r in job.peers}
         ready: list[Any] = []
@@ -117,26 +123,31 @@ class Dispatcher:
             ready, _ = ray.wait([*refs, *peers], num_returns=1, timeout=self.options.tick_s)
         else:
             time.sleep(self.options.tick_s)
-        launches = self._drain()
-        for ref in ready:
-            if ref in peers:
-                self._peer_returned(peers[ref], ref)
-                continue
-            launches += self._finish(refs[ref])
-        # configs registered from outside (Tune proxy trials) are asked while jobs run, too
-        outside = getattr(self.coord.source, "has_waiting", None)
-        if (not refs and not ready) or (callable(outside) and outside()):
-            launches += self.coord.tick()  # a waiting searcher may have configs now
-            if (not launches and not self.coord.running and not self.coord.is_done()
-                    and not callable(outside)):  # fmt: skip
-                raise RuntimeError(
-                    "the searcher gives no more configs but the sweep is not finished; "
-                    f"counts: {self.coord.counts()}"
-                )
+        with self.coord.batched_writes():
+            launches = self._drain()
+            for ref in ready:
+                if ref in peers:
+                    self._peer_returned(peers[ref], ref)
+                    continue
+                launches += self._finish(refs[ref])
+            # configs registered from outside (Tune proxy trials) are asked while jobs run, too
+            outside = getattr(self.coord.source, "has_waiting", None)
+            if (not refs and not ready) or (callable(outside) and outside()):
+                launches += self.coord.tick()  # a waiting searcher may have configs now
+                if (not launches and not self.coord.running and not self.coord.is_done()
+                        and not callable(outside)):  # fmt: skip
+                    raise RuntimeError(
+                        "the searcher gives no more configs but the sweep is not finished; "
+                        f"counts: {self.coord.counts()}"
+                    )
+        for job_id in self._ended:  # state.json has their results now
+            shutil.rmtree(self.store.checkpoints_dir / job_id, ignore_errors=True)
+        self._ended.clear()
         self._launch(launches)
         self._resolve_groups()
-        for jid in list(self.jobs):
-            ctl = self.coord.poll(jid)
+        with self.coord.batched_writes():
+            controls = [(jid, self.coord.poll(jid)) for jid in list(self.jobs)]
+        for jid, ctl in controls:
             if ctl.stop or ctl.add or ctl.pause:
                 self.relay.post_control.remote(jid, ctl)
         self._update()
@@ -211,8 +222,8 @@ class Dispatcher:
             kind, msg, outcome = FailureKind.OOM, outcome.error or "out of memory", None
         if outcome is None:
             return launches + self.coord.on_job_failed(job_id, kind, msg)
-        launches += self.coord.on_job_finished(job_id, outcome)  # state.json has its results
-        shutil.rmtree(self.store.checkpoints_dir / job_id, ignore_errors=True)
+        launches += self.coord.on_job_finished(job_id, outcome)
+        self._ended.append(job_id)  # its checkpoint goes once state.json has its results
         return launches
 
     def _drop_group(self, group: WorkerGroup) -> None:

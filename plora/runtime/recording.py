@@ -12,12 +12,14 @@ memory (``decisions``, ``job_rows``).
 * :func:`note_redone` logs the steps an attempt trains again (their rows replace the earlier
   attempt's in ``metrics.parquet``);
 * :func:`record_job` replaces or adds a job attempt's ``jobs.parquet`` row;
-* :func:`persist` writes everything: metrics, jobs, results, state.
+* :func:`persist` writes everything: metrics, jobs, results, state -- once, when the events of
+  a :func:`batched` block are handled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from plora.runtime.coordinator_state import CoordinatorState, RunningJob
@@ -104,8 +106,12 @@ def record_job(
 
 
 def persist(coord: CoordinatorState) -> None:
-    """Write the sweep directory's tables and ``state.json`` as they stand now."""
+    """Write the sweep directory's tables and ``state.json`` as they stand now (inside
+    :func:`batched`: when the block ends)."""
     if coord.store is None:
+        return
+    if coord._write_batch:
+        coord._unwritten = True
         return
     coord.store.flush_metrics()
     coord._last_flush = coord.now()
@@ -114,4 +120,32 @@ def persist(coord: CoordinatorState) -> None:
     coord.store.write_state(coord.get_state())
 
 
-__all__ = ["decide", "flush_metrics", "note_redone", "persist", "record_job", "record_metrics"]
+@contextlib.contextmanager
+def batched(coord: CoordinatorState) -> Iterator[None]:
+    """Handle several events, then :func:`persist` once if any of them changed the state.
+
+    Each write of results, jobs and ``state.json`` costs time linear in the configs; one per
+    event (a stop, a refill, a job's end) made a sweep's writes quadratic in its configs
+    (``benchmarks/control_plane.py``). The driver wraps each turn of its loop in this block and
+    posts control to the workers and launches jobs after it, so whatever a worker obeys or runs
+    is on disk first, as when each event wrote at once.
+    """
+    coord._write_batch += 1
+    try:
+        yield
+    finally:
+        coord._write_batch -= 1
+        if not coord._write_batch and coord._unwritten:
+            coord._unwritten = False
+            persist(coord)
+
+
+__all__ = [
+    "batched",
+    "decide",
+    "flush_metrics",
+    "note_redone",
+    "persist",
+    "record_job",
+    "record_metrics",
+]

@@ -207,7 +207,11 @@ def planned_terms(coord: CoordinatorState, spec: JobSpec) -> dict[str, float]:
 
 
 def refill(coord: CoordinatorState, run: RunningJob) -> None:
-    """Fill slots finished configs left with queued configs that fit and end no later."""
+    """Fill slots finished configs left with queued configs that fit and end no later.
+
+    Asked at every poll of every running job: a full pack returns before the queue is looked
+    at, and the queue's order is built in time linear in the configs (a sweep of 10,000 queued
+    configs polled by 256 jobs, ``benchmarks/control_plane.py``)."""
     active = [
         coord.configs[c]
         for c in run.config_ids
@@ -215,10 +219,14 @@ def refill(coord: CoordinatorState, run: RunningJob) -> None:
         and coord.status.get(c) is not ConfigStatus.PAUSED
         and coord.progress.get(c, 0) < coord.cost.steps(coord.configs[c])
     ]
+    if not active or len(active) >= run.peak_pack:  # no free slot (choose_refills' own test)
+        return
     in_forced = {c for s in coord.forced for c in s.config_ids}
-    queued = set(coord.queued_ids()) - in_forced
+    queued_ids = coord.queued_ids()
+    queued = set(queued_ids) - in_forced
     planned = [c for job in coord.pending for c in job.config_ids if c in queued]
-    order = planned + [c for c in coord.queued_ids() if c in queued and c not in planned]
+    seen = set(planned)
+    order = planned + [c for c in queued_ids if c in queued and c not in seen]
     picks = choose_refills(
         active=active,
         queued=[coord.configs[c] for c in order],  # in the plan's order

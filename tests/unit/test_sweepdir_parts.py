@@ -1,5 +1,6 @@
 """``metrics.parquet`` as a directory of parts: appending writes the new rows, not the table
-(issue 44: a million-row table rewritten at every flush made a sweep's writes quadratic)."""
+(issue 44: a million-row table rewritten at every flush made a sweep's writes quadratic), and
+the coordinator writes its tables once per batch of events."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 
 import pandas as pd
 import pytest
+from runtime_fakes import lora, make
 
 from plora.sweepdir import parts
 from plora.sweepdir.parts import FANOUT, MAX_PARTS, PartTable, read_table
@@ -92,3 +94,25 @@ def test_a_single_file_table_is_read_and_appended_to(tmp_path) -> None:
     assert (tmp_path / "metrics.parquet").is_dir()
     df = read_metrics(tmp_path)
     assert df["step"].tolist() == [1, 2] and df["loss"].isna().tolist() == [False, True]
+
+
+def test_events_of_a_batch_write_the_tables_once(tmp_path, monkeypatch) -> None:
+    """Each stop writes results and state.json at once, except inside ``batched_writes``:
+    there once, when the block ends (the driver posts the stops to the workers after it)."""
+    store = SweepStore(tmp_path)
+    coord, _ = make([lora(i) for i in range(6)], gpus=1, store=store)
+    coord.start()
+    writes: list[int] = []
+    state = SweepStore.write_state
+    monkeypatch.setattr(SweepStore, "write_state",
+                        lambda self, s: (writes.append(1), state(self, s))[1])  # fmt: skip
+    queued = coord.queued_ids()
+    coord.stop_config(queued[0])
+    assert len(writes) == 1
+    with coord.batched_writes():
+        for cid in queued[1:4]:
+            coord.stop_config(cid)
+        assert len(writes) == 1
+    assert len(writes) == 2
+    saved = SweepStore(tmp_path).read_state()
+    assert {c for c, r in saved["results"].items() if r["status"] == "stopped"} >= set(queued[:4])
