@@ -92,13 +92,15 @@ def predicted(
 
 
 def _micro_counts(args: argparse.Namespace, strategy: str, k: int, d: int) -> list[int | None]:
-    """The pipeline micro-batch counts to run a pack of ``k`` with: ``--pp-micro``'s (those
-    1F1B can run: at least ``d``, at most one row each), else 2 rows per micro-batch (the bubble
-    filled by the pack's other adapters; at least ``d``: a pack of fewer rows idles the rest);
-    ``[None]`` (the trainer's own) for tp and fsdp."""
+    """The pipeline micro-batch counts to run a pack of ``k`` batch-1 adapters with:
+    ``--pp-micro``'s (those 1F1B can run: at least ``d``, at most one row each), else what a
+    job's trainer runs (:func:`plora.parallel.trainer.pipeline_micro_batches`); ``[None]`` (the
+    trainer's own) for tp and fsdp."""
+    from plora.parallel.trainer import pipeline_micro_batches
+
     if strategy != "pp":
         return [None]
-    default = max(d, k // 2)
+    default = pipeline_micro_batches(k, pp=d)
     if args.pp_micro:
         return [m for m in args.pp_micro if d <= m <= max(k, d)] or [default]
     return [default]
@@ -371,7 +373,7 @@ def main() -> None:
         type=int,
         nargs="*",
         default=[],
-        help="pipeline micro-batch counts to run each pp pack with (default: 2 rows each)",
+        help="pipeline micro-batch counts to run each pp pack with (default: the trainer's)",
     )
     ap.add_argument(
         "--profile",

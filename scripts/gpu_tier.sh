@@ -5,18 +5,20 @@
 #
 #   device run, kind nvidia-h200-x2, carry [".device"]:  bash scripts/gpu_tier.sh
 #
-# On two GPUs the tier runs in two phases (measured on 2 x H200, 2026-11-28: one pytest process
+# On two GPUs the tier runs in three phases (measured on 2 x H200, 2026-11-28: one pytest process
 # took ~540 s before the warm-up tests and ~166 s for them):
+#   0. the timed tests (the cost model's refit from measured steps) alone on the machine: run
+#      beside phase 1's compiles, their host-bound steps ran up to 19 % slow and the fit missed
+#      (2026-11-28, 2 x H200);
 #   1. side by side: the warm-up tests (three fresh processes compiling Triton kernels into
-#      cold caches: CPU-bound) on GPU 1, and every other one-GPU test on GPU 0 alone, so the
-#      timed ones (the cost model's refit) share their GPU with nothing;
+#      cold caches: CPU-bound) on GPU 1, and every other one-GPU test on GPU 0;
 #   2. the two-GPU tests (NCCL equivalence, resident d = 2 sessions, the killed rank under Ray).
 # On one GPU, one process runs them all (the two-GPU ones skip with their reason).
 #
 # Writes $OUT/env.txt; per part $OUT/gpu-tier-PART.log (the passing tests' output too: measured
 # spreads and fits; the slowest tests) and $OUT/gpu-tier-PART.xml (junit); $OUT/gpu-tier.txt
 # (scripts/junit_summary.py over every part: the counts, each skip's reason, each failure; then
-# the wall time): 8 files, what a device call brings back. With MULTIGPU=1 also
+# the wall time): 10 files, what a device call brings back. With MULTIGPU=1 also
 # $OUT/multigpu.json and $OUT/multigpu.log. Exit status: 0 when every part passed (the
 # benchmark's failures are rows of its JSON).
 set -uo pipefail
@@ -29,6 +31,7 @@ cp -r tests pyproject.toml /tmp/plora-tests/
 TWO_GPU=(tests/gpu/test_parallel_gpu.py tests/gpu/test_parallel_jobs_gpu.py
          tests/gpu/test_parallel_session_gpu.py)
 SIDE=(tests/gpu/test_warmup_gpu.py)
+TIMED=(tests/gpu/test_cost_gpu.py)
 deadline=$(( $(date +%s) + ${TIER_TIMEOUT_S:-540} ))
 
 part() {  # part NAME GPUS FILES...: one pytest process, its log and junit under $OUT
@@ -47,9 +50,10 @@ gpus=${TIER_GPUS:-$(python3 -c 'import torch; print(torch.cuda.device_count())')
 status=0
 parts=(all)
 if [ "$gpus" -ge 2 ]; then
-  parts=(side one two)
+  parts=(timed side one two)
   ignore=()
-  for f in "${TWO_GPU[@]}" "${SIDE[@]}"; do ignore+=(--ignore="$f"); done
+  for f in "${TWO_GPU[@]}" "${SIDE[@]}" "${TIMED[@]}"; do ignore+=(--ignore="$f"); done
+  part timed 0 "${TIMED[@]}" || status=1
   part side 1 "${SIDE[@]}" & side=$!
   part one 0 tests/gpu "${ignore[@]}" || status=1
   wait $side || status=1

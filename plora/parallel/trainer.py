@@ -44,6 +44,24 @@ from plora.parallel.optim import ParallelPackedAdamW
 from plora.parallel.pp import MicroBatchRouting, PipelineStageModule, run_1f1b
 
 
+def pipeline_micro_batches(
+    rows: int, *, pp: int, fsdp: int = 1, max_rows: int | None = None
+) -> int:
+    """The pipeline's micro-batches for a step of ``rows`` rows (``fsdp`` ranks share them):
+    ``2·pp`` (1F1B's bubble ``(P-1)/(M+P-1)``, what the cost model books), fewer when a rank
+    has fewer rows (at least ``pp``: the empty ones idle), more when ``max_rows`` caps them.
+
+    Each micro-batch pays the stage's host work (the packed layers' launches: about 0.25 s a
+    micro-batch for 24 layers of a 14B stage on an H200) and its GEMMs shrink with its rows:
+    8 micro-batches of 2 rows ran a 16-adapter pp2 step in 2.11 s, 4 of 4 rows in 1.35 s
+    (2 x H200, 2026-11-28, benchmarks/RESULTS.md)."""
+    mine = -(-rows // fsdp)
+    count = max(pp, min(2 * pp, mine))
+    if max_rows:
+        count = max(count, -(-mine // max_rows))
+    return count
+
+
 class ParallelPackedTrainer(PackedTrainer):
     """:class:`PackedTrainer` for one rank of a job parallelised by :func:`plora.parallel.parallelize`.
 
@@ -54,7 +72,7 @@ class ParallelPackedTrainer(PackedTrainer):
         mesh: the job's device mesh (``dims.build_mesh``); ``None`` when ``world_size == 1``.
         stage: this rank's pipeline stage (returned by ``parallelize``) when ``dims.pp > 1``.
         microbatches: micro-batches per data-parallel rank, or pipeline micro-batches for PP
-            (default: enough for ``max_rows`` rows each; at least ``pp`` for PP).
+            (default: enough for ``max_rows`` rows each; for PP :func:`pipeline_micro_batches`).
         **kwargs: the other :class:`PackedTrainer` arguments; ``cuda_graphs``
             (``training.cuda_graphs``) is accepted and ignored: a rank's step always runs
             eagerly (:attr:`graphable`).
@@ -176,8 +194,8 @@ class ParallelPackedTrainer(PackedTrainer):
         slots = sorted(batches)
         fsdp = self.dims.fsdp
         total = sum(len(b) for b in batches.values())
-        count = self.microbatches or max(
-            self.dims.pp, -(-total // (fsdp * self.max_rows)) if self.max_rows else 1
+        count = self.microbatches or pipeline_micro_batches(
+            total, pp=self.dims.pp, fsdp=fsdp, max_rows=self.max_rows
         )
         if count < self.dims.pp:
             raise ValueError(

@@ -154,7 +154,7 @@ def test_rows_are_split_by_tokens_per_rank_and_per_stage(case, runs):
         steps = torch.load(runs / f"{case.name}.rank{rank}.pt")["splits"]
         assert len(steps) == STEPS and all(steps)
         for splits in steps:
-            assert [len(loads) for _, loads in splits] == _split_counts(case)
+            assert [len(loads) for _, loads in splits] == _split_counts(case, len(splits[0][0]))
             assert len(set(splits[0][0])) > 1  # the step's rows have different lengths
             for rows, loads in splits:
                 assert sum(loads) == sum(rows)  # every row in exactly one bin
@@ -181,12 +181,16 @@ def test_the_token_split_is_not_the_row_split(runs):
     assert beaten > 0
 
 
-def _split_counts(case: Case) -> list[int]:
-    """Bins per split of one step: FSDP ``fsdp · m`` (m per rank); PP the FSDP ranks' shares
-    (one without FSDP), then the rank's micro-batches."""
+def _split_counts(case: Case, rows: int) -> list[int]:
+    """Bins per split of a step of ``rows`` rows: FSDP ``fsdp · m`` (m per rank); PP the FSDP
+    ranks' shares (one without FSDP), then the rank's micro-batches (the trainer's default:
+    :func:`~plora.parallel.trainer.pipeline_micro_batches`)."""
+    from plora.parallel.trainer import pipeline_micro_batches
+
     if case.pp == 1:
         return [case.fsdp * (case.microbatches or 1)]
-    return [case.fsdp, case.microbatches or case.pp]
+    default = pipeline_micro_batches(rows, pp=case.pp, fsdp=case.fsdp)
+    return [case.fsdp, case.microbatches or default]
 
 
 @pytest.mark.parametrize("case", [c for c in [*TWO, *FOUR] if not c.refill], ids=lambda c: c.name)

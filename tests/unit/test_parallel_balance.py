@@ -110,3 +110,20 @@ def test_parallel_dims_layout():
     assert ParallelDims().build_mesh("cpu") is None
     with pytest.raises(ValueError, match="d=2 needs a strategy"):
         ParallelDims.for_job(2, None)
+
+
+@pytest.mark.parametrize(
+    ("rows", "pp", "fsdp", "max_rows", "expected"),
+    [
+        (16, 2, 1, None, 4),  # 2·pp: the bubble the cost model books, 4 rows each
+        (16, 4, 1, None, 8),
+        (3, 2, 1, None, 3),  # fewer rows than 2·pp: one each
+        (1, 2, 1, None, 2),  # fewer than pp: 1F1B still needs pp (the empty one idles)
+        (16, 2, 2, None, 4),  # each FSDP rank's 8 rows
+        (16, 2, 1, 2, 8),  # max_rows caps the rows per micro-batch
+    ],
+)
+def test_pipeline_micro_batches(rows, pp, fsdp, max_rows, expected) -> None:
+    from plora.parallel.trainer import pipeline_micro_batches
+
+    assert pipeline_micro_batches(rows, pp=pp, fsdp=fsdp, max_rows=max_rows) == expected
