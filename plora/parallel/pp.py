@@ -34,6 +34,7 @@ other: :class:`plora.parallel.pp_eval.PipelinedCausalLM`.
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -248,6 +249,11 @@ def apply_pp(model: nn.Module, *, pp_group: dist.ProcessGroup) -> PipelineStageM
         decoder.norm = None
         if hasattr(model, "lm_head"):
             model.register_module("lm_head", None)
+    # The dropped layers go now, not at some later collection: a layer whose attention holds a
+    # bound method of itself (plora.engine.liger's patch) is a reference cycle, and on 2 x H200
+    # (2026-11-28) each pp rank of the 14B shape still held the other stage's ~14 GiB of
+    # weights when it trained (peaks 14-16 GiB over the memory model's).
+    gc.collect()
     return module
 
 

@@ -127,3 +127,35 @@ def test_the_runtime_runs_every_strategy_and_refuses_others_before_starting() ->
         ConfigError, match=r"planner.strategies: zero3 cannot run yet.*fsdp, fsdp_offload, pp, tp"
     ):
         check_strategies([Strategy.TP, "zero3"])
+
+
+def test_apply_pp_frees_the_layers_of_other_stages_at_once(monkeypatch) -> None:
+    """A dropped layer in a reference cycle (as Liger's patch makes: the attention holds a
+    bound method of itself) is freed by ``apply_pp``, not at some later collection: otherwise
+    each pp rank keeps the whole base on its GPU."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from plora.parallel.pp import apply_pp
+
+    cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=100)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(cfg)
+    for layer in model.model.layers:
+        for m in (layer.self_attn, layer.mlp):
+            m.forward = m.forward  # a bound method of m in m's __dict__: a cycle
+    del layer, m
+    weights = [weakref.ref(layer.mlp.gate_proj.weight) for layer in model.model.layers]
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    gc.disable()  # no collection but apply_pp's own
+    try:
+        stage = apply_pp(model, pp_group=None)
+        alive = [w() is not None for w in weights]
+    finally:
+        gc.enable()
+    assert list(stage.layer_ids) == [0, 1]
+    assert alive == [True, True, False, False]
