@@ -28,10 +28,10 @@ bench() {  # bench DIR PYTHONPATH ARGS...: one benchmark invocation into $OUT/DI
     bench before /tmp/plora-before:/tmp/plora-site --strategies pp --packs 16 --profile
   fi
   bench after "$PYTHONPATH" --strategies pp --packs 16 --profile
-  bench after-pp-micro "$PYTHONPATH" --strategies pp --packs 16 --pp-micro 4 16
-  bench after-pp-packs "$PYTHONPATH" --strategies pp --packs 1 8
   bench after-tp "$PYTHONPATH" --strategies tp --packs 1 8 16 --checkpointing off --profile
   bench after-fsdp "$PYTHONPATH" --strategies fsdp --packs 1 8 16 --checkpointing off --profile
   bench after-fsdp-ckpt "$PYTHONPATH" --strategies fsdp --packs 16 --checkpointing on
+  bench after-pp-packs "$PYTHONPATH" --strategies pp --packs 1 8
+  bench after-pp-micro "$PYTHONPATH" --strategies pp --packs 16 --pp-micro 8 16
   echo "== done $(date -u +%T)"
 } 2>&1 | tee "$OUT/compare.log"
