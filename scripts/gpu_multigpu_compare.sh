@@ -6,10 +6,12 @@
 # "before" is the package in .device/before/ (made here with
 #   mkdir -p .device/before && git archive REV plora kernels | tar -x -C .device/before),
 # run by this tree's benchmarks/multigpu.py; "after" is this tree. Cases (14B shape, K batch-1
-# rank-16 adapters, seq 1,024, Liger): pp K = 16 (before and after, profiled), the pipeline's
-# micro-batch count swept after (--pp-micro), pp K = 1, 8; tp and fsdp K = 1, 8, 16 (profiled), fsdp K = 16 with activation checkpointing. Each group has its own time limit
-# (CASE_TIMEOUT_S, default 150 s), so one that runs long costs only itself. Writes under $OUT:
-# before/ and after*/ (multigpu.json, profile-*.json, the ranks' traces) and compare.log.
+# rank-16 adapters, seq 1,024, Liger): pp K = 16 (before and after, profiled); tp and fsdp
+# K = 1, 8, 16 (profiled) and fsdp K = 16 with activation checkpointing; pp K = 1, 8; the
+# pipeline's micro-batch count swept (--pp-micro; the default is the trainer's 2·pp). Each group
+# has its own time limit (CASE_TIMEOUT_S, default 150 s), so one that runs long costs only
+# itself. Writes under $OUT: before/ and after*/ (multigpu.json, profile-*.json, the ranks
+# traces) and compare.log.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 T=${CASE_TIMEOUT_S:-150}
