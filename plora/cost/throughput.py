@@ -34,6 +34,7 @@ steps; the coefficients a sweep starts from before anything is measured are
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -286,33 +287,10 @@ class StepTimeModel:
     def _adapter_terms(
         self, load: AdapterLoad, seq_len: int, d: int, strategy: Strategy | None
     ) -> tuple[float, np.ndarray]:
-        strat = check_parallel(d, strategy)
-        spec, peak, link = self.spec, self.gpu.peak_flops, self.gpu.link_gbps * 1e9
-        tokens = float(load.sequences * seq_len)
-        # 1F1B over d stages with 2 micro-batches per stage: the bubble stretches the step
-        slow = 1.0 / (1.0 - pp_bubble_fraction(d, 2 * d)) if strat is Strategy.PP else 1.0
-        base_flops = spec.train_flops_per_token(seq_len)
-        lora_flops = spec.lora_flops_per_token(load.rank, load.targets)
-        if self.recompute:
-            base_flops += spec.forward_flops_per_token(seq_len)
-            lora_flops *= 8.0 / 6.0
-        base = tokens * base_flops / (peak * d) * slow
-        lora = tokens * lora_flops / (peak * d) * slow
-        comm = 0.0
-        lora_params = float(spec.lora_params(load.rank, load.targets))
-        if strat is Strategy.TP:  # colwise A and rowwise B are replicated: half the factors
-            sent = tp_bytes(tokens=tokens, layers=spec.num_layers, hidden=spec.hidden_size,
-                            tp=d, replicated_lora_params=lora_params / 2)  # fmt: skip
-            comm = sent / link
-        elif strat in FSDP_STRATEGIES:
-            sent = fsdp_bytes(base_bytes=0.0, lora_params=lora_params, fsdp=d, shard_base=False)
-            comm = sent / link
-        elif strat is Strategy.PP:
-            comm = pp_bytes(tokens=tokens, hidden=spec.hidden_size, stages=d) / link
-        modules = 0.0
-        if self.layout is LoRALayout.PER_ADAPTER:
-            modules = len(load.targets) * spec.num_layers
-        return 0.0, np.array([0.0, base, lora, 1.0, modules, comm])
+        known, feats = _adapter_terms(
+            self.spec, self.gpu, self.recompute, self.layout, load, seq_len, d, strategy
+        )
+        return known, np.array(feats)
 
     def fixed_step_time(self, d: int = 1, strategy: Strategy | None = None) -> float:
         """Seconds per step that do not depend on the pack."""
@@ -345,6 +323,50 @@ class StepTimeModel:
             k, f = self._adapter_terms(load, sample.seq_len, sample.d, sample.strategy)
             known, feats = known + k, feats + f
         return known, feats
+
+
+@functools.lru_cache(maxsize=4096)
+def _adapter_terms(
+    spec: ModelSpec,
+    gpu: GPUSpec,
+    recompute: bool,
+    layout: LoRALayout,
+    load: AdapterLoad,
+    seq_len: int,
+    d: int,
+    strategy: Strategy | None,
+) -> tuple[float, tuple[float, ...]]:
+    """What one config adds to a step, as (known seconds, features over theta): a function of
+    the model, the GPU and the load alone, so it is computed once per distinct load. A refit
+    evaluates every measured step's terms many times (10,000-config sweeps measure thousands
+    of steps and refit at each job's end: ``benchmarks/control_plane.py``)."""
+    strat = check_parallel(d, strategy)
+    peak, link = gpu.peak_flops, gpu.link_gbps * 1e9
+    tokens = float(load.sequences * seq_len)
+    # 1F1B over d stages with 2 micro-batches per stage: the bubble stretches the step
+    slow = 1.0 / (1.0 - pp_bubble_fraction(d, 2 * d)) if strat is Strategy.PP else 1.0
+    base_flops = spec.train_flops_per_token(seq_len)
+    lora_flops = spec.lora_flops_per_token(load.rank, load.targets)
+    if recompute:
+        base_flops += spec.forward_flops_per_token(seq_len)
+        lora_flops *= 8.0 / 6.0
+    base = tokens * base_flops / (peak * d) * slow
+    lora = tokens * lora_flops / (peak * d) * slow
+    comm = 0.0
+    lora_params = float(spec.lora_params(load.rank, load.targets))
+    if strat is Strategy.TP:  # colwise A and rowwise B are replicated: half the factors
+        sent = tp_bytes(tokens=tokens, layers=spec.num_layers, hidden=spec.hidden_size,
+                        tp=d, replicated_lora_params=lora_params / 2)  # fmt: skip
+        comm = sent / link
+    elif strat in FSDP_STRATEGIES:
+        sent = fsdp_bytes(base_bytes=0.0, lora_params=lora_params, fsdp=d, shard_base=False)
+        comm = sent / link
+    elif strat is Strategy.PP:
+        comm = pp_bytes(tokens=tokens, hidden=spec.hidden_size, stages=d) / link
+    modules = 0.0
+    if layout is LoRALayout.PER_ADAPTER:
+        modules = len(load.targets) * spec.num_layers
+    return 0.0, (0.0, base, lora, 1.0, float(modules), comm)
 
 
 __all__ = [

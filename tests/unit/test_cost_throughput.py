@@ -269,3 +269,37 @@ def test_real_h200_peak_memory(row) -> None:
         assert ratio == pytest.approx(1.0, abs=0.04)
     else:
         assert 1.0 <= ratio <= 1.2
+
+
+def test_a_refit_prices_each_distinct_load_once() -> None:
+    """Issue 44: a refit at each job's end evaluated every measured step's terms again and
+    again (8.2 s for the 1,409 steps of a simulated 2,000-config sweep). What a config adds to
+    a step depends on the model, the GPU and its load alone, so it is computed once per
+    distinct (load, seq_len, d, strategy) and the refit's samples reuse it -- with the same
+    terms as before (the fit's known coefficients come back)."""
+    from plora.cost import throughput
+
+    loads = [AdapterLoad(rank=r, targets=PROJECTIONS, sequences=b) for r in (8, 16) for b in (1, 4)]
+    rng = np.random.default_rng(0)
+    samples = [
+        StepSample(
+            adapters=tuple(rng.choice(loads, size=3)),
+            seq_len=S,
+            d=1,
+            strategy=None,
+            step_time_s=1.0,
+        )
+        for _ in range(400)
+    ]
+    model = StepTimeModel(QWEN3B, H200, DEFAULT_COEFFICIENTS)
+    truth = [model.step_time(list(s.adapters), S) for s in samples]
+    samples = [
+        StepSample(adapters=s.adapters, seq_len=S, d=1, strategy=None, step_time_s=t)
+        for s, t in zip(samples, truth, strict=True)
+    ]
+    throughput._adapter_terms.cache_clear()
+    fitted = fit(samples, model)
+    info = throughput._adapter_terms.cache_info()
+    assert info.misses == len(loads) and info.hits >= 2 * len(samples)
+    errors = relative_errors(samples, StepTimeModel(QWEN3B, H200, fitted))
+    assert max(abs(e) for e in errors) < 1e-3
