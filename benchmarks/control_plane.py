@@ -13,7 +13,7 @@ worker node once a fraction f of the configs finished and adds a fresh node in i
 
 Measured (in the driver's process, by timing wrappers around the runtime's functions):
 
-* ``replan``: seconds of each plan / re-plan (``plora.runtime.scheduling.plan``);
+* ``replan``: seconds of each plan / re-plan (``plora.runtime.coordinator.scheduling.plan``);
 * ``events``: the coordinator's events (step reports, job ends and failures, polls, stops) and
   their seconds, per tenth of the sweep (configs finished): the driver's work per event should
   stay flat as the sweep grows;

@@ -17,8 +17,7 @@ from typing import Any
 
 import psutil
 
-from plora.runtime import scheduling
-from plora.runtime.coordinator import Coordinator
+from plora.runtime.coordinator import Coordinator, scheduling
 from plora.sweepdir.store import SweepStore
 
 EVENTS = ("on_reports", "on_job_finished", "on_job_failed", "poll", "stop_config", "tick")
@@ -99,11 +98,11 @@ class Probe:
         return make
 
     def _plan(self, old: Any) -> Any:
-        def timed(coord: Any, trigger: str) -> Any:
-            queued = len(coord.queued_ids())
+        def timed(state: Any, trigger: str) -> Any:
+            queued = len(state.configs.queued_ids())
             t = time.perf_counter()
             try:
-                return old(coord, trigger)
+                return old(state, trigger)
             finally:
                 self.plans.append({"s": time.perf_counter() - t, "queued": queued,
                                    "at_s": time.perf_counter() - self.t0})  # fmt: skip

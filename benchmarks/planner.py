@@ -116,7 +116,7 @@ def run(only: str = "") -> list[dict]:
 
 
 def mid_sweep_replan(configs, cost, gpus: int, plan) -> dict:
-    """The coordinator's re-plan in the middle of the first wave (``plora.runtime.scheduling.
+    """The coordinator's re-plan in the middle of the first wave (``plora.runtime.coordinator.scheduling.
     plan``): the jobs starting at 0 run on their resident groups, every other config is
     queued, and the re-plan (``replan``) is weighed against the plan in force re-timed
     (``continue_plan``, ``choose_plan``). Returns its wall and CPU seconds, the re-plan's

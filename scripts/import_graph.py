@@ -49,6 +49,11 @@ FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
     ("plora.config", ("ray", "torch"), "configs are plain data: no Ray, no torch"),
     ("plora.kernels", ("plora",), "kernels are reusable alone: nothing from plora outside them"),
     ("plora.engine", ("plora.runtime", "ray"), "the engine never imports the runtime or Ray"),
+    (
+        "plora.runtime.coordinator",
+        ("ray", "torch"),
+        "the coordinator is a plain state machine: no Ray, no torch",
+    ),
     ("plora", ("plora.cli",), "nothing imports the CLI"),
 ]
 

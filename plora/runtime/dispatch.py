@@ -25,7 +25,6 @@ from plora.runtime.cluster import worker_resources
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.group import WorkerGroup, start_group, stop_group
 from plora.runtime.options import RunOptions
-from plora.runtime.pause import apply_request
 from plora.runtime.records import FailureKind, JobSpec
 from plora.runtime.relay import start_relay
 from plora.sweepdir.store import SweepStore
@@ -182,7 +181,7 @@ class Dispatcher:
             self.coord.flush_records()
             self.relay.ack_sync.remote(syncs)
         for request in stops:  # stop / pause / resume one config
-            apply_request(self.coord, request)
+            self.coord.on_request(request)
         return launches
 
     def _peer_returned(self, job_id: str, ref: Any) -> None:

@@ -56,7 +56,7 @@ from plora.runtime.cluster import (
 )
 from plora.runtime.cluster import shutdown as shutdown_cluster
 from plora.runtime.coordinator import Coordinator
-from plora.runtime.costs import record_profile
+from plora.runtime.coordinator.costs import record_profile
 from plora.runtime.dispatch import Dispatcher
 from plora.runtime.options import RunOptions
 from plora.runtime.prepare import config_source, fits_one_gpu, prepare

@@ -42,7 +42,7 @@ class Decision(StrEnum):
     """One config is stopped (early stopping / user request)."""
     PAUSE_CONFIG = "pause_config"
     """One config is asked to pause (a Tune scheduler's PAUSE): it leaves its pack at the next
-    step with its train-state (``plora.runtime.pause``); ``deferred`` when its job cannot."""
+    step with its train-state (``plora.runtime.coordinator.pause``); ``deferred`` when its job cannot."""
     CONFIG_PAUSED = "config_paused"
     """A config left its pack paused (evaluated, exported, its train-state saved)."""
     RESUME_CONFIG = "resume_config"

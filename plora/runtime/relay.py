@@ -15,7 +15,7 @@ from typing import Any
 import ray
 
 from plora.engine.api import Control, StepMetrics, StepReport
-from plora.runtime.pause import ConfigRequest, RequestKind
+from plora.runtime.coordinator.pause import ConfigRequest, RequestKind
 
 
 class CoordinatorActor:
@@ -134,7 +134,7 @@ class CoordinatorActor:
 
     def pause_config(self, config_id: str, reason: str = "relay request") -> None:
         """Ask the coordinator to pause one config (a Tune scheduler's PAUSE): it leaves its
-        pack with its train-state at the next step (:mod:`plora.runtime.pause`)."""
+        pack with its train-state at the next step (:mod:`plora.runtime.coordinator.pause`)."""
         self._stops.append(ConfigRequest(config_id, reason, RequestKind.PAUSE))
 
     def resume_config(self, config_id: str, reason: str = "relay request") -> int:

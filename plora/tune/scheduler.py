@@ -10,7 +10,7 @@ told CONTINUE, so the proxy stays to report the stopped adapter's last metrics a
 checkpoint (``early_stopped`` in its last result); later results of a stopped trial are not
 forwarded. A PAUSE that means "stop for now, resume later" (synchronous ``HyperBandScheduler``,
 ``MedianStoppingRule(hard_stop=False)``) pauses the adapter: the wrapper asks the coordinator to
-let it leave its pack at the next step with its whole train-state (:mod:`plora.runtime.pause`;
+let it leave its pack at the next step with its whole train-state (:mod:`plora.runtime.coordinator.pause`;
 its slot is refilled) and tells Tune PAUSE, so Tune stops the proxy. When the scheduler later
 resumes the trial, Tune starts its proxy again, which asks the coordinator to queue the config
 again: the next pack it joins continues it exactly where it left. A paused trial the scheduler

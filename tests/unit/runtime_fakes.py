@@ -235,7 +235,7 @@ def finish(
             "status": status,
             # a config asked to stop stopped early (after its first step) unless told otherwise
             "steps": (steps or {}).get(
-                c.config_id, 1 if c.config_id in coord._stop_requests else c.max_steps
+                c.config_id, 1 if c.config_id in coord.state.configs.stop_requests else c.max_steps
             ),
             "tokens": 100 * c.batch_size,
             "final_train_loss": 1.0,

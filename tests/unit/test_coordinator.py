@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from runtime_fakes import AffineCost, Clock, finish, lora, make, outcome, report
 
 from plora.runtime.coordinator import Coordinator
-from plora.runtime.costs import describe_cost
+from plora.runtime.coordinator.costs import describe_cost
 from plora.runtime.records import ConfigStatus, Decision
 from plora.sweepdir.store import SweepStore
 
@@ -136,7 +136,7 @@ def test_real_planner_and_cost_model_replan_after_refit(tmp_path) -> None:
 
 
 def test_remaining_job_time_takes_the_steps_done_off() -> None:
-    from plora.runtime.costs import remaining_job_time
+    from plora.runtime.coordinator.costs import remaining_job_time
 
     cost = AffineCost(t0=1.0, sec_per_sample=0.01)
     pack = [lora(0, steps=10, batch=2), lora(1, steps=20, batch=2)]
@@ -154,7 +154,7 @@ def test_remaining_job_time_with_overheads_charges_what_is_still_to_come() -> No
     write."""
     from plora.config import SweepConfig
     from plora.cost.build import build_cost_model
-    from plora.runtime.costs import remaining_job_time
+    from plora.runtime.coordinator.costs import remaining_job_time
 
     cost = build_cost_model(SweepConfig.from_yaml("sweeps/quickstart.yaml"), use_profile=False,
                             checkpoint_every=None)  # fmt: skip

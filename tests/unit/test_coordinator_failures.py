@@ -85,7 +85,7 @@ def test_resume_relaunches_a_refilled_config_inside_its_job(tmp_path) -> None:
     (spec,) = coord.start()
     coord.on_reports(spec.job_id, [report({"config_id": "c01", "step": 5, "loss": 1.0})])
     assert [c.config_id for c in coord.poll(spec.job_id).add] == ["c03"]
-    coord._persist()
+    coord.persist()
     state = json.loads(store.state_json.read_text())
 
     coord2, _ = make([long_, short, mid, late], gpus=1, store=store)
@@ -150,7 +150,7 @@ def test_steps_trained_again_keep_one_metric_row_and_are_logged(tmp_path, restar
         (again,) = coord.start()
     assert again.job_id == spec.job_id and again.attempt == 1 and again.resume
     _steps(coord, again, range(4, 9), loss=100.0, clock=clock)
-    coord._persist()
+    coord.persist()
 
     rows = read_metrics(tmp_path)
     assert not rows.duplicated(["config_id", "step"]).any()

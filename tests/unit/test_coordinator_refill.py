@@ -66,7 +66,7 @@ def test_refill_runs_a_job_on_rather_than_leave_a_slot_free() -> None:
     ],
 )
 def test_choose_refills_table(active_steps, queued, slots, want) -> None:
-    from plora.runtime.refill import choose_refills
+    from plora.runtime.coordinator.refill import choose_refills
 
     cost = AffineCost()  # capacity 4 = base 1 + 0.1 per rank unit -> 30 rank units
     active = [lora(i, rank=10 // len(active_steps), steps=s) for i, s in enumerate(active_steps)]

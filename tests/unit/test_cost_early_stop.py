@@ -117,7 +117,7 @@ def test_coordinator_eta_counts_expected_steps_left_with_a_fake_clock() -> None:
     from runtime_fakes import report
 
     from plora.runtime.coordinator import Coordinator
-    from plora.runtime.costs import remaining_job_time
+    from plora.runtime.coordinator.costs import remaining_job_time
     from plora.tune.space import expand
 
     def coord(early_stop):
@@ -138,7 +138,7 @@ def test_coordinator_eta_counts_expected_steps_left_with_a_fake_clock() -> None:
     es.on_group_started(run.spec.gpu_ids)  # its workers are up: the job's end is start-up free
     es.on_group_ready(run.spec.gpu_ids, ready_s=1.0, load_s=1.0, node=None)
     es.on_reports(job_id, [report(*({"config_id": c, "step": 70} for c in run.config_ids))])
-    es._retime_running()
+    es.retime_running()
     pack = [es.configs[c] for c in run.config_ids]
     progress = dict.fromkeys(run.config_ids, 70)
     left = remaining_job_time(es.cost, pack, progress, 1, None)

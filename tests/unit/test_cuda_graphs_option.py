@@ -170,7 +170,7 @@ def test_graphed_steps_are_profiled_apart(tmp_path, monkeypatch) -> None:
     from plora.cost.build import build_cost_model
     from plora.cost.overheads import OverheadKind, OverheadSample
     from plora.cost.profile import ProfileStore
-    from plora.runtime.costs import record_profile
+    from plora.runtime.coordinator.costs import record_profile
 
     sweep, store = _sweep(tmp_path, ""), tmp_path / "profiles"
     assert fused_profile_key("m", False, True) == "m+graphs"

@@ -2,7 +2,7 @@
 back with the sink's own reader (TensorBoard's event multiplexer, MLflow's client on a local
 file store, W&B's ``wandb leet inspect`` of offline runs); a sink that cannot start is one line.
 
-The rows are the sweep directory's (``plora.runtime.ledger``'s metric and result rows of the
+The rows are the sweep directory's (``plora.runtime.coordinator.ledger``'s metric and result rows of the
 quickstart's 8 configs); a whole sweep through them is tests/ray/test_curves_sweep.py.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from plora.config import ConfigError, SweepConfig
 from plora.curves import open_curves, open_sinks
-from plora.runtime.ledger import result_row
+from plora.runtime.coordinator.ledger import result_row
 from plora.sweepdir.schema import ConfigStatus
 from plora.tune.space import expand
 

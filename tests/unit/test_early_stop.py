@@ -118,7 +118,7 @@ def test_a_stop_shortens_the_running_jobs_predicted_end() -> None:
                         metrics_flush_s=0.0, refill=False)  # fmt: skip
     (spec,) = coord.start()
     coord.on_reports(spec.job_id, [report(*({"config_id": c, "step": 2} for c in spec.config_ids))])
-    coord._retime_running()
+    coord.retime_running()
     end = coord.running[spec.job_id].plan_job.end_s
     coord.stop_config("c01", reason="early_stop")
     coord.poll(spec.job_id)

@@ -199,7 +199,7 @@ def test_measurements_charge_only_the_critical_export_seconds():
     from plora.cost.overheads import OverheadKind, Overheads
     from plora.engine.api import ConfigResult, JobTimings, PackOutcome
     from plora.engine.trainer import AdapterStatus
-    from plora.runtime.measure import Measurements
+    from plora.runtime.coordinator.measure import Measurements
 
     results = {c: ConfigResult(config_id=c, status=AdapterStatus.COMPLETED, steps=3, tokens=9,
                                final_train_loss=1.0, export_s=1.5) for c in ("a", "b")}  # fmt: skip

@@ -175,7 +175,7 @@ def test_fused_steps_are_profiled_apart(tmp_path, monkeypatch) -> None:
     """``record_profile`` writes under the key ``build_cost_model`` reads for the same switch."""
     from plora.cost.overheads import OverheadKind, OverheadSample
     from plora.cost.profile import ProfileStore
-    from plora.runtime.costs import record_profile
+    from plora.runtime.coordinator.costs import record_profile
 
     monkeypatch.setattr(fused_cfg, "liger_installed", lambda: True)
     sweep = _sweep(tmp_path, "training: {cuda_graphs: off}\n")  # graphed: +graphs on top

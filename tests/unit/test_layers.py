@@ -63,6 +63,8 @@ def test_every_module_sits_in_a_layer(graph_mod, graph) -> None:
         ("plora.analysis.load", "plora.cli", "nothing imports the CLI"),
         ("plora.api", "plora.cli.app", "nothing imports the CLI"),
         ("plora.config.sweep", "plora.planner.types", "upward"),
+        ("plora.runtime.coordinator.machine", "ray", "no Ray, no torch"),
+        ("plora.runtime.coordinator.endings", "torch.nn", "no Ray, no torch"),
     ],
 )
 def test_the_checker_catches_a_broken_rule(graph_mod, graph, src, dst, why) -> None:
@@ -110,3 +112,16 @@ def test_lazy_package_exports_resolve(package: str) -> None:
         except (AttributeError, ImportError):
             missing.append(name)
     assert missing == []
+
+
+def test_the_coordinator_loads_neither_ray_nor_torch() -> None:
+    """Importing the coordinator (and driving it: its lazy imports aside) pulls in no Ray and
+    no torch: it is a plain state machine, testable with a fake clock."""
+    import subprocess
+
+    code = (
+        "import sys; import plora.runtime.coordinator as c; c.Coordinator; "
+        "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

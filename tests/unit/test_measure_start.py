@@ -7,7 +7,7 @@ import pytest
 from plora.cost.overheads import OverheadKind
 from plora.engine.api import JobTimings, PackOutcome, StepReport
 from plora.engine.reports import StepMetrics, StepProfile
-from plora.runtime.measure import Measurements
+from plora.runtime.coordinator.measure import Measurements
 
 
 def _report(step: int, time_s: float) -> StepReport:

@@ -47,7 +47,7 @@ def test_the_plan_jobs_rows_per_forward_reach_the_job_spec_and_the_records(tmp_p
     assert plans[-1].inputs["jobs"][0]["max_rows"] == 5
     row = next(r for r in coord.job_rows if r["job_id"] == spec.job_id)
     assert row["micro_batches"] == 2
-    coord._persist()
+    coord.persist()
     import pandas as pd
 
     assert pd.read_parquet(store.jobs_parquet)["micro_batches"].tolist() == [2]

@@ -211,7 +211,7 @@ def test_the_quickstart_fits_every_row_live():
 
 
 def test_a_running_micro_batched_jobs_eta_pays_every_forward():
-    from plora.runtime.costs import job_memory, remaining_job_time
+    from plora.runtime.coordinator.costs import job_memory, remaining_job_time
 
     cost, pack = h100_fitted(), grid(16)
     progress = {c.config_id: 10 for c in pack}

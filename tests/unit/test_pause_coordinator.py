@@ -1,4 +1,4 @@
-"""The coordinator's PAUSE and resume (``plora.runtime.pause``), stepped by hand, no Ray.
+"""The coordinator's PAUSE and resume (``plora.runtime.coordinator.pause``), stepped by hand, no Ray.
 
 A paused config leaves its job (its slot is refilled), is ``paused`` without the searcher being
 told, is queued again on resume and packed by the next plan or refill, and ends stopped at its
@@ -14,7 +14,8 @@ from runtime_fakes import AffineCost, GreedyPlanner, lora, outcome, report
 from plora.engine.checkpoint import save_train_state
 from plora.engine.pause import paused_dir
 from plora.runtime.coordinator import Coordinator
-from plora.runtime.pause import ConfigRequest, RequestKind, apply_request
+from plora.runtime.coordinator.machine import apply_request
+from plora.runtime.coordinator.pause import ConfigRequest, RequestKind
 from plora.runtime.progress import summary_line
 from plora.runtime.records import ConfigStatus, Decision, StaticSource
 from plora.sweepdir.store import SweepStore

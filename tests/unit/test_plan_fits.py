@@ -17,7 +17,7 @@ from plora.planner import replan
 from plora.planner.fits import check_fits
 from plora.planner.ilp import degrees
 from plora.planner.types import call_strategy
-from plora.runtime.costs import job_memory
+from plora.runtime.coordinator.costs import job_memory
 from plora.tune.space import expand
 
 
@@ -45,7 +45,7 @@ def sweep_dict(model: str, gpus: int, gib: float, **space) -> dict:
 
 def fits_alone(cost, config, num_gpus: int) -> bool:
     """An independent reading of the rule: some job the sweep allows runs ``config`` alone
-    within capacity by the runtime's memory (:func:`plora.runtime.costs.job_memory`) --
+    within capacity by the runtime's memory (:func:`plora.runtime.coordinator.costs.job_memory`) --
     every row live on any allowed ``(d, strategy)``, or in micro-batches on one GPU."""
     limit = cost.max_micro_batches
     for d, s in degrees(num_gpus, cost.strategies()):

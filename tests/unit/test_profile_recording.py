@@ -8,7 +8,7 @@ from plora.config import SweepConfig
 from plora.cost import Strategy
 from plora.cost.build import build_cost_model
 from plora.cost.profile import ProfileStore
-from plora.runtime.costs import record_profile
+from plora.runtime.coordinator.costs import record_profile
 from plora.tune.space import expand
 
 SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plora.runtime.residency import Residency
+from plora.runtime.coordinator.residency import Residency
 
 
 def test_a_group_starts_then_is_ready_then_is_lost() -> None:

@@ -128,7 +128,7 @@ def test_a_copied_sweep_dir_names_its_own_adapters(tmp_path) -> None:
         finish(coord, spec)
     for cid, r in coord.results.items():
         r["adapter_path"] = str(root / "adapters" / cid)
-    coord._persist()
+    coord.persist()
     assert set(pd.read_parquet(root / "results.parquet")["adapter_path"]) == {
         "adapters/c00",
         "adapters/c01",

@@ -5,7 +5,7 @@ jobs, the two kinds of evidence the coordinator refits its cost model from:
 
 * **steps** -- per job and pack composition, the measured packed steps (each job's first step,
   the warm-up, is skipped): ``{"job_id", "config_ids", "gpus", "strategy", "device", "steps":
-  [{"time_s", "seq_len", "peak_memory_bytes"}]}``, what :func:`plora.runtime.costs.refit_cost`
+  [{"time_s", "seq_len", "peak_memory_bytes"}]}``, what :func:`plora.runtime.coordinator.costs.refit_cost`
   takes;
 * **overheads** -- :class:`~plora.cost.overheads.OverheadSample` s: ``worker_start`` and
   ``model_load`` per worker group (the start counts the first job's first-step excess over its

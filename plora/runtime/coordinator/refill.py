@@ -9,7 +9,7 @@ from typing import Any
 
 from plora.config import LoRAConfig
 from plora.cost import within_capacity
-from plora.runtime.costs import job_memory
+from plora.runtime.coordinator.costs import job_memory
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -92,9 +92,11 @@ def describe_cost(cost: Any) -> dict[str, Any]:
         if value is None:
             continue
         value = value() if callable(value) else value
-        return _jsonable(value.to_dict() if hasattr(value, "to_dict") else value)
+        view: dict[str, Any] = _jsonable(value.to_dict() if hasattr(value, "to_dict") else value)
+        return view
     if dataclasses.is_dataclass(cost) and not isinstance(cost, type):
-        return _jsonable(dataclasses.asdict(cost))
+        whole: dict[str, Any] = _jsonable(dataclasses.asdict(cost))
+        return whole
     return {"type": type(cost).__name__}
 
 
