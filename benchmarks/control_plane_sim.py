@@ -1,6 +1,6 @@
 """TIMING SIMULATION engine for ``benchmarks/control_plane.py``: no model, no training.
 
-``SimEngine`` has the interface of :class:`plora.engine.run.PackSession` (``cls(spec)`` once per
+``SimEngine`` has the interface of :class:`plora.engine.session.PackSession` (``cls(spec)`` once per
 resident worker, ``run(request, hooks) -> PackOutcome``) and plugs in through
 ``RunOptions(engine=SimEngine)``. Each packed step only sleeps the step's booked time -- what the
 sweep's own cost model charges the pack per step, ``t_fixed(1) + Σ_k t_k(1)``

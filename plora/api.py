@@ -96,7 +96,7 @@ def check(sweep: SweepConfig) -> InputsReport:
     a job the sweep allows on its GPUs (the model split only as it can be), and, when the sweep
     would start a local Ray, this machine has its GPUs. What ``plora validate`` calls. Raises
     :class:`ConfigError`."""
-    from plora.runtime.cluster import check_local_gpus
+    from plora.runtime.actors.cluster import check_local_gpus
     from plora.runtime.prepare import check_jobs_fit
     from plora.tune.space import expand
 

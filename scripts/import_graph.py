@@ -51,7 +51,7 @@ FORBIDDEN: list[tuple[str, tuple[str, ...], str]] = [
     ("plora.engine", ("plora.runtime", "ray"), "the engine never imports the runtime or Ray"),
     (
         "plora.runtime.coordinator",
-        ("ray", "torch"),
+        ("ray", "torch", "plora.runtime.actors"),
         "the coordinator is a plain state machine: no Ray, no torch",
     ),
     ("plora", ("plora.cli",), "nothing imports the CLI"),

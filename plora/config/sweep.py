@@ -16,8 +16,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from plora.config.asha_options import EarlyStopConfig
 from plora.config.dataset import BUILTIN_DATASETS, DatasetSpec
-from plora.config.early_stop import EarlyStopConfig
 from plora.config.errors import ConfigError, join_key
 from plora.config.fused import FUSED_KERNELS_KEY, FusedKernels
 from plora.config.hardware import HardwareConfig, Strategy

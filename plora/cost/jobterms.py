@@ -123,7 +123,7 @@ class SweepOverheads:
 
 def checkpoint_writes(steps: int, every: int | None) -> int:
     """Train-state writes of a job of ``steps`` steps: every ``every`` steps and one at the end
-    (``plora.engine.run.run_pack``); only the one at the end when ``every`` is None."""
+    (``plora.engine.session.run_pack``); only the one at the end when ``every`` is None."""
     return steps // every + 1 if every else 1
 
 

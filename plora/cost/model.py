@@ -43,7 +43,7 @@ import numpy as np
 
 from plora.config import ConfigError, LoRAConfig
 from plora.cost import Strategy
-from plora.cost.early_stop import EarlyStopLike, expected_steps
+from plora.cost.asha_survival import EarlyStopLike, expected_steps
 from plora.cost.fit import fit, relative_errors
 from plora.cost.jobterms import JobTimeTerms, SweepOverheads
 from plora.cost.memory import base_weight_bytes, projection_params
@@ -99,7 +99,7 @@ class SweepCostModel(SweepMemory):
         eval_metric: the task metric (:class:`~plora.cost.overheads.EvalMetric`).
         checkpoint_every: train-state checkpoint every this many steps (None: at the end only).
         early_stop: the sweep's ``early_stop:`` (ASHA): a config's rows are charged for its
-            expected steps (:mod:`plora.cost.early_stop`; ``population``: the sweep's number of
+            expected steps (:mod:`plora.cost.asha_survival`; ``population``: the sweep's number of
             configs), a pack's per-step overhead for the longest budget.
         max_micro_batches: the most forwards per step the planner may give a pack that does
             not fit with every row live (:mod:`plora.cost.microbatch`); 1: never.

@@ -1,23 +1,9 @@
-"""The packed multi-LoRA training engine.
+"""The packed multi-LoRA training engine: one copy of the base model, many adapters per step.
 
-* :mod:`plora.engine.lora` -- :class:`PackedLoRALinear`, the packed layer and its math;
-  :mod:`plora.engine.adapters` -- :func:`inject`, adapters into slots, slot routing contexts.
-* :mod:`plora.engine.data` -- load and tokenize (:mod:`.rows`, :mod:`.example`); per-adapter
-  streams and a step's packed batch (:mod:`.batch`).
-* :mod:`plora.engine.trainer` -- :class:`PackedTrainer` (one forward/backward per step over
-  every active adapter, per-adapter loss, AdamW, schedule and clipping); its adapters'
-  running records and what a step reports (:mod:`.step_record`).
-* :mod:`plora.engine.packed_optim` -- :class:`PackedAdamW` (one AdamW step over every adapter's
-  rows of the packed parameters, per-adapter lr, weight decay, step count and clipping).
-* :mod:`plora.engine.checkpoint` -- PEFT-format export, exact train-state checkpoints.
-* :mod:`plora.engine.api` -- the typed engine/runtime boundary (request, outcome, hooks);
-  :mod:`plora.engine.reports` -- what the trainer reports (step metrics, profiles, statuses).
-* :mod:`plora.engine.run` -- :class:`PackSession`, a resident base model serving successive
-  packs (a worker's engine), and :func:`run_pack`, load and train one pack to completion.
-* :mod:`plora.engine.liger` -- :func:`apply_fused_kernels`, Liger-Kernel's fused RMSNorm,
-  SwiGLU and RoPE on the loaded base (``training.fused_kernels``; CUDA only).
-
-Submodules load lazily so that ``import plora.engine`` stays light (no transformers import).
+:class:`PackSession` (:mod:`.session`) serves successive packs on a resident model, each a
+:class:`~.job.PackJob` over a :class:`~.trainer.PackedTrainer`; :mod:`.api` is the typed
+boundary with the runtime. ARCHITECTURE.md lists the modules by role. Submodules load lazily so
+that ``import plora.engine`` stays light (no transformers import).
 """
 
 from __future__ import annotations
@@ -41,9 +27,9 @@ _EXPORTS = {
     "export_peft_adapter": "plora.engine.export",
     "save_train_state": "plora.engine.checkpoint",
     "load_train_state": "plora.engine.checkpoint",
-    "run_pack": "plora.engine.run",
-    "PackSession": "plora.engine.run",
-    "PackResult": "plora.engine.run",
+    "run_pack": "plora.engine.session",
+    "PackSession": "plora.engine.session",
+    "PackResult": "plora.engine.session",
     "Control": "plora.engine.reports",
     "CheckpointPolicy": "plora.engine.api",
     "ConfigResult": "plora.engine.api",

@@ -2,7 +2,7 @@
 
 The one place plora applies Liger-Kernel (``training.fused_kernels``, resolved by
 :func:`plora.config.fused.use_fused_kernels`): the resident engine calls it on the model it loads
-for training and packed evaluation (:class:`plora.engine.run.PackSession`), and the benchmarks
+for training and packed evaluation (:class:`plora.engine.session.PackSession`), and the benchmarks
 call it to measure what a sweep runs.
 
 What changes, per model instance. Liger's ``apply_liger_kernel_to_<model_type>(model=...)``

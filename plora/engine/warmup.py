@@ -19,7 +19,7 @@ Where the engine runs Liger-Kernel's fused ops (``training.fused_kernels``), a s
 (:func:`start_fused_warmup`) runs :func:`warm_fused_layer`: one random decoder layer of the base's
 architecture, patched the same way, forward and backward at the step's rows and gradient-free
 forwards at a packed evaluation forward's rows. The worker waits for it a few seconds at most
-(``plora.runtime.worker.FUSED_WARMUP_WAIT_S``), then stops it: it holds GPU memory that the first
+(``plora.runtime.actors.worker.FUSED_WARMUP_WAIT_S``), then stops it: it holds GPU memory that the first
 step's plan did not count.
 """
 

@@ -1,10 +1,10 @@
 """The resident engine of one rank of a ``d``-GPU job: :class:`ParallelPackSession`.
 
-A worker group of ``d`` processes (one per GPU, :mod:`plora.runtime.group`) shares one
+A worker group of ``d`` processes (one per GPU, :mod:`plora.runtime.actors.group`) shares one
 torch.distributed group. Each process builds a ``ParallelPackSession``: it loads the base model
 once, parallelises it for its rank (:func:`plora.parallel.parallelize`, with the job's
 :class:`~plora.parallel.dims.ParallelDims`) and then serves successive packs exactly as
-:class:`plora.engine.run.PackSession` does on one GPU, with a
+:class:`plora.engine.session.PackSession` does on one GPU, with a
 :class:`~plora.parallel.trainer.ParallelPackedTrainer` per pack. What changes with ``d``:
 
 - **Decisions come from rank 0.** Only rank 0 talks to the coordinator (its hooks stream the
@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from plora.config import Strategy
 from plora.engine.api import EngineSpec, PackRequest
-from plora.engine.run import PackSession
+from plora.engine.session import PackSession
 from plora.parallel import parallelize
 from plora.parallel.dims import ParallelDims
 from plora.parallel.trainer import ParallelPackedTrainer

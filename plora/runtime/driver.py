@@ -2,10 +2,10 @@
 
 ``run_sweep`` is what ``plora sweep`` calls. The :class:`~plora.runtime.coordinator.Coordinator`
 lives here in the driver, next to the sweep directory it writes. Jobs run on resident worker
-groups (:mod:`plora.runtime.group`): a group is started on a GPU the first time a job is booked
+groups (:mod:`plora.runtime.actors.group`): a group is started on a GPU the first time a job is booked
 there, loads the base model once, and serves every later job on that GPU; its workers reach the
-coordinator through the relay actor (:mod:`plora.runtime.relay`). The Ray side of the loop below
-is :class:`~plora.runtime.dispatch.Dispatcher`; the knobs are :class:`~plora.runtime.options.RunOptions`.
+coordinator through the relay actor (:mod:`plora.runtime.actors.relay`). The Ray side of the loop below
+is :class:`~plora.runtime.actors.dispatch.Dispatcher`; the knobs are :class:`~plora.runtime.options.RunOptions`.
 
 Order of work (nothing is created on disk until every input has been checked)::
 
@@ -47,17 +47,17 @@ from plora.curves import open_curves, open_sinks
 from plora.models.hub import check_hub_model
 from plora.planner import NoFeasibleJobError
 from plora.planner.fits import no_fit_error, widest_degree
-from plora.runtime.cluster import (
+from plora.runtime.actors.cluster import (
     check_address,
     check_gpus,
     check_job_out,
     check_local_gpus,
     connect,
 )
-from plora.runtime.cluster import shutdown as shutdown_cluster
+from plora.runtime.actors.cluster import shutdown as shutdown_cluster
+from plora.runtime.actors.dispatch import Dispatcher
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.coordinator.costs import record_profile
-from plora.runtime.dispatch import Dispatcher
 from plora.runtime.options import RunOptions
 from plora.runtime.prepare import config_source, fits_one_gpu, prepare
 from plora.runtime.progress import samples_line
@@ -139,13 +139,13 @@ def run_sweep(
         if lock.note:
             logging.getLogger(__name__).warning("note: %s", lock.note)
         check_out_dir(out, resume=resume, lock=lock)  # again: a sweep may have ended meanwhile
-        return _run(
+        return _drive(
             sweep, out, t0=t0, address=address, resume=resume, options=options, source=source,
             cost=cost, on_update=on_update, log=log,
         )  # fmt: skip
 
 
-def _run(
+def _drive(
     sweep: SweepConfig | None,
     out: Path,
     *,
@@ -183,15 +183,15 @@ def _run(
         )
     pool.shutdown(wait=False)
     started_ray = False
-    driver: Dispatcher | None = None
+    dispatcher: Dispatcher | None = None
     try:
         started_ray = connect(address, num_gpus=hw.num_gpus, cpu=hw.is_cpu)
         ray_start_s = time.monotonic() - t0
         with sweep.located():
             check_gpus(hw.num_gpus, cpu=hw.is_cpu, max_degree=_widest_job(sweep))
-        driver = Dispatcher(sweep=sweep, options=options, on_update=on_update)
+        dispatcher = Dispatcher(sweep=sweep, options=options, on_update=on_update)
         if options.prestart and fits_one_gpu(sweep) and not sweep.planner.strategies:
-            driver.prestart(range(sweep.hardware.num_gpus))
+            dispatcher.prestart(range(sweep.hardware.num_gpus))
         t_wait = time.monotonic()
         data_report = None
         if prepared is None:
@@ -226,7 +226,7 @@ def _run(
                 write_sweep_yaml(store, sweep.to_yaml())
             if data_report is not None:
                 store.write_data_report(data_report.to_dict())
-            driver.attach(coord, store)
+            dispatcher.attach(coord, store)
             first = coord.start()
         else:
             with create_sweep_dir(out) as store:
@@ -237,7 +237,7 @@ def _run(
                 if data_report is not None:
                     store.write_data_report(data_report.to_dict())
                 coord = make(store)
-                driver.attach(coord, store)  # the first plan knows the groups already starting
+                dispatcher.attach(coord, store)  # the first plan knows the groups already starting
                 # ... and is made before DIR is in place: a config it cannot place (one a
                 # searcher proposed, beyond the sample prepare checked) leaves no directory
                 try:
@@ -249,7 +249,7 @@ def _run(
         store.curves = open_curves(sinks, sweep, configs=coord.configs, metric_name=metric_name,
                                    finished=list(coord.results))  # fmt: skip
         setup_s = time.monotonic() - t0
-        driver.run(first)
+        dispatcher.loop(first)
         ended = time.monotonic()
         if options.record_profile:
             record_profile(
@@ -258,8 +258,8 @@ def _run(
     finally:
         if prepared is not None:
             concurrent.futures.wait([prepared])  # never leave it running into a shut-down Ray
-        if driver is not None:
-            driver.close()
+        if dispatcher is not None:
+            dispatcher.close()
         _close_curves(store, sinks)
         shutdown_cluster(started=started_ray)
     done = time.monotonic()
@@ -324,7 +324,7 @@ def _early_stopper(sweep: SweepConfig) -> Any:
     """The sweep's ``early_stop:`` stopper, or None; Ray Tune (1-2 s to import) only with one."""
     if sweep.early_stop is None:
         return None
-    from plora.tune.early_stop import make_early_stopper
+    from plora.tune.adapter_stopper import make_early_stopper
 
     return make_early_stopper(sweep.early_stop)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from plora.config import ConfigError, SweepConfig
 from plora.cost.jobterms import DEFAULT_CHECKPOINT_EVERY
-from plora.runtime.group import check_strategies
+from plora.runtime.actors.group import check_strategies
 from plora.runtime.records import ConfigSource
 
 

@@ -15,7 +15,7 @@ A Tune user keeps ``tune.Tuner``, searchers, schedulers and the ``ResultGrid``::
     best = tuner.fit().get_best_result().checkpoint     # the best adapter, PEFT format
 
 Each trial is a *proxy*: it asks for a tiny CPU share and no GPU (a Tune request cannot be all
-zeros), registers its config with the experiment's :class:`~plora.runtime.tune_service.TuneService`
+zeros), registers its config with the experiment's :class:`~plora.runtime.actors.tune_service.TuneService`
 (a named actor the Tune driver creates here, so it lives and dies with the driver), then
 reports its adapter's step metrics as they stream (``adapter_step`` is the monotone time
 attribute for schedulers: the adapter's own optimizer step), and ends with a checkpoint that
@@ -97,7 +97,7 @@ def plora_trainable(
     """
     from ray import tune
 
-    from plora.runtime.tune_service import start_service
+    from plora.runtime.actors.tune_service import start_service
 
     if not isinstance(sweep, SweepConfig):
         sweep = SweepConfig.from_yaml(Path(sweep))

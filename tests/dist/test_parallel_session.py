@@ -129,7 +129,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """One process, the same packs and control, no abort: ``run_pack``."""
-    from plora.engine.run import PackSession
+    from plora.engine.session import PackSession
 
     out = tmp_path_factory.mktemp("single")
     threads = torch.get_num_threads()

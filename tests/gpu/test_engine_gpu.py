@@ -122,9 +122,9 @@ def test_bf16_checkpointing_dropout_runs_and_repeats():
 
 
 def test_ray_finds_the_gpus_torch_sees():
-    """``plora.runtime.cluster.ray_finds_gpus`` (asked before ``ray.init``, without torch) agrees
+    """``plora.runtime.actors.cluster.ray_finds_gpus`` (asked before ``ray.init``, without torch) agrees
     with torch on a GPU machine, so a local cluster gets the real GPUs, never logical ones."""
     pytest.importorskip("ray")
-    from plora.runtime.cluster import ray_finds_gpus
+    from plora.runtime.actors.cluster import ray_finds_gpus
 
     assert ray_finds_gpus() is torch.cuda.is_available()

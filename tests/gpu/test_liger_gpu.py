@@ -172,7 +172,7 @@ def test_session_with_liger_trains_and_evaluates_like_stock(tmp_path):
     """``run_pack`` (the resident engine) with ``on`` and then ``off``: the same losses and packed
     eval losses within bf16 noise; the second, stock session is not touched by the first."""
     from plora.config import DatasetSpec
-    from plora.engine.run import PackSession, run_pack
+    from plora.engine.session import PackSession, run_pack
 
     loaded = []
     init = PackSession.__init__

@@ -53,7 +53,7 @@ def one_gpu(tmp_path_factory):
     from plora.config import CudaGraphs
     from plora.config.fused import FusedKernels
     from plora.engine.api import EngineSpec
-    from plora.engine.run import PackSession
+    from plora.engine.session import PackSession
 
     other = {"cuda_graphs": CudaGraphs.OFF, "fused_kernels": FusedKernels.OFF}
     runs = {}

@@ -1,5 +1,5 @@
 """Fault test: no process outlives its driver. A driver that started an embedded local Ray
-(``plora.runtime.cluster.connect``) is SIGKILLed; every process it had started -- GCS, raylet,
+(``plora.runtime.actors.cluster.connect``) is SIGKILLed; every process it had started -- GCS, raylet,
 workers and Ray's agents, which Ray itself leaves running -- is gone within seconds (the
 watchdog alone, without Ray: ``tests/unit/test_reaper.py``)."""
 
@@ -16,7 +16,7 @@ import psutil
 DRIVER = """
 import os, sys, time
 import ray
-from plora.runtime import cluster
+from plora.runtime.actors import cluster
 assert cluster.connect("local", num_gpus=1)
 
 @ray.remote(num_cpus=0)

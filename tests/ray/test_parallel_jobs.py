@@ -102,7 +102,7 @@ def _reference(sweep: SweepConfig, out: Path):
     import torch
 
     from plora.engine.api import EngineSpec, PackRequest
-    from plora.engine.run import PackSession
+    from plora.engine.session import PackSession
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -1,5 +1,5 @@
 """The local cluster ``plora sweep`` starts hands its workers the sweep's environment
-(``plora.runtime.cluster.WORKER_ENV``) through the processes' environment, not a job
+(``plora.runtime.actors.cluster.WORKER_ENV``) through the processes' environment, not a job
 ``runtime_env``: an actor sees ``RAY_USAGE_STATS_ENABLED=0`` and ``TOKENIZERS_PARALLELISM=false``
 although the driver was started without them, the job has no runtime_env (so actors may use
 the workers Ray prestarts at init), and the driver's own environment is left as Ray leaves it. The
@@ -17,7 +17,7 @@ import pytest
 DRIVER = """
 import json, os
 import ray
-from plora.runtime import cluster
+from plora.runtime.actors import cluster
 
 starts = cluster.starts_local(None)
 assert cluster.connect(None, num_gpus=1, cpu=True)

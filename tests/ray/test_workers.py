@@ -11,8 +11,8 @@ import pytest
 from packfn import PackFnEngine
 from test_runtime import configs, cost_of, tiny_sweep
 
+from plora.runtime.actors.group import UnsupportedJobError, _worker_cls, start_group
 from plora.runtime.driver import RunOptions, run_sweep
-from plora.runtime.group import UnsupportedJobError, _worker_cls, start_group
 from plora.runtime.records import StaticSource
 from plora.sweepdir.store import SweepStore
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from test_sweep_cli import assert_one_error, no_sweep_dir, run, sweep_file
 
-import plora.runtime.cluster as cluster
+import plora.runtime.actors.cluster as cluster
+import plora.runtime.actors.group as group
 import plora.runtime.driver as driver
-import plora.runtime.group as group
 from plora.config import ConfigError
 
 
@@ -102,7 +102,7 @@ def fake_init(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(cluster.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(cluster, "ray_finds_gpus", lambda: False)
-    monkeypatch.setattr("plora.runtime.reaper.start_reaper", lambda: None)
+    monkeypatch.setattr("plora.runtime.actors.reaper.start_reaper", lambda: None)
 
     def init(**kwargs: Any) -> None:
         env = {k: cluster.os.environ.get(k) for k in cluster.WORKER_ENV}
@@ -173,7 +173,7 @@ def test_ray_finds_gpus_as_ray_counts_them_without_torch():
     ``tests/gpu/test_engine_gpu.py::test_ray_finds_the_gpus_torch_sees``."""
     code = (
         "import sys\n"
-        "from plora.runtime import cluster\n"
+        "from plora.runtime.actors import cluster\n"
         "from ray._private.resource_and_label_spec import ResourceAndLabelSpec\n"
         "found = cluster.ray_finds_gpus()\n"
         "spec = ResourceAndLabelSpec().resolve(is_head=True)\n"

@@ -86,8 +86,8 @@ def test_searcher_is_told_every_ending_and_asked_again() -> None:
 
 def test_relay_actor_logic_without_ray() -> None:
     from plora.engine.api import Control
+    from plora.runtime.actors.relay import CoordinatorActor
     from plora.runtime.coordinator.pause import ConfigRequest
-    from plora.runtime.relay import CoordinatorActor
 
     relay = CoordinatorActor(keep_history=True)
     relay.push_reports(

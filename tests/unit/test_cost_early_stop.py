@@ -1,7 +1,7 @@
 """The plan and the ETA under ``early_stop:`` (ASHA): expected adapter-steps, not the budget.
 
-The prediction (``plora.cost.early_stop``) is checked by hand on small cases and against Ray
-Tune's own ASHA (``plora.tune.early_stop.AdapterEarlyStopper``) stopping simulated packs; then
+The prediction (``plora.cost.asha_survival``) is checked by hand on small cases and against Ray
+Tune's own ASHA (``plora.tune.adapter_stopper.AdapterEarlyStopper``) stopping simulated packs; then
 ``plora plan``'s makespan and the coordinator's ETA (fake clock) are shown to use it.
 """
 
@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from plora.config import SweepConfig
-from plora.config.early_stop import EarlyStopConfig
+from plora.config.asha_options import EarlyStopConfig
+from plora.cost.asha_survival import expected_steps, expected_steps_left, segments, survival
 from plora.cost.build import build_cost_model
-from plora.cost.early_stop import expected_steps, expected_steps_left, segments, survival
-from plora.tune.early_stop import AdapterEarlyStopper
+from plora.tune.adapter_stopper import AdapterEarlyStopper
 
 ES = EarlyStopConfig(grace_steps=10, reduction_factor=2)
 

@@ -73,7 +73,7 @@ def test_a_bad_value_is_one_line_naming_file_key_and_value(tmp_path, value) -> N
 
 
 def test_the_dispatcher_hands_the_setting_to_its_workers(tmp_path, monkeypatch) -> None:
-    from plora.runtime import dispatch
+    from plora.runtime.actors import dispatch
     from plora.runtime.options import RunOptions
 
     monkeypatch.setattr(dispatch, "start_relay", lambda *a, **k: None)  # no Ray here
@@ -89,7 +89,7 @@ def test_the_dispatcher_hands_the_setting_to_its_workers(tmp_path, monkeypatch) 
 def test_a_resident_session_builds_each_packs_trainer_with_the_setting(
     tmp_path, monkeypatch
 ) -> None:
-    from plora.engine import run
+    from plora.engine import session as run
     from plora.engine.trainer import PackedTrainer
 
     data = DatasetSpec(builtin="arithmetic", num_examples=16, max_seq_len=32, eval_fraction=0.0)

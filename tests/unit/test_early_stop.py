@@ -14,10 +14,10 @@ import pytest
 from runtime_fakes import AffineCost, GreedyPlanner, lora, report
 
 from plora.config import ConfigError, SweepConfig
-from plora.config.early_stop import EarlyStopConfig
+from plora.config.asha_options import EarlyStopConfig
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.records import ConfigStatus, Decision
-from plora.tune.early_stop import AdapterEarlyStopper
+from plora.tune.adapter_stopper import AdapterEarlyStopper
 
 SWEEP = {
     "name": "es",

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from plora.config import DatasetSpec, LoRAConfig
 from plora.engine import checkpoint as ckpt
 from plora.engine import export as export_mod
-from plora.engine import pack_run as run_mod
+from plora.engine import job as run_mod
 from plora.engine import run_pack
 from plora.engine.adapters import adapter_state_dict
 from plora.engine.trainer import PackedTrainer

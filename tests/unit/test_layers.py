@@ -59,7 +59,7 @@ def test_every_module_sits_in_a_layer(graph_mod, graph) -> None:
         ("plora.planner.schedule", "torch", "pure"),
         ("plora.cost.model", "ray", "pure"),
         ("plora.kernels.ops", "plora.config", "nothing from plora"),
-        ("plora.engine.trainer", "plora.runtime.worker", "never imports the runtime"),
+        ("plora.engine.trainer", "plora.runtime.actors.worker", "never imports the runtime"),
         ("plora.analysis.load", "plora.cli", "nothing imports the CLI"),
         ("plora.api", "plora.cli.app", "nothing imports the CLI"),
         ("plora.config.sweep", "plora.planner.types", "upward"),

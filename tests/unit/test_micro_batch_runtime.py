@@ -73,7 +73,7 @@ def test_a_retried_or_split_job_keeps_its_rows_per_forward():
 
 
 def test_the_dispatcher_puts_the_jobs_rows_per_forward_in_its_request(tmp_path):
-    from plora.runtime.dispatch import Dispatcher
+    from plora.runtime.actors.dispatch import Dispatcher
     from plora.runtime.records import JobSpec
 
     fake = SimpleNamespace(

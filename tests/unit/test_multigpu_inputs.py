@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from test_sweep_cli import assert_one_error, no_sweep_dir, run, sweep_file
 
-import plora.runtime.cluster as cluster
+import plora.runtime.actors.cluster as cluster
 import plora.runtime.driver as driver
 
 
@@ -48,7 +48,7 @@ def joined_cluster(monkeypatch):
             if not state.get("attach"):
                 raise ReachedDispatch("the dispatcher got a coordinator")
 
-        def run(self, launches: Any) -> None:
+        def loop(self, launches: Any) -> None:
             raise ReachedDispatch("the dispatcher got jobs")
 
         def close(self) -> None:

@@ -120,7 +120,7 @@ def test_step_time_charges_the_bytes_plora_parallel_sends() -> None:
 
 def test_the_runtime_runs_every_strategy_and_refuses_others_before_starting() -> None:
     from plora.config import ConfigError
-    from plora.runtime.group import check_strategies
+    from plora.runtime.actors.group import check_strategies
 
     check_strategies(list(Strategy))
     with pytest.raises(

@@ -1,4 +1,4 @@
-"""The driver's watchdog (:mod:`plora.runtime.reaper`) without Ray: a fake driver starts
+"""The driver's watchdog (:mod:`plora.runtime.actors.reaper`) without Ray: a fake driver starts
 children and grandchildren; killed, they are all stopped; shut down cleanly, none is touched."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import psutil
 DRIVER = """
 import subprocess, sys, time
 import psutil
-from plora.runtime.reaper import start_reaper
+from plora.runtime.actors.reaper import start_reaper
 reaper = start_reaper(interval_s=0.1, grace_s=1.0)
 # a child that starts a grandchild, as the raylet starts Ray's agents
 child = subprocess.Popen([sys.executable, "-c",

@@ -9,8 +9,8 @@ import time
 
 from runtime_fakes import report
 
-from plora.runtime import worker
-from plora.runtime.relay import CoordinatorActor
+from plora.runtime.actors import worker
+from plora.runtime.actors.relay import CoordinatorActor
 
 
 class _Handle:

@@ -95,7 +95,7 @@ def test_lock_from_another_host_is_honoured_unless_forced(tmp_path) -> None:
 def test_force_unlock_reaches_the_driver(tmp_path, monkeypatch) -> None:
     out = tmp_path / "out"
     write_lock(out, pid=os.getpid(), host="elsewhere.invalid")
-    monkeypatch.setattr(driver, "_run", lambda sweep, out_, **kw: read_owner(out_))
+    monkeypatch.setattr(driver, "_drive", lambda sweep, out_, **kw: read_owner(out_))
     monkeypatch.setattr(driver, "check_address", lambda address: None)
     with pytest.raises(SweepLockedError, match="--force-unlock"):
         driver.run_sweep(None, out)
@@ -125,7 +125,7 @@ def test_a_stale_lock_is_taken_over_and_the_lock_released_on_every_exit(
             raise RuntimeError("boom")
         return "summary"
 
-    monkeypatch.setattr(driver, "_run", fake_run)
+    monkeypatch.setattr(driver, "_drive", fake_run)
     monkeypatch.setattr(driver, "check_address", lambda address: None)
     stale = write_lock(out, pid=dead_pid())
     with caplog.at_level(logging.WARNING, logger="plora.runtime.driver"):

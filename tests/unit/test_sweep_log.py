@@ -20,7 +20,7 @@ def test_console_shows_plora_and_the_file_everything(tmp_path, capfd) -> None:
         assert not (tmp_path / "plora.log").exists()  # no directory yet: kept in memory
         log.attach(tmp_path)
         logging.getLogger("some.library.loader").info("loading weights")
-        logging.getLogger("plora.engine.run").debug("below INFO: nowhere")
+        logging.getLogger("plora.engine.session").debug("below INFO: nowhere")
     err = capfd.readouterr().err
     assert err.splitlines() == ["note: a stale lock was taken over"]
     text = (tmp_path / "plora.log").read_text()

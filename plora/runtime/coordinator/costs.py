@@ -10,7 +10,7 @@ from typing import Any
 
 from plora.config import LoRAConfig
 from plora.cost import Strategy
-from plora.cost.early_stop import expected_steps, expected_steps_left
+from plora.cost.asha_survival import expected_steps, expected_steps_left
 from plora.planner.types import call_strategy
 
 

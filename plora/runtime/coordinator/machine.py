@@ -7,7 +7,7 @@ events -- :meth:`~Coordinator.start`, :meth:`~Coordinator.on_reports`,
 :meth:`~Coordinator.poll` gives a running job its control (stop one adapter, refill a free
 slot). It does no Ray calls: it runs in the driver (:mod:`plora.runtime.driver`), next to the sweep
 directory it writes, and workers reach it through the named relay actor
-:class:`plora.runtime.relay.CoordinatorActor` (metrics in, control out).
+:class:`plora.runtime.actors.relay.CoordinatorActor` (metrics in, control out).
 
 Resident workers. The driver keeps one worker group per GPU that loaded the base model once
 (:meth:`~Coordinator.on_group_started` / :meth:`~Coordinator.on_group_ready`); jobs are entries
@@ -97,7 +97,7 @@ class Coordinator:
         metric_name: The dataset's metric name, added to what the searcher is told.
         calibration_steps: Measured steps (after each job's first) of the first job after which
             the cost model is refit and the remaining configs re-planned (0: only at job ends).
-        early_stop: Early stopping (``early_stop:``; :class:`plora.tune.early_stop.AdapterEarlyStopper`):
+        early_stop: Early stopping (``early_stop:``; :class:`plora.tune.adapter_stopper.AdapterEarlyStopper`):
             told every streamed step, it names configs to stop inside their packs.
     """
 

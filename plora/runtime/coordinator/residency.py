@@ -1,7 +1,7 @@
 """Resident worker groups as the coordinator sees them: which GPUs hold the base model (warm),
 which groups are still starting and when each is predicted ready.
 
-Plain bookkeeping, no Ray: the driver starts and stops the groups (:mod:`plora.runtime.group`)
+Plain bookkeeping, no Ray: the driver starts and stops the groups (:mod:`plora.runtime.actors.group`)
 and tells the coordinator, which keeps one :class:`Residency`.
 """
 

@@ -5,7 +5,7 @@ driver, but whose agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``, sta
 raylet) are left running, re-parented to init, when the driver is killed (``SIGKILL``, OOM
 killer, a lost ``ray job`` driver) instead of calling ``ray.shutdown()``.
 
-:func:`start_reaper` starts a small watchdog process (``python -m plora.runtime.reaper``) in its
+:func:`start_reaper` starts a small watchdog process (``python -m plora.runtime.actors.reaper``) in its
 own session, joined to the driver by a pipe. While the driver lives, the watchdog records the
 driver's descendants (their pids and start times) every ``interval_s``; when the pipe closes
 without the driver's ``done`` -- the driver died -- it stops each recorded process that is still
@@ -53,7 +53,7 @@ class Reaper:
 
 def start_reaper(*, interval_s: float = 0.5, grace_s: float = 3.0) -> Reaper:
     """Start the watchdog of this (driver) process's descendants."""
-    cmd = [sys.executable, "-m", "plora.runtime.reaper", str(os.getpid()), str(interval_s),
+    cmd = [sys.executable, "-m", "plora.runtime.actors.reaper", str(os.getpid()), str(interval_s),
            str(grace_s)]  # fmt: skip
     proc = subprocess.Popen(
         cmd,

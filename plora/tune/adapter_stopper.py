@@ -16,7 +16,7 @@ from typing import Any
 
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
-from plora.config.early_stop import EarlyStopConfig, EarlyStopKind
+from plora.config.asha_options import EarlyStopConfig, EarlyStopKind
 from plora.tune.asha_state import inner_state, set_inner_state
 
 MAX_T = 1 << 20

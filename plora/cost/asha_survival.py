@@ -1,7 +1,7 @@
 """Expected adapter-steps of a config under ASHA early stopping (``early_stop:`` in the sweep).
 
 ASHA (asynchronous successive halving; Ray Tune's ``ASHAScheduler``, which
-:mod:`plora.tune.early_stop` drives) records each config's loss at the rungs
+:mod:`plora.tune.adapter_stopper` drives) records each config's loss at the rungs
 ``r_k = grace · η^k`` (``η`` the reduction factor). A config arriving at a rung goes on when its
 loss is no worse than the ``1 - 1/η`` quantile (numpy's interpolated percentile) of the losses
 recorded there before it -- every earlier arrival, stopped or not; the first always goes on.
@@ -36,7 +36,7 @@ from typing import Protocol
 
 
 class EarlyStopLike(Protocol):
-    """What the prediction reads of ``plora.config.early_stop.EarlyStopConfig``."""
+    """What the prediction reads of ``plora.config.asha_options.EarlyStopConfig``."""
 
     @property
     def grace_steps(self) -> int: ...

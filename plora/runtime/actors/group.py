@@ -27,7 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from plora.config import JOB_STRATEGIES, ConfigError
 from plora.engine.api import EngineSpec, PackEngine, PackRequest
-from plora.runtime.worker import PackWorker, WorkerInfo
+from plora.runtime.actors.worker import PackWorker, WorkerInfo
 
 #: Strategies a group's workers can run for d > 1 (:data:`plora.config.JOB_STRATEGIES`).
 RUNTIME_STRATEGIES: frozenset[str] = frozenset(str(s) for s in JOB_STRATEGIES)
@@ -73,10 +73,10 @@ class WorkerGroup:
     def node(self) -> str | None:
         return None if self.info is None else f"{self.info.host}:{self.info.node_id[:8]}"
 
-    def run(self, request: PackRequest) -> list[Any]:
+    def submit(self, request: PackRequest) -> list[Any]:
         """Start ``request`` on every rank; rank 0's ref carries the outcome."""
         self.jobs += 1
-        return [w.run.remote(request) for w in self.workers]
+        return [w.run_job.remote(request) for w in self.workers]
 
 
 def start_group(

@@ -1,9 +1,9 @@
 """The dispatcher: carries out the coordinator's decisions on Ray and feeds it the events.
 
 :class:`Dispatcher` is the Ray side of a running sweep (:func:`plora.runtime.driver.run_sweep`
-builds it): it starts resident worker groups (:mod:`plora.runtime.group`) on the GPUs the
+builds it): it starts resident worker groups (:mod:`plora.runtime.actors.group`) on the GPUs the
 coordinator books, runs each job on its group, waits on the jobs' results and the relay's step
-reports (:mod:`plora.runtime.relay`), and hands each event to the
+reports (:mod:`plora.runtime.actors.relay`), and hands each event to the
 :class:`~plora.runtime.coordinator.Coordinator`, which decides what runs next.
 """
 
@@ -21,12 +21,12 @@ import ray
 
 from plora.config import SweepConfig
 from plora.engine.api import CheckpointPolicy, EngineSpec, OutcomeStatus, PackRequest
-from plora.runtime.cluster import worker_resources
+from plora.runtime.actors.cluster import worker_resources
+from plora.runtime.actors.group import WorkerGroup, start_group, stop_group
+from plora.runtime.actors.relay import start_relay
 from plora.runtime.coordinator import Coordinator
-from plora.runtime.group import WorkerGroup, start_group, stop_group
 from plora.runtime.options import RunOptions
 from plora.runtime.records import FailureKind, JobSpec
-from plora.runtime.relay import start_relay
 from plora.sweepdir.store import SweepStore
 
 
@@ -94,11 +94,14 @@ class Dispatcher:
         for key, group in self.groups.items():
             coord.on_group_started(key, elapsed_s=now - group.started_at)
 
-    def run(self, launches: list[JobSpec]) -> None:
+    def loop(self, launches: list[JobSpec]) -> None:
+        """Launch ``launches``, then turn until the coordinator is done: each turn waits for a
+        job to end (or ``tick_s``), relays the workers' reports and requests to the
+        coordinator, hands it the ended jobs and launches what it returns."""
         try:
             self._launch(launches)
             while not self.coord.is_done():
-                self._step()
+                self._turn()
         finally:
             self.store.flush_metrics()
 
@@ -110,7 +113,7 @@ class Dispatcher:
         with contextlib.suppress(Exception):  # cluster already gone
             ray.kill(self.relay)
 
-    def _step(self) -> None:
+    def _turn(self) -> None:
         """One turn of the loop: the events since the last (step reports, stop requests, jobs
         that ended), then the launches, then each running job's control. The sweep directory
         is written once per batch of events (:meth:`Coordinator.batched_writes`), before the
@@ -277,7 +280,7 @@ class Dispatcher:
     def _launch(self, launches: list[JobSpec]) -> None:
         for spec in launches:
             group = self._group_for(spec)
-            refs = group.run(self._request(spec))
+            refs = group.submit(self._request(spec))
             self.jobs[spec.job_id] = _Job(spec=spec, group=group, refs=refs, peers=set(refs[1:]))
             if group.info is not None:
                 self.coord.on_job_started(spec.job_id, node=group.node)

@@ -3,7 +3,7 @@
 Every problem a user can fix (an unreachable ``--address``, too few GPUs) is a one-line
 :class:`~plora.config.ConfigError` raised before anything is started.
 
-A local cluster this process starts is watched by :mod:`plora.runtime.reaper`: if the driver
+A local cluster this process starts is watched by :mod:`plora.runtime.actors.reaper`: if the driver
 dies without :func:`shutdown`, the cluster's processes (Ray's agents included) are stopped too.
 """
 
@@ -85,7 +85,7 @@ def connect(address: str | None, *, num_gpus: int, cpu: bool = False) -> bool:
         finally:
             logging.getLogger("ray").setLevel(logging.WARNING)
         global _REAPER
-        from plora.runtime.reaper import start_reaper
+        from plora.runtime.actors.reaper import start_reaper
 
         _REAPER = start_reaper()
         return True
@@ -244,7 +244,7 @@ def check_gpus(num_gpus: int, *, cpu: bool = False, max_degree: int = 1) -> floa
     """The cluster's GPU count (CPU count for a CPU sweep); ConfigError (keyed
     ``hardware.num_gpus``) when it has fewer GPUs than the sweep wants, or no node with
     ``max_degree`` GPUs (the most a job may span: a job's workers share one node,
-    :func:`plora.runtime.group.start_group`), or, on CPU (``hardware.gpu_type: cpu``: the "GPUs"
+    :func:`plora.runtime.actors.group.start_group`), or, on CPU (``hardware.gpu_type: cpu``: the "GPUs"
     are worker slots that ask Ray for CPUs only, :func:`worker_resources`), no CPU at all."""
     if cpu:
         cpus = float(ray.cluster_resources().get("CPU", 0.0))

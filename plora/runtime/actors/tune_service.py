@@ -5,7 +5,7 @@ configs with. On the first registration it starts the sweep -- :func:`plora.runt
 in a thread of the actor, with a :class:`~plora.tune.source.RegistrationSource` as its config
 source -- into ``<experiment dir>/plora/`` (a sweep directory like any other: plan, jobs,
 metrics, results, decisions, adapters). Trials follow their config through the sweep's relay
-(:meth:`~plora.runtime.relay.CoordinatorActor.history`); a scheduler's STOP reaches the
+(:meth:`~plora.runtime.actors.relay.CoordinatorActor.history`); a scheduler's STOP reaches the
 coordinator through the relay's ``stop_config``.
 
 Lifetime. The service is created by the Tune driver (:func:`plora.tune.trainable.plora_trainable`)
@@ -247,7 +247,7 @@ def start_service(
     driver); an existing one of that name is returned as it is."""
     import ray
 
-    from plora.runtime.cluster import connect
+    from plora.runtime.actors.cluster import connect
 
     connect(None, num_gpus=sweep.hardware.num_gpus)
     return (

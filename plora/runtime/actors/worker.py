@@ -35,8 +35,8 @@ from plora.engine.api import (
 #: (it compiles what the first step would compile anyway; a stuck one is stopped).
 WARMUP_WAIT_S = 60.0
 #: Longest wait after that for the Liger-Kernel warm-up process, which is then stopped: it holds
-#: GPU memory the first step's plan did not count, and saves that step 1-2 s (an H100, cold
-#: caches, 2026-11-28), which a longer wait would not pay for.
+#: GPU memory the first step's plan did not count, and saves that step a second or two, which a
+#: longer wait would not pay for.
 FUSED_WARMUP_WAIT_S = 3.0
 
 
@@ -57,7 +57,7 @@ class WorkerInfo:
     group's start-up that the profile store keeps."""
     load_parts: dict[str, float] = field(default_factory=dict)
     """``load_s`` by part, where the engine reports them: ``import`` (the engine's modules),
-    ``model``, ``kernels``, ``data`` (:class:`~plora.engine.run.PackSession`), ``parallelize``."""
+    ``model``, ``kernels``, ``data`` (:class:`~plora.engine.session.PackSession`), ``parallelize``."""
 
 
 def _tiny_build_s() -> float:
@@ -72,7 +72,7 @@ class RelayHooks:
     """The engine's :class:`~plora.engine.api.SyncHooks`, talking to the coordinator relay.
 
     Args:
-        relay: The :class:`plora.runtime.relay.CoordinatorActor` handle.
+        relay: The :class:`plora.runtime.actors.relay.CoordinatorActor` handle.
         job_id: This job's id (the relay keys control and reports by it).
         flush_every_s: Send buffered reports at most this often (and before every poll).
         poll_every_s: Ask for control at most this often (0: every step).
@@ -140,14 +140,14 @@ class RelayHooks:
 
 
 class PackWorker:
-    """One rank of a resident worker group (created by :mod:`plora.runtime.group`).
+    """One rank of a resident worker group (created by :mod:`plora.runtime.actors.group`).
 
     Args:
         rank: This worker's rank in its group (0..d-1).
         world_size: d, the group's GPU count.
         relay: The coordinator relay actor handle.
         engine: The engine class (``engine(spec)`` loads the base model; a ``PackEngine``);
-            None: :class:`plora.engine.run.PackSession` for d = 1, and for d > 1
+            None: :class:`plora.engine.session.PackSession` for d = 1, and for d > 1
             :class:`plora.parallel.session.ParallelPackSession` on the group's process group
             with ``strategy`` -- imported in the worker (the driver need not import torch).
         strategy: The group's strategy (``tp``, ``fsdp``, ``pp``) when d > 1.
@@ -225,7 +225,7 @@ class PackWorker:
                 )
             else:
                 if self._engine_cls is None:
-                    from plora.engine.run import PackSession
+                    from plora.engine.session import PackSession
 
                     self._engine_cls = PackSession
                 t_import = time.perf_counter() - t_import
@@ -282,7 +282,7 @@ class PackWorker:
             dist.all_reduce(t)
         return float(t.item())
 
-    def run(self, request: PackRequest) -> PackOutcome:
+    def run_job(self, request: PackRequest) -> PackOutcome:
         """Train one job's pack on the resident engine; reports are flushed before returning.
 
         In a group of d > 1 every rank runs the job; only rank 0 talks to the relay (metrics

@@ -1,4 +1,4 @@
-"""One job on a resident model: the loop of :class:`PackRun` and the clock of its phases.
+"""One job on a resident model: the step loop of :class:`PackJob` (:meth:`PackJob.train`) and the clock of its phases.
 
 Loop, between steps: ``hooks.poll()`` -> stop some configs / add new ones / abort; one packed
 step; ``hooks.on_step`` (its metrics and measurements); the adapters that finished (their steps
@@ -85,7 +85,7 @@ class _Phase:
         self.clock.add(self.name, time.perf_counter() - self.t0)
 
 
-class PackRun:
+class PackJob:
     """Bookkeeping of one pack: the step loop, results, exports, evaluation, checkpoints."""
 
     def __init__(
@@ -143,7 +143,9 @@ class PackRun:
         ]
         pause.join_all(self.trainer, pending, self.out_dir)  # a paused config continues
 
-    def loop(self, hooks: PackHooks | None) -> None:
+    def train(self, hooks: PackHooks | None) -> None:
+        """Step until every adapter ended or the job is aborted: between steps the control
+        (stop, add, pause), finished adapters evaluated and exported, checkpoints on policy."""
         trainer, policy = self.trainer, self.request.checkpoint
         self.hooks = hooks
         last_checkpoint = time.monotonic()
@@ -304,4 +306,4 @@ def _evaluate(
     return out
 
 
-__all__ = ["JobClock", "PackRun"]
+__all__ = ["JobClock", "PackJob"]

@@ -6,7 +6,7 @@ successive :class:`~plora.engine.api.PackRequest` s on that one copy: each reque
 ends, and releases its slots, so the next pack starts on a clean base without a reload.
 
 The job loop (steps, export behind evaluation, checkpoints, resume) is
-:class:`plora.engine.pack_run.PackRun`.
+:class:`plora.engine.job.PackJob`.
 
 :func:`run_pack` is the one-shot form (load, train one pack, return), for scripts and tests.
 """
@@ -32,8 +32,8 @@ from plora.engine.api import (
     PackOutcome,
     PackRequest,
 )
+from plora.engine.job import JobClock, PackJob
 from plora.engine.liger import apply_fused_kernels
-from plora.engine.pack_run import JobClock, PackRun
 from plora.engine.reports import Control
 from plora.engine.trainer import PackedTrainer, PackProfile
 
@@ -118,19 +118,19 @@ class PackSession:
         self._load_charged = True
         clock = JobClock()
         trainer = None
-        run: PackRun | None = None
+        job: PackJob | None = None
         try:
             with clock.phase("start"):
                 trainer = self._trainer(request)
-                run = PackRun(
+                job = PackJob(
                     trainer, self.data, self.tokenizer, request, clock,
                     agree=self._agree, writer=self._writer,
                 )  # fmt: skip
-                run.start()
-            run.loop(hooks)
-            run.drain_exports()  # the outcome names adapter directories: they exist now
+                job.start()
+            job.train(hooks)
+            job.drain_exports()  # the outcome names adapter directories: they exist now
         except torch.OutOfMemoryError as e:
-            notes = tuple(run.notes) if run is not None else ()
+            notes = tuple(job.notes) if job is not None else ()
             return PackOutcome(
                 job_id=request.job_id,
                 status=OutcomeStatus.OOM,
@@ -139,20 +139,20 @@ class PackSession:
                 notes=notes,
             )
         finally:
-            if run is not None:
-                run.exports.close()  # no write outlives its job (errors: raised above or moot)
+            if job is not None:
+                job.exports.close()  # no write outlives its job (errors: raised above or moot)
             if trainer is not None:
                 for cid in list(trainer.adapters):
                     trainer.release(cid)  # the next pack starts on a clean base
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-        assert run is not None  # set before the loop ran
+        assert job is not None  # set before the loop ran
         return PackOutcome(
             job_id=request.job_id,
-            results=dict(run.results),
-            profile=run.trainer.profile(),
+            results=dict(job.results),
+            profile=job.trainer.profile(),
             timings=clock.timings(load_s=load_s, model_loads=self.model_loads),
-            notes=tuple(run.notes),
+            notes=tuple(job.notes),
         )
 
 
