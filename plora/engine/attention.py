@@ -2,21 +2,17 @@
 
 Packed rows are right-padded to the longest row of the micro-batch, so nearly every step has a
 new ``(rows, length)`` shape. PyTorch picks cuDNN's fused attention for padded (masked) rows on
-Hopper, and cuDNN builds an execution plan on the host for each new shape: 2.0-3.6 s for the
-forward and backward of a new padded length on an H200 (Qwen2.5-1.5B shape, 64 rows of about
-640 tokens, ``benchmarks/sdpa_shapes.py``, 2026-11-25), which made steps 1, 3, 5, 23 and 26 of the
-end-to-end sweep stall. The memory-efficient kernel ran the same 4-layer shapes at the same
-steady-state speed (0.15-0.17 s vs 0.15-0.21 s) with no per-shape cost; in the whole 16-adapter
-sweep the median step went from 0.856 to 0.917 s while the 2.5-3.3 s stalls went away (net 9 s
-faster of 112 s). So the engine leaves cuDNN out.
+Hopper, and cuDNN builds an execution plan on the host for each new shape: seconds per new padded
+length, a stall on every step whose length is new. The memory-efficient kernel runs the same
+shapes at the same steady-state speed with no per-shape cost, so the engine leaves cuDNN out
+(``benchmarks/sdpa_shapes.py`` measures both; the numbers are in ``benchmarks/RESULTS.md``).
 Flash attention stays first for unpadded batches.
 
 The graphed step (:mod:`plora.engine.graphed`) passes no padding mask -- its rows are
 right-padded, so causal attention never lets a real token see padding -- and runs under
 :func:`causal_only`: HF's SDPA attention with no mask at all. Without it HF builds a full causal
 mask whenever a CUDA stream is capturing (``is_tracing``), and the masked SDPA call takes the
-memory-efficient kernel: 152 ms of attention per 3B step instead of flash's 43 ms (H100,
-2026-11-27).
+memory-efficient kernel, several times slower than flash on a 3B shape.
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@
 * :mod:`plora.models.hub` -- whether a hub id can be loaded, checked in seconds.
 
 Names load lazily, so the sweep driver's ``import plora.models.hub`` (and ``plora plan``) stays
-free of torch and transformers: those imports took 4 of the 14 s of ``import
-plora.runtime.driver`` on a 2-core host (``python -X importtime``, 2026-11-25).
+free of torch and transformers (seconds of import on a small host: ``python -X importtime``).
 """
 
 from __future__ import annotations

@@ -229,8 +229,8 @@ class DTM:
         """:meth:`_search` from ``(g, counts, cap)``, its sub-problems on an explicit stack.
 
         A policy of ``n`` jobs is a chain of ``n`` nested sub-problems: on 1,024 GPUs with
-        one-GPU jobs that is more than Python's recursion limit (``RecursionError`` at 5,000 x
-        1,024, 2026-11-28). Each sub-problem is a generator that yields the sub-problem it needs
+        one-GPU jobs that is more than Python's recursion limit (5,000 configs on 1,024 GPUs
+        raised ``RecursionError``). Each sub-problem is a generator that yields the sub-problem it needs
         and receives its policy; this loop runs them in the order the recursion did.
         """
         stack = [self._search(g, counts, cap)]

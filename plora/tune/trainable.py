@@ -60,9 +60,9 @@ PENDING_TRIALS = 256
 """``TUNE_MAX_PENDING_TRIALS_PG`` set for the user unless set: trials started at once."""
 IDLE_POLL_S = 1.0
 """Longest wait between a proxy's reads while its adapter has nothing new (queued, or paused):
-the wait doubles from ``poll_s`` each empty read and drops back at the next new step. Sixteen
-queued proxies reading 5 times a second took 0.9 of a core of a 2-core box (examples/tune_asha.py,
-2026-11-28), beside the one worker that trained."""
+the wait doubles from ``poll_s`` each empty read and drops back at the next new step: sixteen
+queued proxies reading 5 times a second would take most of a core of a small box
+(``examples/tune_asha.py``), beside the one worker that trains."""
 
 
 def plora_trainable(
