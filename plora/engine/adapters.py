@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -166,7 +167,7 @@ def _routed(model: nn.Module, routing: Routing) -> Iterator[None]:
 
 def packed_segments(
     model: nn.Module,
-    segments: Iterable,
+    segments: Iterable[Any],
     *,
     dropout_keys: Mapping[int, tuple[int, int]] | None = None,
 ) -> contextlib.AbstractContextManager[None]:

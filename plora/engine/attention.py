@@ -40,7 +40,7 @@ def engine_attention(model: nn.Module) -> contextlib.AbstractContextManager[None
 CAUSAL_SDPA = "plora_causal_sdpa"
 
 
-def _no_mask(*args, **kwargs) -> None:
+def _no_mask(*args: Any, **kwargs: Any) -> None:
     return None
 
 

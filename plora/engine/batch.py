@@ -68,7 +68,8 @@ class AdapterStream:
     @staticmethod
     def permutation(num_examples: int, seed: int, epoch: int) -> list[int]:
         """The visiting order of ``epoch`` (NumPy PCG64 seeded by ``(seed, epoch)``)."""
-        return np.random.default_rng([seed, epoch]).permutation(num_examples).tolist()
+        order: list[int] = np.random.default_rng([seed, epoch]).permutation(num_examples).tolist()
+        return order
 
     @property
     def steps_per_epoch(self) -> int:

@@ -28,4 +28,13 @@ def peak_memory(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-__all__ = ["device_name", "model_device", "peak_memory"]
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor ``x`` on ``device`` without waiting for it (pinned, non-blocking on CUDA)."""
+    if x.device == device:
+        return x
+    if device.type == "cuda":
+        x = x.pin_memory()
+    return x.to(device, non_blocking=True)
+
+
+__all__ = ["device_name", "model_device", "peak_memory", "to_device"]

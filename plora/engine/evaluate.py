@@ -259,7 +259,7 @@ def label_accuracy(
 ) -> float:
     """Fraction of examples whose best-scoring option is their label (see module doc)."""
     scores = option_scores(model, tokenizer, examples, options, batch_size=batch_size)
-    pred = scores.argmax(dim=1).tolist()
+    pred: list[int] = scores.argmax(dim=1).tolist()
     hits = sum(
         options[p] == (ex.label if ex.label is not None else ex.answer)
         for p, ex in zip(pred, examples, strict=True)
@@ -284,7 +284,8 @@ def _right_pad(
 
 
 def _logits(out: Any) -> torch.Tensor:
-    return out.logits if hasattr(out, "logits") else out
+    logits: torch.Tensor = out.logits if hasattr(out, "logits") else out
+    return logits
 
 
 def _device(model: Any) -> torch.device:

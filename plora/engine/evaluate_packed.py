@@ -61,6 +61,7 @@ from plora.engine.adapters import packed_layers, packed_segments, use_slot
 from plora.engine.attention import causal_only
 from plora.engine.causal_lm import plain_head_parts
 from plora.engine.data import IGNORE_INDEX, Example, TokenizedDataset
+from plora.engine.device import to_device
 from plora.engine.eval_rows import (
     EVAL_BATCH_ROWS,
     EVAL_MAX_TOKENS,
@@ -83,7 +84,7 @@ from plora.engine.evaluate import (
     evaluate,
     generate_greedy,
 )
-from plora.engine.loss import _to_device, token_nll
+from plora.engine.loss import token_nll
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +312,7 @@ def _score_rows(
         width = max(len(r.ids) for r in chunk)
         ids = [list(r.ids) + [pad_id] * (width - len(r.ids)) for r in chunk]
         mask = [[1] * len(r.ids) + [0] * (width - len(r.ids)) for r in chunk]
-        inputs = _to_device(torch.tensor([ids, mask], dtype=torch.long), device)
+        inputs = to_device(torch.tensor([ids, mask], dtype=torch.long), device)
         index = torch.tensor(
             [
                 [j * width + p - 1 for j, r in enumerate(chunk) for p in r.scored],
@@ -320,7 +321,7 @@ def _score_rows(
             ],
             dtype=torch.long,
         )
-        index = _to_device(index, device)
+        index = to_device(index, device)
         nll = None
         try:
             with packed_segments(model, chunk_segments(chunk)):

@@ -32,7 +32,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def peft_lora_config(config: LoRAConfig, *, base_model_name_or_path: str | None = None):
+def peft_lora_config(config: LoRAConfig, *, base_model_name_or_path: str | None = None) -> Any:
     """The ``peft.LoraConfig`` equivalent to ``config`` (task type CAUSAL_LM)."""
     torchao_first()  # peft imports torchao (when installed) noisily: quietly first
     from peft import LoraConfig, TaskType

@@ -22,7 +22,8 @@ import contextlib
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from plora.kernels.meta import DropoutKeys
@@ -36,7 +37,7 @@ RANK_ALIGN = 16
 
 #: ``"auto"``: fused kernels on CUDA when ``plora.kernels`` provides them; ``"torch"``: never.
 KERNEL_BACKEND = {"mode": "auto"}
-_CACHE: list = []
+_CACHE: list[Callable[..., torch.Tensor] | None] = []
 
 
 def set_kernel_backend(mode: str) -> None:
@@ -46,13 +47,13 @@ def set_kernel_backend(mode: str) -> None:
     KERNEL_BACKEND["mode"] = mode
 
 
-def kernel():
+def kernel() -> Callable[..., torch.Tensor] | None:
     """``plora.kernels.packed_lora_linear`` if usable, else None (the torch path)."""
     if KERNEL_BACKEND["mode"] == "torch":
         return None
     if not _CACHE:
         try:
-            from plora import kernels
+            from plora import kernels  # type: ignore[attr-defined]  # kernels/ installs as plora.kernels
 
             _CACHE.append(kernels.packed_lora_linear)
         except (ImportError, AttributeError):
@@ -60,7 +61,13 @@ def kernel():
     return _CACHE[0]
 
 
-def fused_forward(fn, layer, x, pieces, routing) -> torch.Tensor:
+def fused_forward(
+    fn: Callable[..., torch.Tensor],
+    layer: Any,
+    x: torch.Tensor,
+    pieces: Sequence[tuple[int, int, int]],
+    routing: Any,
+) -> torch.Tensor:
     """One fused call ``y = base(x) + Σ_i delta_i`` over all rows.
 
     The kernels get the layer's packed parameters themselves whenever the rows allow it: the
@@ -105,7 +112,9 @@ def fused_forward(fn, layer, x, pieces, routing) -> torch.Tensor:
                      a_cat.to(dtype), b_cat.to(dtype), table, rank_offsets, drop)  # fmt: skip
 
 
-def reference_deltas(layer, x: torch.Tensor, pieces, routing) -> list[torch.Tensor]:
+def reference_deltas(
+    layer: Any, x: torch.Tensor, pieces: Sequence[tuple[int, int, int]], routing: Any
+) -> list[torch.Tensor]:
     """The LoRA term of each ``(slot, start, stop)`` piece, ``(stop - start, ..., out)``, by the
     kernels' one torch formula (:func:`plora.kernels.reference.lora_term`).
 
@@ -136,7 +145,9 @@ def reference_deltas(layer, x: torch.Tensor, pieces, routing) -> list[torch.Tens
     return out
 
 
-def reference_forward(layer, x: torch.Tensor, pieces, routing) -> torch.Tensor:
+def reference_forward(
+    layer: Any, x: torch.Tensor, pieces: Sequence[tuple[int, int, int]], routing: Any
+) -> torch.Tensor:
     """``base(x)`` plus each piece's :func:`reference_deltas` on its rows: the packed layer off
     the kernels (CPU, float32 on CUDA, no Triton)."""
     return add_rows(layer.base_layer(x), reference_deltas(layer, x, pieces, routing), pieces)
@@ -159,7 +170,17 @@ def add_rows(
     return torch.cat(parts)
 
 
-def _call(fn, x, weight, bias, a_cat, b_cat, table, rank_offsets, drop) -> torch.Tensor:
+def _call(
+    fn: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    a_cat: torch.Tensor,
+    b_cat: torch.Tensor,
+    table: tuple[Any, ...],
+    rank_offsets: Any,
+    drop: Any,
+) -> torch.Tensor:
     _, seg_starts, ranks, scales, drops, _ = table
     return fn(
         x,
@@ -191,7 +212,9 @@ def dropout_key(seed: int, step: int) -> int:
     return mix(seed, step)
 
 
-def _slot_table(layer, pieces, per_row: int):
+def _slot_table(
+    layer: Any, pieces: Sequence[tuple[int, int, int]], per_row: int
+) -> tuple[Any, ...]:
     """``(slots, seg_starts, ranks, scales, dropout_p, first rows)`` of the kernel call."""
     order = layer.slots
     where = {s: k for k, s in enumerate(order)}

@@ -58,8 +58,10 @@ from plora.config.sweep_options import cuda_graphs_resolved
 from plora.engine import adapters
 from plora.engine.attention import causal_only
 from plora.engine.batch import pack_micro_batch, plan_micro_batches
+from plora.engine.device import to_device
 from plora.engine.fused import dropout_key
-from plora.engine.loss import _to_device, loss_targets, targets_loss
+from plora.engine.loss import loss_targets, targets_loss
+from plora.engine.step_record import StepReadback, StepShape
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +89,17 @@ def bucket_targets(n: int, capacity: int, steps: int = TARGET_STEPS) -> int:
     """``n`` targets rounded up to a ``1 / steps`` fraction of ``capacity`` (at most it)."""
     quantum = max(1, -(-capacity // steps))
     return min(capacity, -(-max(n, 1) // quantum) * quantum)
+
+
+_HostMicro = tuple[
+    tuple[tuple[int, int, int], ...],
+    dict[int, int],
+    list[int],
+    torch.Tensor,
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+]
+"""One micro-batch on the host: its segments, each slot's first row in its batch, the slots of
+its CE sums, its input ids and its loss targets (positions, labels, weights, owners)."""
 
 
 @dataclass
@@ -127,19 +140,24 @@ class StepGraphs:
         self.trainer = weakref.proxy(trainer)
         self.capture = trainer.device.type == "cuda"
         self.store = TableStore()
-        self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self.entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
-        self._layout: tuple | None = None
+        self._layout: tuple[Any, ...] | None = None
         self.captures = self.replays = self.eager_steps = 0
         self.disabled: str | None = None
 
     # ------------------------------------------------------------------ step
-    def step(self, active: Sequence[Any], batches: dict[int, list[Any]], denoms, lrs):
+    def step(
+        self,
+        active: Sequence[Any],
+        batches: dict[int, list[Any]],
+        denoms: dict[int, int],
+        lrs: dict[int, float],
+    ) -> StepReadback:
         """Forward, backward and optimizer of one step through the buffers of its key.
 
-        Returns ``(out, ce_slots, rows, padded, seq_len, num_norms)``: ``out`` a float64 device
-        buffer (every slot's gradient norm, then the micro-batches' CE sums; read it after the
-        step's synchronize).
+        Returns the step's :class:`~plora.engine.step_record.StepReadback`: its values are
+        this key's float64 output buffer (read it after the step's synchronize).
         """
         tr = self.trainer
         layout = (
@@ -162,7 +180,7 @@ class StepGraphs:
         keys = {s: st for s, (_, st) in steps.items()}
         if self.capture and entry.runs and entry.graph is None:
             self._capture(entry, keys)
-        entry.table.copy_(_to_device(tr.optimizer.slot_table(lrs), tr.device), non_blocking=True)
+        entry.table.copy_(to_device(tr.optimizer.slot_table(lrs), tr.device), non_blocking=True)
         if entry.graph is not None:
             entry.graph.replay()
             self.replays += 1
@@ -181,8 +199,13 @@ class StepGraphs:
             self.eager_steps += 1
         entry.runs += 1
         rows = sum(len(ids) for _, _, _, ids, _ in packed)
-        ce_slots = [m.slots for m in entry.micros]
-        return entry.out, ce_slots, rows, rows * length, length, entry.table.shape[0]
+        ce_slots = [list(m.slots) for m in entry.micros]
+        shape = StepShape(
+            rows=rows, padded_tokens=rows * length, seq_len=length, micro_batches=len(ce_slots)
+        )
+        return StepReadback(
+            values=entry.out, num_norms=entry.table.shape[0], ce_slots=ce_slots, shape=shape
+        )
 
     def drop(self) -> None:
         """Forget every graph, buffer and slot table (adapters changed, or memory is needed);
@@ -208,7 +231,7 @@ class StepGraphs:
     def _holds_graphs(self) -> bool:
         return any(e.graph is not None for e in self.entries.values())
 
-    def _entry(self, key: tuple, packed, length: int) -> _Entry:
+    def _entry(self, key: tuple[Any, ...], packed: list[_HostMicro], length: int) -> _Entry:
         """The entry of ``key`` whose target buffers hold this step's targets. Target counts
         vary from step to step: an entry's buffers only grow (to the bucket of the largest count
         seen), so a pack settles on one entry -- one graph -- per length bucket."""
@@ -226,7 +249,9 @@ class StepGraphs:
         self.entries.move_to_end(key)
         return entry
 
-    def _host_micro(self, micro, length: int, denoms):
+    def _host_micro(
+        self, micro: dict[int, tuple[int, list[Any]]], length: int, denoms: dict[int, int]
+    ) -> _HostMicro:
         """Host tensors of one micro-batch at the bucket's length (targets not yet padded)."""
         # every row is at most ``length`` tokens long: rounded up to a multiple of it, the
         # micro-batch's width is exactly ``length`` (the step's bucket, shared by its micros)
@@ -236,7 +261,7 @@ class StepGraphs:
         offsets = {s: micro[s][0] for s in micro}
         return segs, offsets, slots, pb.input_ids, (where, t, w, owner)
 
-    def _new_entry(self, packed, sizes: Sequence[int]) -> _Entry:
+    def _new_entry(self, packed: list[_HostMicro], sizes: Sequence[int]) -> _Entry:
         dev = self.trainer.device
         micros = []
         for (segs, offsets, slots, ids, _), size in zip(packed, sizes, strict=True):
@@ -249,7 +274,7 @@ class StepGraphs:
         )
         return _Entry(micros, torch.zeros(n_ids, 8, device=dev), out)
 
-    def _fill(self, entry: _Entry, packed) -> None:
+    def _fill(self, entry: _Entry, packed: list[_HostMicro]) -> None:
         """Copy a step's rows and targets into the entry's buffers; targets past the step's own
         are padding: position 0, label 0, weight 0, owner past the last slot (counted nowhere)."""
         for m, (_, offsets, slots, ids, (where, t, w, owner)) in zip(
@@ -266,7 +291,7 @@ class StepGraphs:
             )
             for buf, x in zip((m.input_ids, m.where, m.targets, m.weights, m.owner), host,
                               strict=True):  # fmt: skip
-                buf.copy_(_to_device(x, buf.device), non_blocking=True)
+                buf.copy_(to_device(x, buf.device), non_blocking=True)
 
     def _body(self, entry: _Entry, steps: dict[int, int]) -> None:
         """Every micro-batch's forward and backward, the optimizer, the outputs: all device work

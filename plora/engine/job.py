@@ -90,9 +90,9 @@ class PackJob:
 
     def __init__(
         self,
-        trainer,
-        data,
-        tokenizer,
+        trainer: PackedTrainer,
+        data: Any,
+        tokenizer: Any,
         request: PackRequest,
         clock: JobClock,
         *,
@@ -162,12 +162,14 @@ class PackJob:
             with self.clock.phase("train"):
                 metrics = trainer.step()
             if hooks is not None and metrics:
+                assert trainer.last_step is not None  # set by the step
                 report = StepReport(
                     metrics=tuple(metrics), profile=trainer.last_step, device=str(trainer.device)
                 )
                 hooks.on_step(report)
             self.finalize_finished()
-            due = bool(policy.every_steps) and trainer.global_step % policy.every_steps == 0
+            every = policy.every_steps
+            due = every is not None and every != 0 and trainer.global_step % every == 0
             if policy.every_s is not None:
                 due = self.agree(due or time.monotonic() - last_checkpoint >= policy.every_s)
             if due:

@@ -47,7 +47,7 @@ without autocast ``x`` is cast to fp32 for the LoRA path and the delta cast back
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +101,8 @@ def dropout_mask(
         dropout_key(seed, step), (tokens, shape[-1]), p, device, row0=row, row_len=max(tokens, 1),
         word=key,
     )  # fmt: skip
-    return (keep.to(dtype) * (1.0 / (1.0 - p))).reshape(tuple(shape))
+    mask: torch.Tensor = (keep.to(dtype) * (1.0 / (1.0 - p))).reshape(tuple(shape))
+    return mask
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +178,7 @@ class PackedLoRALinear(nn.Module):
         self.routing: Routing | None = None
         self._order: tuple[int, ...] = ()
         self._splits: list[int] = []
-        self.memo: dict = {}
+        self.memo: dict[Any, Any] = {}
         self.in_slice: slice | None = None
         # set by plora.parallel.tp.apply_tp: the base's split (colwise/rowwise) and its group
         self.tp_style: Any = None
@@ -280,9 +281,12 @@ class PackedLoRALinear(nn.Module):
         self.version += 1
         self.memo.clear()
 
-    def _apply(self, fn, recurse=True):  # .to() / .cuda() / .float() replace the parameters
+    def _apply(
+        self, fn: Callable[..., Any], recurse: bool = True
+    ) -> PackedLoRALinear:  # .to() / .cuda() / .float() replace the parameters
         self._changed()
-        return super()._apply(fn, recurse)
+        applied: PackedLoRALinear = super()._apply(fn, recurse)
+        return applied
 
     def block(self, slot: int) -> slice:
         """Rows ``[o_i, o_i + r_i)`` of ``slot`` in ``A`` / ``Bt`` (and their gradients)."""
@@ -336,7 +340,9 @@ class PackedLoRALinear(nn.Module):
             out.append(rows)
         return out[0], out[1].t(), list(offsets)
 
-    def _gather_plan(self, slots: tuple[int | None, ...]):
+    def _gather_plan(
+        self, slots: tuple[int | None, ...]
+    ) -> tuple[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None] | None]:
         """Offsets and (source rows, destination rows or None) of :meth:`packed`'s gather."""
         offsets, src, dst = [0], list[int](), list[int]()
         for slot in slots:
@@ -362,7 +368,8 @@ class PackedLoRALinear(nn.Module):
             )
         pieces = self._pieces(routing, x.shape[0])
         if not pieces:
-            return self.base_layer(x)
+            y: torch.Tensor = self.base_layer(x)
+            return y
         fn = fused_op(x)
         if fn is not None:
             return fused_forward(fn, self, x, pieces, routing)
@@ -385,7 +392,7 @@ class PackedLoRALinear(nn.Module):
 _FUSED_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def fused_op(x: torch.Tensor):
+def fused_op(x: torch.Tensor) -> Callable[..., torch.Tensor] | None:
     """The fused kernel for ``x`` (CUDA, bf16/fp16 compute), or None: the torch path."""
     return kernel() if x.is_cuda and _compute_dtype(x) in _FUSED_DTYPES else None
 

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plora.engine.device import to_device
+
 _IGNORE = -100
 #: Logits (tokens x vocab) per chunk of the fused head + cross-entropy.
 _LOGIT_CHUNK = 1 << 26
@@ -47,7 +49,7 @@ def packed_loss(
     """
     where, t, w, owner, slots = loss_targets(labels, segments, denoms)
     if labels.device != hidden.device:
-        where, t, w, owner = (_to_device(x, hidden.device) for x in (where, t, w, owner))
+        where, t, w, owner = (to_device(x, hidden.device) for x in (where, t, w, owner))
     loss, per_slot = targets_loss(head, hidden, where, t, w, owner, len(slots))
     return loss, dict(zip(slots, per_slot.unbind(), strict=True))
 
@@ -128,15 +130,6 @@ def token_nll(
     return out
 
 
-def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host tensor ``x`` on ``device`` without waiting for it (pinned, non-blocking on CUDA)."""
-    if x.device == device:
-        return x
-    if device.type == "cuda":
-        x = x.pin_memory()
-    return x.to(device, non_blocking=True)
-
-
 class _LinearCrossEntropy(torch.autograd.Function):
     """``Σ_t w_t · CE(h_t Wᵀ + b, y_t)`` with ``∂/∂h`` formed during the forward pass.
 
@@ -149,7 +142,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, bias, targets, w, chunk: int, dtype: torch.dtype):
+    def forward(  # autograd.Function: the arguments of apply
+        ctx: Any,
+        h: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        w: torch.Tensor,
+        chunk: int,
+        dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = h.shape[0]
         ce = torch.empty(n, dtype=torch.float32, device=h.device)
         grad_h = torch.empty_like(h)
@@ -167,7 +169,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return loss, ce
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_ce):
+    def backward(
+        ctx: Any, grad_loss: torch.Tensor, _grad_ce: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
         (grad_h,) = ctx.saved_tensors
         return grad_h * grad_loss.to(grad_h.dtype), None, None, None, None, None, None
 
@@ -194,7 +198,8 @@ def _chunk_ce(
         return cross_entropy_(logits, targets, w), None if w is None else logits
     from plora.kernels.reference import cross_entropy_reference
 
-    return cross_entropy_reference(logits, targets, w)
+    out: tuple[torch.Tensor, torch.Tensor | None] = cross_entropy_reference(logits, targets, w)
+    return out
 
 
 def _weighted_ce(
@@ -210,7 +215,10 @@ def _weighted_ce(
         chunk *= 2
     dev = h.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
-    return _LinearCrossEntropy.apply(h, weight, head.bias, t, w, chunk, dtype)
+    out: tuple[torch.Tensor, torch.Tensor] = _LinearCrossEntropy.apply(
+        h, weight, head.bias, t, w, chunk, dtype
+    )
+    return out
 
 
 __all__ = ["loss_targets", "packed_loss", "targets_loss", "token_nll"]

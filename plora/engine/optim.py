@@ -45,10 +45,13 @@ def make_schedule(optimizer: torch.optim.Optimizer, config: LoRAConfig, steps: i
     """Warmup + constant/linear/cosine ``LambdaLR`` (transformers' semantics)."""
     warmup = config.warmup_steps
     if config.schedule is Schedule.CONSTANT:
-        return get_constant_schedule_with_warmup(optimizer, warmup)
+        schedule: LambdaLR = get_constant_schedule_with_warmup(optimizer, warmup)
+        return schedule
     if config.schedule is Schedule.LINEAR:
-        return get_linear_schedule_with_warmup(optimizer, warmup, steps)
-    return get_cosine_schedule_with_warmup(optimizer, warmup, steps)
+        linear: LambdaLR = get_linear_schedule_with_warmup(optimizer, warmup, steps)
+        return linear
+    cosine: LambdaLR = get_cosine_schedule_with_warmup(optimizer, warmup, steps)
+    return cosine
 
 
 def lr_lambda(config: LoRAConfig, steps: int) -> Callable[[int], float]:

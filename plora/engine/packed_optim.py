@@ -36,8 +36,9 @@ starts from zero moments and step 0.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -180,7 +181,7 @@ class PackedAdamW:
             offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
             self._by_slot = (torch.sort(row_slot, stable=True).indices, offsets)
 
-    def _adopt(self, items, old_rows, old_groups) -> tuple[_Group, int]:
+    def _adopt(self, items: Sequence[Any], old_rows: Any, old_groups: Any) -> tuple[_Group, int]:
         """One group: a buffer for the parameters of ``items``, moments carried over by row."""
         params = [getattr(layer, attr) for _, layer, attr in items]
         buf = torch.cat([p.detach() for p in params])
@@ -330,7 +331,7 @@ class PackedAdamW:
         grad.zero_()
 
     # ------------------------------------------------------------------ state
-    def slot_state(self, slot: int) -> dict:
+    def slot_state(self, slot: int) -> dict[str, Any]:
         """``{"step", "exp_avg", "exp_avg_sq"}`` of ``slot``; moments PEFT-keyed like the
         weights (``...lora_A.weight`` (r, in), ``...lora_B.weight`` (out, r)), as views."""
         self.sync()
@@ -341,7 +342,7 @@ class PackedAdamW:
                 moments[name][key] = t.t() if transpose else t
         return {"step": self._slots[slot].step, **moments}
 
-    def load_slot_state(self, slot: int, state: Mapping) -> None:
+    def load_slot_state(self, slot: int, state: Mapping[str, Any]) -> None:
         """Restore :meth:`slot_state` output into ``slot`` (registered, same layers)."""
         self.sync()
         found = list(self._rows_of(slot))
@@ -357,7 +358,7 @@ class PackedAdamW:
                     getattr(group, name)[rows].copy_(src.t() if transpose else src)
         self._slots[slot].step = int(state["step"])
 
-    def _rows_of(self, slot: int):
+    def _rows_of(self, slot: int) -> Iterator[tuple[str, slice, _Group, bool]]:
         """``(PEFT key, group rows, group, is B)`` of each of ``slot``'s factors."""
         for g in self._groups:
             for m in g.members:

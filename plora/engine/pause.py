@@ -32,7 +32,7 @@ from typing import Any
 from plora.config import LoRAConfig
 from plora.engine import checkpoint as ckpt
 from plora.engine.reports import AdapterStatus
-from plora.engine.trainer import TRAIN_STATE_VERSION
+from plora.engine.train_state import TRAIN_STATE_VERSION
 
 PAUSED_DIR = "paused"
 """Where paused adapters' train-states are kept, inside the pack's ``out_dir``."""

@@ -158,9 +158,9 @@ class PackSession:
 
 def run_pack(
     *,
-    model: ModelRef | str | dict,
+    model: ModelRef | str | dict[str, Any],
     configs: list[LoRAConfig],
-    dataset: DatasetSpec | dict,
+    dataset: DatasetSpec | dict[str, Any],
     out_dir: str | os.PathLike[str],
     device: str | torch.device | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,

@@ -37,6 +37,43 @@ class TrainingAdapter:
     losses: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """The forwards of one step (what its :class:`~plora.engine.reports.StepProfile` reports)."""
+
+    rows: int
+    """Rows over every forward."""
+    padded_tokens: int
+    """Token positions over every forward, padding included."""
+    seq_len: int
+    """The widest forward's length."""
+    micro_batches: int
+    """Forwards (micro-batches) of the step."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepReadback:
+    """What a step leaves on the device for its one device -> host read (after its sync)."""
+
+    values: torch.Tensor
+    """float64, 1-D: every slot's gradient norm (the first ``num_norms``), then each
+    micro-batch's CE sums, one per slot of its ``ce_slots`` entry."""
+    num_norms: int
+    ce_slots: list[list[int]]
+    """Per micro-batch that has CE sums: its slots, in ``values``' order."""
+    shape: StepShape
+
+
+@dataclass(frozen=True, slots=True)
+class Accumulated:
+    """The eager forwards and backwards of one step, gradients accumulated, before the
+    optimizer: per micro-batch with targets, its slots and their CE sums (a float64 device
+    tensor, read after the step), and the forwards' shape."""
+
+    ce_parts: list[tuple[list[int], torch.Tensor]]
+    shape: StepShape
+
+
 def record_step(
     active: Sequence[TrainingAdapter],
     *,
@@ -118,4 +155,11 @@ def pack_profile(
     )
 
 
-__all__ = ["TrainingAdapter", "pack_profile", "record_step"]
+__all__ = [
+    "Accumulated",
+    "StepReadback",
+    "StepShape",
+    "TrainingAdapter",
+    "pack_profile",
+    "record_step",
+]

@@ -81,7 +81,8 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
         "adapters": per_adapter,
         "rng": rng,
     }
-    return detached_copy(state)
+    copy: dict[str, Any] = detached_copy(state)
+    return copy
 
 
 def load_trainer_state(trainer: Any, state: dict[str, Any]) -> None:

@@ -37,14 +37,27 @@ from torch import nn
 
 from plora.config import ConfigError, LoRAConfig
 from plora.engine import adapters, optim
-from plora.engine.batch import pack_micro_batch, plan_micro_batches, target_count, truncate
+from plora.engine.batch import (
+    PackedBatch,
+    pack_micro_batch,
+    plan_micro_batches,
+    target_count,
+    truncate,
+)
 from plora.engine.causal_lm import decoder_and_head
-from plora.engine.device import model_device, peak_memory
+from plora.engine.device import model_device, peak_memory, to_device
 from plora.engine.graphed import StepGraphs, graphs_wanted
-from plora.engine.loss import _to_device, packed_loss
+from plora.engine.loss import packed_loss
 from plora.engine.packed_optim import PackedAdamW
 from plora.engine.reports import AdapterStatus, PackProfile, StepMetrics, StepProfile
-from plora.engine.step_record import TrainingAdapter, pack_profile, record_step
+from plora.engine.step_record import (
+    Accumulated,
+    StepReadback,
+    StepShape,
+    TrainingAdapter,
+    pack_profile,
+    record_step,
+)
 from plora.engine.train_state import (
     TRAIN_STATE_VERSION,
     adapter_state,
@@ -52,6 +65,9 @@ from plora.engine.train_state import (
     load_trainer_state,
     trainer_state,
 )
+
+_Batches = dict[int, list[Any]]
+"""A step's drawn examples, by slot."""
 
 
 class PackedTrainer:
@@ -251,18 +267,17 @@ class PackedTrainer:
         batches = {ad.slot: self._draw(ad) for ad in active}
         denoms = {s: max(1, sum(target_count(ex) for ex in exs)) for s, exs in batches.items()}
         lrs = {ad.slot: ad.config.lr * ad.lr_lambda(ad.step) for ad in active}
-        graphed = self._graphed_step(active, batches, denoms, lrs)
-        if graphed is not None:
-            readback, ce_slots, rows, padded, seq_len, num_norms = graphed
-            n_micros = len(ce_slots)
-        else:
-            ce_parts, n_micros, rows, padded, seq_len = self._eager_accumulate(
-                batches, denoms, active
-            )
+        readback = self._graphed_step(active, batches, denoms, lrs)
+        if readback is None:
+            acc = self._eager_accumulate(batches, denoms, active)
             norms = self.optimizer.step(lrs)
-            num_norms, ce_slots = norms.shape[0], [slots for slots, _ in ce_parts]
-            # one device -> host read per step: every slot's grad norm, then the micro-batches' CE
-            readback = torch.cat([norms.double(), *(sums for _, sums in ce_parts)])
+            readback = StepReadback(
+                # one device -> host read per step: every slot's grad norm, then the CE sums
+                values=torch.cat([norms.double(), *(sums for _, sums in acc.ce_parts)]),
+                num_norms=norms.shape[0],
+                ce_slots=[slots for slots, _ in acc.ce_parts],
+                shape=acc.shape,
+            )
         host_s = time.perf_counter() - t0
         if cuda:
             torch.cuda.synchronize(self.device)
@@ -272,38 +287,40 @@ class PackedTrainer:
             batches=batches,
             denoms=denoms,
             lrs=lrs,
-            values=readback.tolist(),
-            num_norms=num_norms,
-            ce_slots=ce_slots,
+            values=readback.values.tolist(),
+            num_norms=readback.num_norms,
+            ce_slots=readback.ce_slots,
             elapsed=elapsed,
         )
         for ad in active:
             if ad.step >= ad.total_steps:
                 self._retire(ad, AdapterStatus.COMPLETED)
         self.global_step += 1
+        shape = readback.shape
         self.last_step = StepProfile(
             step=self.global_step,
             time_s=elapsed,
             host_s=host_s,
             adapters=len(active),
-            rows=rows,
-            seq_len=seq_len,
+            rows=shape.rows,
+            seq_len=shape.seq_len,
             tokens=tokens_total,
-            padded_tokens=padded,
-            micro_batches=n_micros,
+            padded_tokens=shape.padded_tokens,
+            micro_batches=shape.micro_batches,
             peak_memory_bytes=peak_memory(self.device),
         )
         if len(self._profile) < self.profile_steps:
             self._profile.append(self.last_step)
         return metrics
 
-    def _eager_accumulate(self, batches, denoms, active):
+    def _eager_accumulate(
+        self, batches: _Batches, denoms: dict[int, int], active: Sequence[TrainingAdapter]
+    ) -> Accumulated:
         """:meth:`_accumulate`, on out-of-memory again with half the rows per forward (when
-        ``adapt_to_memory``). Returns ``(ce_parts, micro-batches, rows, padded, seq_len)``."""
+        ``adapt_to_memory``)."""
         while True:
             try:
-                ce_parts, micros, rows, padded, seq_len = self._accumulate(batches, denoms, active)
-                return ce_parts, len(micros), rows, padded, seq_len
+                return self._accumulate(batches, denoms, active)
             except torch.OutOfMemoryError:
                 total = sum(len(b) for b in batches.values())
                 current = min(self.max_rows or total, total)
@@ -318,7 +335,13 @@ class PackedTrainer:
             self.max_rows = max(1, current // 2)
             self.oom_splits += 1
 
-    def _graphed_step(self, active, batches, denoms, lrs):
+    def _graphed_step(
+        self,
+        active: Sequence[TrainingAdapter],
+        batches: _Batches,
+        denoms: dict[int, int],
+        lrs: dict[int, float],
+    ) -> StepReadback | None:
         """The step through :attr:`graphs` (None: not graphed, nothing done). On CUDA anything
         the graphed step cannot do turns it off for this trainer and the step runs eagerly."""
         if self.graphs is None or self.graphs.disabled is not None:
@@ -335,13 +358,11 @@ class PackedTrainer:
         self.optimizer.count_step(lrs)
         return out
 
-    def _accumulate(self, batches, denoms, active):
-        """Forward + backward of the step's rows in micro-batches of ``max_rows``.
-
-        Returns ``(ce_parts, micros, rows, padded, seq_len)`` where ``ce_parts`` holds, per
-        micro-batch, its slots and their CE sums (a float64 device tensor, read after the step).
-        """
-        ce_parts = []
+    def _accumulate(
+        self, batches: _Batches, denoms: dict[int, int], active: Sequence[TrainingAdapter]
+    ) -> Accumulated:
+        """Forward + backward of the step's rows in micro-batches of ``max_rows``."""
+        ce_parts: list[tuple[list[int], torch.Tensor]] = []
         micros = plan_micro_batches(batches, self.max_rows)
         rows = padded = seq_len = 0
         for micro in micros:
@@ -355,7 +376,10 @@ class PackedTrainer:
             del loss
             if sums:
                 ce_parts.append((list(sums), torch.stack(list(sums.values()))))
-        return ce_parts, micros, rows, padded, seq_len
+        shape = StepShape(
+            rows=rows, padded_tokens=padded, seq_len=seq_len, micro_batches=len(micros)
+        )
+        return Accumulated(ce_parts=ce_parts, shape=shape)
 
     def _draw(self, ad: TrainingAdapter) -> list[Any]:
         exs = [self.train_examples[i] for i in ad.stream.next_batch()]
@@ -365,22 +389,25 @@ class PackedTrainer:
 
     def _pack_host(
         self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[TrainingAdapter]
-    ):
+    ) -> tuple[PackedBatch, dict[int, tuple[int, int]]]:
         """``micro``'s rows packed on the host, and each slot's dropout key."""
         step_of = {ad.slot: ad.step for ad in active}
         keys = {s: (step_of[s], micro[s][0]) for s in micro}
         return pack_micro_batch(micro, self.pad_id), keys
 
-    def _pack(self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[TrainingAdapter]):
+    def _pack(
+        self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[TrainingAdapter]
+    ) -> tuple[PackedBatch, dict[int, tuple[int, int]]]:
+        """:meth:`_pack_host`, its inputs and mask on the device."""
         pb, keys = self._pack_host(micro, active)
         # Inputs go over pinned and non-blocking; the labels stay on the host, where
         # packed_loss finds the target positions without a device sync.
-        inputs = _to_device(pb.input_ids, self.device)
-        mask = _to_device(pb.attention_mask, self.device)
+        inputs = to_device(pb.input_ids, self.device)
+        mask = to_device(pb.attention_mask, self.device)
         return dataclasses.replace(pb, input_ids=inputs, attention_mask=mask), keys
 
     def _forward_loss(
-        self, pb: Any, denoms: dict[int, int]
+        self, pb: PackedBatch, denoms: dict[int, int]
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         with self.autocast():
             hidden = self._decoder(

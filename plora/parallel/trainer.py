@@ -26,6 +26,7 @@ equal single-process packed training (tested in ``tests/dist``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
@@ -34,7 +35,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from plora.engine import adapters
-from plora.engine.loss import _to_device, packed_loss
+from plora.engine.device import to_device
+from plora.engine.loss import packed_loss
+from plora.engine.step_record import Accumulated, StepShape
 from plora.engine.trainer import PackedTrainer
 from plora.parallel.balance import balanced_micro_batches, bin_tokens
 from plora.parallel.dims import MESH_DIMS, ParallelDims
@@ -132,7 +135,9 @@ class ParallelPackedTrainer(PackedTrainer):
         return to_device_but_offloaded(model, self.device)
 
     # ------------------------------------------------------------------ step
-    def _accumulate(self, batches, denoms, active):
+    def _accumulate(
+        self, batches: dict[int, list[Any]], denoms: dict[int, int], active: Sequence[Any]
+    ) -> Accumulated:
         self.last_splits = []
         if self.dims.pp > 1:
             return self._accumulate_pp(batches, denoms, active)
@@ -152,7 +157,9 @@ class ParallelPackedTrainer(PackedTrainer):
             return 1
         return max(1, -(-total_rows // (self.dims.fsdp * self.max_rows)))
 
-    def _accumulate_dp(self, batches, denoms, active):
+    def _accumulate_dp(
+        self, batches: dict[int, list[Any]], denoms: dict[int, int], active: Sequence[Any]
+    ) -> Accumulated:
         """Token-balanced bins of the step's rows; this FSDP rank's ``m`` of them, in turn."""
         slots = sorted(batches)
         m = self._per_rank(sum(len(b) for b in batches.values()))
@@ -176,7 +183,8 @@ class ParallelPackedTrainer(PackedTrainer):
                 ce[slots.index(s)] += v
         if self.dp_group is not None:
             dist.all_reduce(ce, group=self.dp_group)
-        return [(slots, ce)], mine, rows, padded, seq_len
+        shape = StepShape(rows=rows, padded_tokens=padded, seq_len=seq_len, micro_batches=len(mine))
+        return Accumulated(ce_parts=[(slots, ce)], shape=shape)
 
     def _idle_backward(self, active) -> None:
         """A zero-weighted forward + backward of one pad row (FSDP collectives stay in step)."""
@@ -188,7 +196,9 @@ class ParallelPackedTrainer(PackedTrainer):
             ).last_hidden_state
             (hidden.sum() * 0.0).backward()
 
-    def _accumulate_pp(self, batches, denoms, active):
+    def _accumulate_pp(
+        self, batches: dict[int, list[Any]], denoms: dict[int, int], active: Sequence[Any]
+    ) -> Accumulated:
         """This data-parallel rank's share of the step's rows (all of them without FSDP) as
         ``M`` token-balanced, equally padded micro-batches through 1F1B."""
         slots = sorted(batches)
@@ -246,11 +256,12 @@ class ParallelPackedTrainer(PackedTrainer):
             sums_seen.append(sums)
             return loss
 
+        assert self.stage_module is not None and self.pp_group is not None  # pp > 1 here
         with self.autocast():
             run_1f1b(
                 self.stage_module,
                 pp_group=self.pp_group,
-                input_ids=_to_device(ids, self.device),
+                input_ids=to_device(ids, self.device),
                 labels=labels,
                 micro=routing,
                 loss_fn=loss_fn,
@@ -263,7 +274,10 @@ class ParallelPackedTrainer(PackedTrainer):
             dist.all_reduce(ce, group=self.dp_group)
         last = dist.get_global_rank(self.pp_group, self.dims.pp - 1)
         dist.broadcast(ce, src=last, group=self.pp_group)
-        return [(slots, ce)], routing, ids.shape[0], ids.numel(), width
+        shape = StepShape(
+            rows=ids.shape[0], padded_tokens=ids.numel(), seq_len=width, micro_batches=len(routing)
+        )
+        return Accumulated(ce_parts=[(slots, ce)], shape=shape)
 
     # --------------------------------------------------------------- outputs
     @property
