@@ -41,7 +41,6 @@ from typing import Any, cast
 from plora.config import LoRAConfig
 from plora.cost import CostModel
 from plora.engine.api import Control, PackOutcome, StepReport
-from plora.planner.types import Job
 from plora.runtime.coordinator import (
     endings,
     intake,
@@ -54,13 +53,11 @@ from plora.runtime.coordinator import (
 from plora.runtime.coordinator.ledger import metric_rows, tell_metrics
 from plora.runtime.coordinator.measure import Measurements
 from plora.runtime.coordinator.pause import ConfigRequest, RequestKind
-from plora.runtime.coordinator.residency import Residency
 from plora.runtime.coordinator.state import (
     FINISHED,
     CoordinatorState,
     JobBook,
     Journal,
-    PauseBook,
     Planner,
     RunningJob,
     StepStopper,
@@ -163,26 +160,6 @@ class Coordinator:
         return self.state.source
 
     @property
-    def store(self) -> SweepStore | None:
-        return self.state.journal.store
-
-    @property
-    def num_gpus(self) -> int:
-        return self.state.num_gpus
-
-    @property
-    def metric_name(self) -> str | None:
-        return self.state.metric_name
-
-    @property
-    def max_retries(self) -> int:
-        return self.state.max_retries
-
-    @property
-    def early_stop(self) -> StepStopper | None:
-        return self.state.early_stop
-
-    @property
     def configs(self) -> dict[str, LoRAConfig]:
         return self.state.configs.by_id
 
@@ -191,28 +168,12 @@ class Coordinator:
         return self.state.configs.status
 
     @property
-    def progress(self) -> dict[str, int]:
-        return self.state.configs.progress
-
-    @property
     def results(self) -> dict[str, dict[str, Any]]:
         return self.state.configs.results
 
     @property
-    def pending(self) -> list[Job]:
-        return self.state.jobs.pending
-
-    @property
-    def forced(self) -> list[JobSpec]:
-        return self.state.jobs.forced
-
-    @property
     def running(self) -> dict[str, RunningJob]:
         return self.state.jobs.running
-
-    @property
-    def free_gpus(self) -> set[int]:
-        return self.state.jobs.free_gpus
 
     @property
     def decisions(self) -> list[DecisionRecord]:
@@ -225,21 +186,6 @@ class Coordinator:
     @property
     def measure(self) -> Measurements:
         return self.state.measure
-
-    @property
-    def residency(self) -> Residency:
-        """Resident worker groups (warm GPUs) and groups still starting."""
-        return self.state.residency
-
-    @property
-    def pauses(self) -> PauseBook:
-        """Pauses in flight (:mod:`plora.runtime.coordinator.pause`)."""
-        return self.state.pauses
-
-    @property
-    def warm_gpus(self) -> set[int]:
-        """GPUs of a resident worker group."""
-        return self.state.residency.warm_gpus
 
     # -- queries ----------------------------------------------------------------------------
     def now(self) -> float:
