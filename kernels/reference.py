@@ -68,7 +68,8 @@ def philox4x32(
 def uniform_from_uint32(bits: torch.Tensor) -> torch.Tensor:
     """Triton's ``uint_to_uniform_float`` for 32-bit words: float32 in [0, 1)."""
     signed_nonneg = torch.where(bits >= 2**31, _M32 - bits, bits)  # ~x for negative int32
-    return signed_nonneg.to(torch.float32) * torch.tensor(_UNIFORM_SCALE, dtype=torch.float32)
+    scale = torch.full((), _UNIFORM_SCALE, dtype=torch.float32, device=bits.device)
+    return signed_nonneg.to(torch.float32) * scale
 
 
 def dropout_mask(
@@ -108,11 +109,12 @@ def dropout_mask(
         (key & _M32, (key >> 32) & _M32),
         (t % length) * groups + g,
         row0 + t // length,
-        torch.tensor(word, dtype=torch.int64, device=device),
+        torch.full((), word, dtype=torch.int64, device=device),
         torch.zeros((), dtype=torch.int64, device=device),
     )
     bits = torch.stack(words, dim=-1).reshape(tokens, (last - first) * 4)[:, lead : lead + cols]
-    return uniform_from_uint32(bits) >= torch.tensor(p, dtype=torch.float32, device=device)
+    # torch.full, not torch.tensor: no host-to-device copy, which a CUDA graph's capture refuses
+    return uniform_from_uint32(bits) >= torch.full((), p, dtype=torch.float32, device=device)
 
 
 def _as_meta(x2d: torch.Tensor, lora_a: torch.Tensor, *table, dropout=None) -> PackedMeta:

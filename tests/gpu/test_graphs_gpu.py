@@ -75,6 +75,26 @@ def test_graphed_equals_eager(max_rows):
     _same_training(le, we, lg, wg)
 
 
+def test_graphed_equals_eager_on_the_torch_path():
+    """The torch LoRA path (``set_kernel_backend("torch")``, what a shape whose measured kernel
+    mode is torch runs): its dropout masks are built inside the capture, so they must make no
+    host-to-device copy (a capture refuses one, and the step would fall back to eager)."""
+    from plora.engine import lora
+
+    lora.set_kernel_backend("torch")
+    try:
+        base = tiny_model("qwen2").cuda()
+        data = toy_dataset(n=40)
+        le, we, _ = _train(base, data, False)
+        lg, wg, graphed = _train(base, data, True)
+    finally:
+        lora.set_kernel_backend("auto")
+    g = graphed.graphs
+    assert g is not None and g.disabled is None, g and g.disabled
+    assert g.replays >= STEPS - 4, (g.captures, g.replays, g.eager_steps)
+    _same_training(le, we, lg, wg)
+
+
 def _same_training(le, we, lg, wg) -> None:
     for cid in le:
         torch.testing.assert_close(torch.tensor(lg[cid]), torch.tensor(le[cid]), rtol=2e-2, atol=0)
