@@ -200,7 +200,8 @@ def make_plan(
         cost = build_cost_model(sweep)
     g = sweep.hardware.num_gpus
     try:
-        plora = plan_sweep(configs, cost, g, solver=sweep.planner.solver)
+        plora = plan_sweep(configs, cost, g, solver=sweep.planner.solver,
+                           max_pack_size=sweep.planner.max_pack_size)  # fmt: skip
         baselines: dict[str, Plan] = {}
         skipped: dict[str, str] = {}
         for b in (Baseline.MIN_GPU, Baseline.MAX_GPU, Baseline.TUNE):

@@ -106,6 +106,10 @@ class PlannerOptions:
     max_configs: int = DEFAULT_MAX_CONFIGS
     """Most configs the sweep may have: a larger space is refused when the sweep file is read,
     before anything is expanded, naming the parameters that multiply it."""
+    max_pack_size: int | None = None
+    """Most configs one job may train at once; None (the default): as many as fit. Every pack
+    the planner forms (first plan and re-plans) and every refill of a running job keep to it;
+    1 runs the Min-GPU baseline for real on plora's own engine (one config per job)."""
 
     def __post_init__(self) -> None:
         as_choice(self.solver, "solver", PLANNER_SOLVERS)
@@ -137,6 +141,9 @@ class PlannerOptions:
             self, "time_limit_s", as_float(self.time_limit_s, "time_limit_s", gt=0.0)
         )
         as_int(self.max_configs, "max_configs", ge=1, fix="use a positive count, e.g. 10000")
+        if self.max_pack_size is not None:
+            as_int(self.max_pack_size, "max_pack_size", ge=1,
+                   fix="use a whole number >= 1 (1: one config per job), or null for no cap")  # fmt: skip
 
 
 def job_strategies(

@@ -5,6 +5,7 @@ For a job on ``d`` GPUs with strategy ``s`` and a pack ``H ⊆ K``::
     F(d, K) = max_H  Σ_k v_k H_k / T(H, d, s)
               s.t.   M_base(d, s) + Σ_k H_k M_k(d, s) <= capacity(d)       (Eq. 19, per GPU)
                      T(H, d, s) <= time_cap                                  (optional deadline)
+                     Σ_k H_k <= max_pack                 (optional: ``planner.max_pack_size``)
 
 ``T(H) = fixed_time(max_{k∈H} steps_k) + Σ_k H_k c_k`` is affine in H once the longest
 config is fixed (``fixed_time`` holds every per-job cost -- the job's start on a warm worker
@@ -93,6 +94,10 @@ class ClassTable:
     """Every allowed ``(d, s)``: d = 1 (no strategy), and d = 2, 4, ... <= G per strategy."""
     startup: dict[int, float] = field(default_factory=dict)
     """``cost.startup_time(d)`` per allowed d: a cold worker group's start (0 if unknown)."""
+    max_pack: int | None = None
+    """Most configs one pack may hold (``planner.max_pack_size``); None: as many as fit. Every
+    pack is priced by :func:`make_pack`, which refuses a larger one, and :func:`solve_pack`'s
+    knapsacks carry it as a third row."""
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -116,8 +121,12 @@ def build_classes(
     num_gpus: int,
     *,
     objective: Objective = Objective.WORK,
+    max_pack: int | None = None,
 ) -> ClassTable:
-    """Query the cost model once per config and ``(d, s)`` and group identical configs."""
+    """Query the cost model once per config and ``(d, s)`` and group identical configs
+    (``max_pack``: :attr:`ClassTable.max_pack`)."""
+    if max_pack is not None and max_pack < 1:
+        raise ConfigError(f"planner.max_pack_size={max_pack!r}: must be >= 1, or null for no cap")
     ids = [c.config_id for c in configs]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
@@ -167,6 +176,7 @@ def build_classes(
         steps=np.array([rows[k][1] for k in keys], dtype=np.int64),
         options=tuple(last_resort(options)),  # cpu_offload: auto offloads only what must be
         startup=startup_times(cost, [d for d, _ in opts]),
+        max_pack=max_pack,
     )
 
 
@@ -197,9 +207,10 @@ class Pack:
 def make_pack(
     table: ClassTable, option: DegreeCosts, take: Sequence[int] | np.ndarray
 ) -> Pack | None:
-    """The :class:`Pack` taking ``take[c]`` configs of class c on ``option``; None if empty."""
+    """The :class:`Pack` taking ``take[c]`` configs of class c on ``option``; None if empty or
+    larger than ``table.max_pack``."""
     x = np.asarray(take, dtype=np.int64)
-    if not x.any():
+    if not x.any() or (table.max_pack is not None and int(x.sum()) > table.max_pack):
         return None
     longest = int(table.steps[x > 0].max())
     micro = option.micro
@@ -285,25 +296,31 @@ class KnapsackSolver:
         mem_cap: float,
         time_cap: float,
         *,
+        size_cap: int | None = None,
         exact: bool = True,
     ) -> tuple[list[int], float]:
-        """Solve one knapsack; ``exact=False`` accepts branch and bound's best past its limit."""
+        """Solve one knapsack (``size_cap``: at most that many items in all); ``exact=False``
+        accepts branch and bound's best past its limit."""
         args = (profit, mem, time, count, mem_cap, time_cap)
         if not exact:
-            x, val, _ = knapsack.solve_bnb(*args, node_limit=self.heuristic_node_limit)
+            x, val, _ = knapsack.solve_bnb(
+                *args, size_cap=size_cap, node_limit=self.heuristic_node_limit
+            )
             return x, val
         if self.requested in ("auto", "bnb"):
-            x, val, proven = knapsack.solve_bnb(*args, node_limit=self.node_limit)
+            x, val, proven = knapsack.solve_bnb(
+                *args, size_cap=size_cap, node_limit=self.node_limit
+            )
             self.used.add("bnb")
             if proven:
                 return x, val
             self._note(f"branch and bound passed {self.node_limit} nodes; HiGHS MILP solved it")
         elif self.requested == "cvxpy":
             self.used.add("cvxpy")
-            return knapsack_milp.solve_cvxpy(*args)
+            return knapsack_milp.solve_cvxpy(*args, size_cap=size_cap)
         elif self.requested == "gurobi" and self._gurobi_ok:
             try:
-                out = knapsack_milp.solve_gurobi(*args)
+                out = knapsack_milp.solve_gurobi(*args, size_cap=size_cap)
                 self.used.add("gurobi")
                 return out
             except knapsack_milp.GurobiUnavailable as err:
@@ -311,7 +328,7 @@ class KnapsackSolver:
                 self._note(f"{err}; fell back to HiGHS")
         self.used.add("highs")
         try:
-            return knapsack_milp.solve_highs(*args)
+            return knapsack_milp.solve_highs(*args, size_cap=size_cap)
         except knapsack_milp.NotProven as err:
             self._note(
                 f"a HiGHS knapsack hit its {knapsack_milp.HIGHS_TIME_LIMIT_S:g} s limit; "
@@ -336,6 +353,8 @@ def solve_pack(
         counts: configs available per class, shape (C,).
         solver: the knapsack backend.
         time_cap: only packs with ``T(H) <= time_cap`` (a deadline); ``inf`` for none.
+
+    Packs hold at most ``table.max_pack`` configs when it is set (a third knapsack row).
     """
     cnt = np.asarray(counts, dtype=np.int64)
     avail = (cnt > 0) & option.fits & (option.time <= time_cap)
@@ -368,6 +387,8 @@ def solve_pack(
             idx = idx_all[pos]
             ub = knapsack.lp_bound(prof[pos], a[idx], cnt[idx], budget)
             ub = min(ub, knapsack.lp_bound(prof[pos], c[idx], cnt[idx], time_cap - f0))
+            if table.max_pack is not None:  # K copies at most, none above the best profit
+                ub = min(ub, table.max_pack * float(prof[pos].max()))
             if ub - lam * f0 <= knapsack.REL_TOL * max(ub, lam * f0, 1e-300):
                 break  # not even the LP relaxation beats λ
             x, val = solver(
@@ -377,6 +398,7 @@ def solve_pack(
                 cnt[idx].tolist(),
                 budget,
                 time_cap - f0,
+                size_cap=table.max_pack,
                 exact=not math.isfinite(time_cap),
             )
             if val - lam * f0 <= knapsack.REL_TOL * max(val, lam * f0, 1e-300):

@@ -5,6 +5,7 @@ The problem, for item classes ``i = 1..m`` with ``n_i`` identical copies each::
     max  Σ_i p_i x_i
     s.t. Σ_i a_i x_i <= A        (memory per GPU left after the base model)
          Σ_i b_i x_i <= B        (job time budget; B = +inf when there is no deadline)
+         Σ_i x_i     <= K        (most configs per job, ``planner.max_pack_size``; K = none)
          x_i ∈ {0, 1, ..., n_i}
 
 with ``p_i > 0``. With all ``n_i = 1`` this is the 0-1 knapsack of Eq. 19 on the classes.
@@ -12,7 +13,8 @@ with ``p_i > 0``. With all ``n_i = 1`` this is the 0-1 knapsack of Eq. 19 on the
 Backends, all exact (optimal up to a 1e-12 relative tolerance):
 
 * ``bnb``: depth-first branch and bound over classes sorted by ``p_i / a_i`` with the Dantzig
-  LP bound (the min of the bounds of both constraints when ``B`` is finite). Pure Python, no
+  LP bound (the min of the bounds of both constraints when ``B`` is finite, and ``K`` times the
+  largest profit left when ``K`` is set). Pure Python, no
   solver start-up cost; returns ``None`` past ``node_limit`` nodes so the caller can fall back.
 * ``highs``, ``cvxpy``, ``gurobi``: the MILP solved by a solver with zero gap
   (:mod:`plora.planner.knapsack_milp`).
@@ -26,7 +28,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-#: A knapsack backend: ``(profit, mem, time, count, mem_cap, time_cap) -> (x, value)``.
+#: A knapsack backend: ``(profit, mem, time, count, mem_cap, time_cap, *, size_cap=None) ->
+#: (x, value)``.
 KnapsackFn = Callable[..., tuple[list[int], float]]
 
 #: Relative optimality tolerance of every backend.
@@ -72,6 +75,7 @@ def solve_bnb(
     mem_cap: float,
     time_cap: float = math.inf,
     *,
+    size_cap: int | None = None,
     node_limit: int = 200_000,
 ) -> tuple[list[int], float, bool]:
     """Branch and bound: ``(x, value, proven)``.
@@ -86,12 +90,14 @@ def solve_bnb(
         count: ``n_i >= 0``, shape (m,).
         mem_cap: ``A``.
         time_cap: ``B`` (``inf``: memory constraint only).
+        size_cap: ``K``, the most items taken in all (None: no such constraint).
         node_limit: give up (return None) after this many search nodes.
     """
     m = len(profit)
-    if m == 0 or mem_cap < 0 or time_cap < 0:
+    if m == 0 or mem_cap < 0 or time_cap < 0 or (size_cap is not None and size_cap < 1):
         return [0] * m, 0.0, True
     two = math.isfinite(time_cap)
+    sized = size_cap is not None
     order = sorted(range(m), key=lambda i: (-_ratio(profit[i], mem[i]), -profit[i]))
     p = [float(profit[i]) for i in order]
     a = [float(mem[i]) for i in order]
@@ -106,13 +112,18 @@ def solve_bnb(
         cw[j + 1] = cw[j] + n[j] * a[j]
         cp[j + 1] = cp[j] + n[j] * p[j]
     order_b = sorted(range(m), key=lambda j: -_ratio(p[j], b[j])) if two else []
+    top = [0.0] * (m + 1)  # the largest profit among classes j..m-1 (the size cap's bound)
+    for j in range(m - 1, -1, -1):
+        top[j] = max(top[j + 1], p[j])
 
-    def bound(i: int, ra: float, rb: float) -> float:
+    def bound(i: int, ra: float, rb: float, rc: int) -> float:
         # Dantzig bound on memory: whole classes i..j-1, then a fraction of class j.
         j = bisect_right(cw, cw[i] + ra, lo=i) - 1
         ub = cp[j] - cp[i]
         if j < m:
             ub += p[j] * max(0.0, ra - (cw[j] - cw[i])) / a[j] if a[j] > 0 else n[j] * p[j]
+        if sized:
+            ub = min(ub, rc * top[i])
         if not two:
             return ub
         ub_b, r = 0.0, rb
@@ -131,8 +142,8 @@ def solve_bnb(
     inv_a = [1.0 / w if w > 0 else math.inf for w in a]
     inv_b = [1.0 / w if w > 0 else math.inf for w in b]
 
-    def kmax(i: int, ra: float, rb: float) -> int:
-        k = n[i]
+    def kmax(i: int, ra: float, rb: float, rc: int) -> int:
+        k = min(n[i], rc) if sized else n[i]
         fa = (ra + tol_a) * inv_a[i]
         if fa < k:
             k = int(fa)
@@ -145,6 +156,7 @@ def solve_bnb(
     best, best_x = 0.0, [0] * m
     frames: list[list[int]] = []  # [class index, copies taken]
     i, val, ra, rb = 0, 0.0, float(mem_cap), float(time_cap) if two else 0.0
+    rc = int(size_cap) if size_cap is not None else 0
     nodes, proven = 0, True
     while True:
         nodes += 1
@@ -156,20 +168,22 @@ def solve_bnb(
             best_x = [0] * m
             for j, c in frames:
                 best_x[j] = c
-        while i < m and kmax(i, ra, rb) == 0:
+        while i < m and kmax(i, ra, rb, rc) == 0:
             i += 1
-        if i < m and val + bound(i, ra, rb) > best * (1 + REL_TOL):
-            k = kmax(i, ra, rb)
+        if i < m and val + bound(i, ra, rb, rc) > best * (1 + REL_TOL):
+            k = kmax(i, ra, rb, rc)
             frames.append([i, k])
             val += k * p[i]
             ra -= k * a[i]
             rb -= k * b[i]
+            rc -= k
             i += 1
             continue
         # Backtrack: take one copy fewer of the deepest class still holding some. With the
         # memory constraint alone the Dantzig bound B(r) is concave with slopes <= p_j / a_j,
         # so val + B grows no larger as copies of class j are dropped: once the child with
-        # one copy fewer fails the bound, every smaller count fails too and j is done.
+        # one copy fewer fails the bound, every smaller count fails too and j is done (not so
+        # under a second row or the size cap, whose bounds a dropped copy loosens).
         while frames:
             j, c = frames[-1]
             if c == 0:
@@ -179,7 +193,8 @@ def solve_bnb(
             val -= p[j]
             ra += a[j]
             rb += b[j]
-            if not two and val + bound(j + 1, ra, rb) <= best * (1 + REL_TOL):
+            rc += 1
+            if not two and not sized and val + bound(j + 1, ra, rb, rc) <= best * (1 + REL_TOL):
                 val -= (c - 1) * p[j]
                 ra += (c - 1) * a[j]
                 frames.pop()

@@ -1,7 +1,8 @@
 """MILP backends of the bounded knapsack of :mod:`plora.planner.knapsack`: HiGHS, cvxpy, Gurobi.
 
-The same problem as there (``max p·x`` under a memory row and, with a deadline, a time row;
-``0 <= x_i <= n_i`` integer), written as a MILP with both rows scaled to right-hand side 1
+The same problem as there (``max p·x`` under a memory row and, with a deadline, a time row, and
+with ``planner.max_pack_size`` a row ``Σ x_i <= K``; ``0 <= x_i <= n_i`` integer), written as a
+MILP with every row scaled to right-hand side 1
 (HiGHS' tolerances are absolute) and solved with zero optimality gap:
 
 * ``highs``: HiGHS through ``highspy``; past :data:`HIGHS_TIME_LIMIT_S` it raises
@@ -42,7 +43,7 @@ class GurobiUnavailable(RuntimeError):
 
 
 def _scaled_rows(
-    mem: np.ndarray, time: np.ndarray, mem_cap: float, time_cap: float
+    mem: np.ndarray, time: np.ndarray, mem_cap: float, time_cap: float, size_cap: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Constraint rows scaled to right-hand side 1 (HiGHS tolerances are absolute)."""
     rows = [mem / mem_cap if mem_cap > 0 else mem]
@@ -50,6 +51,9 @@ def _scaled_rows(
     if math.isfinite(time_cap):
         rows.append(time / time_cap if time_cap > 0 else time)
         rhs.append(1.0 if time_cap > 0 else 0.0)
+    if size_cap is not None:
+        rows.append(np.ones_like(mem) / size_cap)
+        rhs.append(1.0)
     return np.vstack(rows), np.asarray(rhs)
 
 
@@ -84,16 +88,18 @@ def _milp(backend: KnapsackFn) -> KnapsackFn:
         count: Sequence[int],
         mem_cap: float,
         time_cap: float = math.inf,
+        *,
+        size_cap: int | None = None,
     ) -> tuple[list[int], float]:
         m = len(profit)
-        if m == 0 or mem_cap < 0 or time_cap < 0:
+        if m == 0 or mem_cap < 0 or time_cap < 0 or (size_cap is not None and size_cap < 1):
             return [0] * m, 0.0
         idx, data = _fitting(profit, mem, time, count, mem_cap, time_cap)
         x = [0] * m
         if len(idx) == 0:
             return x, 0.0
         try:
-            sub, val = backend(*data, mem_cap, time_cap)
+            sub, val = backend(*data, mem_cap, time_cap, size_cap)
         except NotProven as err:
             for i, v in zip(idx, err.x, strict=True):
                 x[int(i)] = v
@@ -113,13 +119,16 @@ def _solve_highs(
     count: Sequence[int],
     mem_cap: float,
     time_cap: float = math.inf,
+    size_cap: int | None = None,
 ) -> tuple[list[int], float]:
     """The knapsack as a MILP solved by HiGHS (``highspy``), zero optimality gap."""
     import highspy
 
     p = np.asarray(profit, dtype=float)
     m = len(p)
-    rows, rhs = _scaled_rows(np.asarray(mem, float), np.asarray(time, float), mem_cap, time_cap)
+    rows, rhs = _scaled_rows(
+        np.asarray(mem, float), np.asarray(time, float), mem_cap, time_cap, size_cap
+    )
     h = highspy.Highs()  # type: ignore[no-untyped-call]
     for key, value in (
         ("output_flag", False),
@@ -163,13 +172,16 @@ def _solve_cvxpy(
     count: Sequence[int],
     mem_cap: float,
     time_cap: float = math.inf,
+    size_cap: int | None = None,
 ) -> tuple[list[int], float]:
     """The knapsack MILP built with cvxpy (integer variables) and solved by ``cp.HIGHS``."""
     import cvxpy as cp
 
     p = np.asarray(profit, dtype=float)
     m = len(p)
-    rows, rhs = _scaled_rows(np.asarray(mem, float), np.asarray(time, float), mem_cap, time_cap)
+    rows, rhs = _scaled_rows(
+        np.asarray(mem, float), np.asarray(time, float), mem_cap, time_cap, size_cap
+    )
     counts = np.asarray(count, dtype=float)
     x = cp.Variable(m, boolean=True) if np.all(counts == 1) else cp.Variable(m, integer=True)
     cons = [rows @ x <= rhs, x >= 0, x <= counts]
@@ -187,6 +199,7 @@ def _solve_gurobi(
     count: Sequence[int],
     mem_cap: float,
     time_cap: float = math.inf,
+    size_cap: int | None = None,
 ) -> tuple[list[int], float]:
     """The knapsack MILP solved by gurobipy; :class:`GurobiUnavailable` when it cannot run."""
     try:
@@ -195,7 +208,9 @@ def _solve_gurobi(
         raise GurobiUnavailable("gurobipy is not installed") from err
     p = np.asarray(profit, dtype=float)
     m = len(p)
-    rows, rhs = _scaled_rows(np.asarray(mem, float), np.asarray(time, float), mem_cap, time_cap)
+    rows, rhs = _scaled_rows(
+        np.asarray(mem, float), np.asarray(time, float), mem_cap, time_cap, size_cap
+    )
     try:
         env = gp.Env(params={"OutputFlag": 0})
         model = gp.Model(env=env)

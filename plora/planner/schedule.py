@@ -25,6 +25,12 @@ Alg. 2, which is always among the candidates, so the result is never worse than 
 
 Tail repair (:func:`plora.planner.timeline.rebalance`, also ours): after each simulation,
 configs move out of the job that ends last while that lowers the makespan.
+
+Pack cap (``planner.max_pack_size``, ``max_pack_size`` here): no pack of the plan holds more
+configs -- the knapsacks carry it as a row and every pack is priced through
+:func:`plora.planner.ilp.make_pack`, which refuses a larger one, so DTM's spreading and the
+tail repair keep to it too; with 1 the plan is Min GPU's one config per job, run on plora's
+resident workers.
 """
 
 from __future__ import annotations
@@ -166,6 +172,7 @@ def plan_sweep(
     objective: Objective = Objective.WORK,
     node_budget: int = 100,
     resident: Sequence[Sequence[int]] | None = (),
+    max_pack_size: int | None = None,
 ) -> Plan:
     """Plan every config of a sweep on ``num_gpus`` GPUs (Alg. 2 over DTM over F(d, K)).
 
@@ -179,6 +186,7 @@ def plan_sweep(
         resident: worker groups already started (GPU id tuples); default none: every GPU is
             cold and the makespan includes each group's ``cost.startup_time(d)``. ``None``:
             start-up is not charged.
+        max_pack_size: most configs per job (``planner.max_pack_size``); None: as many as fit.
 
     Raises:
         NoFeasibleJobError: a config fits no allowed GPU count.
@@ -186,6 +194,7 @@ def plan_sweep(
     return replan(
         configs, num_gpus, (), 0.0, cost, num_gpus,
         solver=solver, objective=objective, node_budget=node_budget, resident=resident,
+        max_pack_size=max_pack_size,
     )  # fmt: skip
 
 
@@ -201,6 +210,7 @@ def replan(
     objective: Objective = Objective.WORK,
     node_budget: int = 100,
     resident: Sequence[Sequence[int]] | None = None,
+    max_pack_size: int | None = None,
 ) -> Plan:
     """Re-plan the configs left while ``running`` jobs hold their GPUs until their ``end_s``.
 
@@ -219,11 +229,12 @@ def replan(
             their groups anyway); a free GPU in none is cold and waits
             ``cost.startup_time(d)`` before its first job. ``None`` (default): start-up is not
             charged (every GPU warm at every d).
+        max_pack_size: most configs per job (``planner.max_pack_size``); None: as many as fit.
     """
     if num_gpus < 1 or not 0 <= free_gpus <= num_gpus:
         raise ValueError(f"planner: free_gpus={free_gpus} must be in [0, num_gpus={num_gpus}]")
     knap = KnapsackSolver(solver)
-    table = build_classes(remaining, cost, num_gpus, objective=objective)
+    table = build_classes(remaining, cost, num_gpus, objective=objective, max_pack=max_pack_size)
     check_feasible(table, num_gpus)
     busy = _busy(running, free_gpus, now, num_gpus)
     groups = Groups(num_gpus, table.startup, resident)
@@ -249,6 +260,8 @@ def replan(
     jobs = to_jobs(table, started)
     if (note := offload_note(jobs)) is not None:
         notes.append(note)
+    if max_pack_size is not None:
+        notes.append(f"every job holds at most {max_pack_size} config(s) (planner.max_pack_size)")
     makespan = max([j.end_s for j in jobs] + [end for end, _ in busy] + [now])
     return Plan(
         jobs=jobs,

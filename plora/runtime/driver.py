@@ -47,6 +47,7 @@ from plora.curves import open_curves, open_sinks
 from plora.models.hub import check_hub_model
 from plora.planner import NoFeasibleJobError
 from plora.planner.fits import no_fit_error, widest_degree
+from plora.planner.options import SweepPlanner
 from plora.runtime.actors.cluster import (
     check_address,
     check_gpus,
@@ -211,6 +212,8 @@ def _drive(
                 store=store,
                 max_retries=options.max_retries,
                 refill=options.refill,
+                planner=SweepPlanner.from_options(sweep.planner),
+                max_pack_size=sweep.planner.max_pack_size,
                 ask_batch=options.ask_batch,
                 metric_name=metric_name,
                 calibration_steps=options.calibration_steps,

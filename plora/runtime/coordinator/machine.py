@@ -89,6 +89,9 @@ class Coordinator:
         clock: Seconds since an arbitrary origin (default ``time.monotonic``).
         max_retries: Restarts of a job whose worker died, before its configs fail.
         refill: Let queued configs join running jobs in slots finished configs left.
+        max_pack_size: Most configs a job may train at once (``planner.max_pack_size``; None:
+            the pack size the planner chose): a refill never grows a job beyond it. Pass the
+            same cap to the planner (:class:`plora.planner.options.SweepPlanner`).
         ask_batch: Most configs requested from the source at a time (default: all it gives, so
             the planner sees every config before it packs; adaptive searchers bound themselves).
         metric_name: The dataset's metric name, added to what the searcher is told.
@@ -110,6 +113,7 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         max_retries: int = 2,
         refill: bool = True,
+        max_pack_size: int | None = None,
         ask_batch: int | None = None,
         metric_name: str | None = None,
         metrics_flush_s: float = 5.0,
@@ -129,6 +133,7 @@ class Coordinator:
             early_stop=early_stop,
             max_retries=max_retries,
             refill=refill,
+            max_pack_size=max_pack_size,
             ask_batch=ask_batch or (1 << 30),
             metric_name=metric_name,
             jobs=JobBook(free_gpus=set(range(num_gpus))),

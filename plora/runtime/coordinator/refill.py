@@ -50,7 +50,8 @@ def choose_refills(
     Args:
         active: The job's configs still training.
         queued: Configs waiting for a job, in the order to try them.
-        slots: The most configs the job may train at once.
+        slots: The most configs the job may train at once (its first pack's size, and no more
+            than ``planner.max_pack_size``).
         progress: Steps done per config id.
         cost: The cost model (``steps``, memory).
         gpus: The job's d.

@@ -232,7 +232,8 @@ def planned_terms(state: CoordinatorState, spec: JobSpec) -> dict[str, float]:
 
 
 def refill(state: CoordinatorState, run: RunningJob) -> None:
-    """Fill slots finished configs left with queued configs that fit and end no later.
+    """Fill slots finished configs left with queued configs that fit and end no later; a job
+    never holds more than the pack it started with, nor more than ``planner.max_pack_size``.
 
     Asked at every poll of every running job: a full pack returns before the queue is looked
     at, and the queue's order is built in time linear in the configs (a sweep of 10,000 queued
@@ -245,7 +246,10 @@ def refill(state: CoordinatorState, run: RunningJob) -> None:
         and book.status.get(c) is not ConfigStatus.PAUSED
         and book.progress.get(c, 0) < state.cost.steps(book.by_id[c])
     ]
-    if not active or len(active) >= run.peak_pack:  # no free slot (choose_refills' own test)
+    slots = (
+        run.peak_pack if state.max_pack_size is None else min(run.peak_pack, state.max_pack_size)
+    )
+    if not active or len(active) >= slots:  # no free slot (choose_refills' own test)
         return
     queued_ids = book.queued_ids()
     queued = set(queued_ids) - jobs.forced_config_ids()
@@ -255,7 +259,7 @@ def refill(state: CoordinatorState, run: RunningJob) -> None:
     picks = choose_refills(
         active=active,
         queued=[book.by_id[c] for c in order],  # in the plan's order
-        slots=run.peak_pack,
+        slots=slots,
         progress=book.progress,
         cost=state.cost,
         gpus=run.spec.gpus,

@@ -309,6 +309,7 @@ class CoordinatorState:
     early_stop: StepStopper | None = None
     max_retries: int = 2
     refill: bool = True
+    max_pack_size: int | None = None
     ask_batch: int = 1 << 30
     metric_name: str | None = None
     configs: ConfigBook = dataclasses.field(default_factory=ConfigBook)
