@@ -16,8 +16,11 @@ and books each of them with the cost model's prior for this GPU type
 and the stock-HF coefficients): the booked step of every timed step at its own padded width,
 averaged, against the measured mean. A cell whose padded tokens per step would pass
 ``--max-step-tokens`` or whose predicted memory passes 90 % of the GPU is not run (its row
-says why). Graphed cells time only the steps that replayed (a new 64-token length bucket
-runs eagerly once and captures once: those steps are skipped, as a long sweep amortizes them).
+says why). A plora cell times only steps of a padded width it has run before (on CUDA widths
+are 64-token buckets: a bucket's first step meets new kernel shapes, and a graphed cell's
+first step of a bucket runs eagerly and its second captures), as a long sweep amortizes them;
+PEFT's rows pad to their exact longest, as users' collators do, so nearly every PEFT step of
+GSM8K-like rows has a width of its own.
 
 Rows are written to ``step_table.json`` after every cell, so a deadline (``--deadline-s``)
 loses nothing measured. ``plora.cost.priors`` fits its per-GPU-type coefficients from the
@@ -122,7 +125,7 @@ class Timed:
 
 
 def run_plora(base, tok, data, k, batch, rank, device, dtype, *, graphs: bool, warmup: int,
-              min_steps: int, max_steps: int, min_s: float) -> Timed:  # fmt: skip
+              min_steps: int, max_steps: int, min_s: float, cap_s: float = 20.0) -> Timed:  # fmt: skip
     """Train ``k`` adapters of batch ``batch`` and time steady steps (see the module doc)."""
     trainer = PackedTrainer(base, tok, data, device=device,
                             dtype=dtype if device.type == "cuda" else None,
@@ -134,14 +137,20 @@ def run_plora(base, tok, data, k, batch, rank, device, dtype, *, graphs: bool, w
     try:
         for _ in range(warmup):
             trainer.step()
-        total, n = 0.0, 0
-        while n < max_steps and (n < min_steps or total < min_s):
+        total, n, seen = 0.0, 0, set()
+        while (
+            n < max_steps
+            and total < cap_s
+            and (len(out.times) < min_steps or sum(out.times) < min_s)
+        ):
             before = trainer.graphs.captures + trainer.graphs.eager_steps if graphs else 0
             trainer.step()
             n += 1
             s = trainer.last_step
             total += s.time_s
-            if graphs and trainer.graphs.captures + trainer.graphs.eager_steps != before:
+            fresh = s.seq_len not in seen  # a width's first step: new shapes (and its capture)
+            seen.add(s.seq_len)
+            if fresh or (graphs and trainer.graphs.captures + trainer.graphs.eager_steps != before):
                 out.skipped += 1
                 continue
             out.times.append(s.time_s)
@@ -316,12 +325,13 @@ def main(argv: list[str] | None = None) -> int:
                 result["rows"].append(row)
                 continue
             small = k * b * width < 8192  # launch-bound cells: more steps for a stable mean
-            steps = {"min_steps": 3, "max_steps": 40 if small else 8, "min_s": args.min_time_s}
+            steps = {"min_steps": 3, "max_steps": 60 if small else 16, "min_s": args.min_time_s}
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             try:
                 if system == "peft":
+                    steps["max_steps"] = min(steps["max_steps"], 8)
                     t = run_peft(base, data, b, args.rank, device, dtype, warmup=2, **steps)
                     timer = peft_timer
                 else:

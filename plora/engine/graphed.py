@@ -59,7 +59,7 @@ from plora.engine import adapters
 from plora.engine.attention import causal_only
 from plora.engine.batch import pack_micro_batch, plan_micro_batches
 from plora.engine.device import to_device
-from plora.engine.fused import dropout_key
+from plora.engine.fused import dropout_key, kernel
 from plora.engine.loss import loss_targets, targets_loss
 from plora.engine.step_record import StepReadback, StepShape
 
@@ -179,6 +179,13 @@ class StepGraphs:
         self.store.rekey({s: dropout_key(seed, st) for s, (seed, st) in steps.items()})
         keys = {s: st for s, (_, st) in steps.items()}
         if self.capture and entry.runs and entry.graph is None:
+            if kernel() is None and any(ad.config.dropout > 0 for ad in active):
+                # the torch path builds each mask from the adapter's step on the host: a
+                # captured mask would repeat at every replay
+                raise RuntimeError(
+                    "dropout on the torch LoRA path (its masks are keyed on the host, so a "
+                    "replay would repeat one step's mask): graphs need plora.kernels"
+                )
             self._capture(entry, keys)
         entry.table.copy_(to_device(tr.optimizer.slot_table(lrs), tr.device), non_blocking=True)
         if entry.graph is not None:

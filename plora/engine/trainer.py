@@ -46,7 +46,7 @@ from plora.engine.batch import (
 )
 from plora.engine.causal_lm import decoder_and_head
 from plora.engine.device import model_device, peak_memory, to_device
-from plora.engine.graphed import StepGraphs, graphs_wanted
+from plora.engine.graphed import LENGTH_BUCKET, StepGraphs, graphs_wanted
 from plora.engine.loss import packed_loss
 from plora.engine.packed_optim import PackedAdamW
 from plora.engine.reports import AdapterStatus, PackProfile, StepMetrics, StepProfile
@@ -390,10 +390,14 @@ class PackedTrainer:
     def _pack_host(
         self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[TrainingAdapter]
     ) -> tuple[PackedBatch, dict[int, tuple[int, int]]]:
-        """``micro``'s rows packed on the host, and each slot's dropout key."""
+        """``micro``'s rows packed on the host, and each slot's dropout key. On CUDA the width
+        is rounded up to a length bucket, as the graphed step's: a step of a width not seen
+        before runs slow (new shapes for the attention and GEMM kernels), and rows of varied
+        lengths would otherwise bring a new width almost every step."""
         step_of = {ad.slot: ad.step for ad in active}
         keys = {s: (step_of[s], micro[s][0]) for s in micro}
-        return pack_micro_batch(micro, self.pad_id), keys
+        bucket = LENGTH_BUCKET if self.device.type == "cuda" else None
+        return pack_micro_batch(micro, self.pad_id, pad_to_multiple_of=bucket), keys
 
     def _pack(
         self, micro: dict[int, tuple[int, list[Any]]], active: Sequence[TrainingAdapter]

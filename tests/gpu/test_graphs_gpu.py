@@ -75,10 +75,10 @@ def test_graphed_equals_eager(max_rows):
     _same_training(le, we, lg, wg)
 
 
-def test_graphed_equals_eager_on_the_torch_path():
-    """The torch LoRA path (``set_kernel_backend("torch")``, what a shape whose measured kernel
-    mode is torch runs): its dropout masks are built inside the capture, so they must make no
-    host-to-device copy (a capture refuses one, and the step would fall back to eager)."""
+def test_torch_path_with_dropout_steps_eagerly():
+    """The torch LoRA path (``set_kernel_backend("torch")``) builds each dropout mask from the
+    adapter's step on the host, so a captured mask would repeat at every replay: a pack with
+    dropout there turns graphs off with its reason, and trains exactly as the eager step."""
     from plora.engine import lora
 
     lora.set_kernel_backend("torch")
@@ -90,8 +90,8 @@ def test_graphed_equals_eager_on_the_torch_path():
     finally:
         lora.set_kernel_backend("auto")
     g = graphed.graphs
-    assert g is not None and g.disabled is None, g and g.disabled
-    assert g.replays >= STEPS - 4, (g.captures, g.replays, g.eager_steps)
+    assert g is not None and "dropout on the torch LoRA path" in (g.disabled or ""), g.disabled
+    assert g.replays == 0
     _same_training(le, we, lg, wg)
 
 
