@@ -17,6 +17,9 @@ turn as its own process and timed from start until that process returns:
   ``training.cuda_graphs`` is ``--plora-graphs`` (default auto: one-GPU jobs replay their steady
   step as CUDA graphs on a GPU; ``off``: the eager step), recorded in the JSON; compare the two
   with two runs (``scripts/gpu_graphs.sh``, ``PART=e2e``).
+* ``plora-single`` -- the same ``plora sweep`` of the sweep file with
+  ``planner.max_pack_size: 1``: one config per job, every job on plora's resident workers (the
+  Min-GPU baseline run for real, not estimated).
 * ``tune`` -- ``benchmarks/e2e_tune.py``: Ray Tune's ``Tuner`` over a ``grid_search`` of the
   same configs, one function trial per config with ``{"gpu": 1}``; each trial loads the model
   with ``from_pretrained`` (bf16 on GPU), wraps it with PEFT's ``get_peft_model``, trains with
@@ -43,7 +46,9 @@ built-in tiny pretrained model (the CPU dry run).
 Data: deterministic ``copy`` / ``reverse`` tasks on random letters, prompt/completion JSONL
 (``--train-rows`` training rows, ``--eval-rows`` eval rows, about ``--tokens`` tokens each: one
 byte is one token), ``max_seq_len = tokens + 40``, loss on the completion only; the sweep
-scores ``eval_loss`` (``dataset.metric: none``: no generation in either system).
+scores ``eval_loss`` (``dataset.metric: none``: no generation in either system). ``--data
+gsm8k``: GSM8K-like word problems and worked answers instead, each row's length lognormal with
+median ``--tokens`` (shape 0.6) cut at ``--max-seq-len`` (``e2e_setup.gsm8k_rows``).
 
 Configs: the grid ``--lrs`` x ``--ranks`` (default 1e-4, 3e-4, 1e-3, 3e-3 x 8, 16, 32, 64: 16
 configs), alpha = 2 rank, batch ``--batch-size`` 4, all seven projections, ``--steps`` 40,
@@ -59,10 +64,17 @@ Cases (``--case``; each sets the flags' defaults): issue 27's ``L`` (a 32B shape
 Train FSDP2 and ``device_map`` trials of 2 GPUs) and ``M`` (7B, one and 0.25-GPU trials) on 4
 GPUs; issue 31's ``T`` on 8 GPUs: the paper's setting, 48 configs of the 7B shape drawn from
 Table 1's ranges, 1,024 tokens, 20 steps each, plora vs one Tune trial per GPU (8 at a time;
-gradient checkpointing in the trials). ``--smoke`` runs L and M on the CPU with tiny shapes;
-``--smoke --case T`` runs T's code path (4 drawn configs, 8 logical GPUs).
+gradient checkpointing in the trials); issue 42's ``S`` on one GPU: a 16-config slice of
+``sweeps/paper-table1.yaml`` (7B shape; lr {1e-4, 2e-4} × rank {8, 32} × batch {1, 4} × alpha
+{r/4, 4r}, dropout 0.05) on GSM8K-like rows around 250 tokens cut at 1,024, ``--steps`` 100 each,
+run four ways: ``plora``, ``plora-single``, ``tune`` and ``tune-frac``. ``--smoke`` runs L and M
+on the CPU with tiny shapes; ``--smoke --case T`` runs T's code path (4 drawn configs, 8 logical
+GPUs), ``--smoke --case S`` S's (2 configs, 1 logical GPU).
 
-Reported per system: wall seconds, GPU-busy fraction (``nvidia-smi`` utilization sampled every
+Before any system runs, ``plora plan`` plans each plora system's sweep file with the same cost
+model and profile store (``e2e_systems.plan_systems``): the makespan predicted for ``plora``, for
+``plora-single`` and -- its Tune baseline row -- for ``tune``. Reported per system: wall
+seconds, that predicted makespan, GPU-busy fraction (``nvidia-smi`` utilization sampled every
 0.5 s while the system runs, summed over the GPUs the run may use / 100·N; null without
 nvidia-smi), per-config eval loss and configs finished; plora's predicted and measured
 makespan; the speedups of plora over each baseline; the worst relative eval-loss disagreement
@@ -72,7 +84,10 @@ base model's (an adapter that did not train fails); losses agree within ``--rtol
 0.05; loose because PEFT draws LoRA A from ``torch.manual_seed(0)`` and plora from its
 seed-keyed generator: same data order, different init); and each system's drop below the
 base model is at least ``--min-drop-ratio`` (0.5) of another's (fails a system that trains at
-a fraction of the others' pace).
+a fraction of the others' pace). Issue 42's targets are reported, not enforced
+(``e2e_report.targets``): plora's speedup over ``plora-single`` measured on the coordinator's
+clock within 10 % of the ratio of the two plans' makespans, and plora at least 4× faster than
+each Tune system.
 
 On a GPU machine (torch, transformers, peft, pandas; Ray installed), with plora importable
 (installed, or a copy of ``plora/`` with ``kernels/`` as ``plora/kernels`` on ``PYTHONPATH``;
@@ -110,7 +125,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from e2e_args import SMOKE_CASES, SYSTEMS, parse_args
+from e2e_args import PLORA_CAPS, SMOKE_CASES, SYSTEMS, parse_args
 from e2e_report import fmt, report, versions
 from e2e_setup import (
     TABLE1,
@@ -119,13 +134,14 @@ from e2e_setup import (
     ensure_model,
     grid,
     key,
-    make_rows,
+    make_data,
     plora_engine,
     sweep_dict,
     tune_spec,
+    varies_alpha,
     write_jsonl,
 )
-from e2e_systems import base_eval_loss, child_env, run_plora, run_tune
+from e2e_systems import base_eval_loss, child_env, plan_systems, run_plora, run_tune
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,19 +182,28 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
     )
     model_dir, facts = ensure_model(args.model, work)
     data = {"train": run_dir / "data" / "train.jsonl", "eval": run_dir / "data" / "eval.jsonl"}
-    write_jsonl(data["train"], make_rows(args.train_rows, args.tokens, seed=1))
-    write_jsonl(data["eval"], make_rows(args.eval_rows, args.tokens, seed=2))
+    write_jsonl(data["train"], make_data(args, args.train_rows, seed=1))
+    write_jsonl(data["eval"], make_data(args, args.eval_rows, seed=2))
     lrs, ranks = ([], []) if args.draw else grid(args)
     sweep = sweep_dict(args, model_dir, data, lrs, ranks, gpu_type)
     sweep_yaml = run_dir / "sweep.yaml"
     atomic_write_text(sweep_yaml, yaml.safe_dump(sweep, sort_keys=False))
     parsed = SweepConfig.from_yaml(sweep_yaml)  # fails here on a bad sweep
+    # each plora system's sweep file: the same sweep with its planner.max_pack_size
+    sweeps = {"plora": sweep_yaml}
+    for name in args.systems:
+        if PLORA_CAPS.get(name) is not None:
+            capped = {**sweep, "planner": {**sweep.get("planner", {}),
+                                           "max_pack_size": PLORA_CAPS[name]}}  # fmt: skip
+            sweeps[name] = run_dir / f"sweep-{name}.yaml"
+            atomic_write_text(sweeps[name], yaml.safe_dump(capped, sort_keys=False))
+            SweepConfig.from_yaml(sweeps[name])
     # the configs plora trains (its expansion of the sweep file: the grid, or --draw's seeded
     # draws) are Tune's grid too; alpha names a config only when the sweep varies it
     configs = expand(parsed)
     rows = [
         {
-            "key": key(c.lr, c.rank, c.batch_size, c.alpha if args.draw else None),
+            "key": key(c.lr, c.rank, c.batch_size, c.alpha if varies_alpha(args) else None),
             "config_id": c.config_id,
             "lr": c.lr,
             "rank": c.rank,
@@ -199,7 +224,7 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
     )
     ctx = {
         "run_dir": run_dir,
-        "sweep_yaml": sweep_yaml,
+        "sweeps": sweeps,
         "spec": spec,
         "env": env,
         "gpus": gpus,
@@ -231,8 +256,10 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
             "eval": str(data["eval"]),
             "train_rows": args.train_rows,
             "eval_rows": args.eval_rows,
+            "kind": args.data,
+            # --data gsm8k: the median of lognormal row lengths, cut at max_seq_len
             "tokens_per_row": args.tokens,
-            "max_seq_len": args.tokens + 40,
+            "max_seq_len": args.max_seq_len,
         },
         "training": {
             "steps": args.steps,
@@ -242,7 +269,7 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
             "schedule": args.schedule,
             "lrs": sorted({c.lr for c in configs}),
             "ranks": sorted({c.rank for c in configs}),
-            "alpha_ratio": None if args.draw else 2.0,
+            "alpha_ratio": None if args.draw else args.alpha_ratios,
             # --draw: the domains and seed of the draws (plora's search: random)
             "draw": {"configs": args.draw, "seed": args.draw_seed, "space": TABLE1}
             if args.draw
@@ -250,7 +277,7 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
             "target_modules": "all",
             "max_grad_norm": 1.0,
             "weight_decay": 0.0,
-            "dropout": 0.0,
+            "dropout": args.dropout,
         },
         "configs": rows,
         "work_dir": str(run_dir),
@@ -264,6 +291,10 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
         atomic_write_json(out, rep)
         return rep
 
+    # what plora's planner predicts before anything runs, for every system it models (the same
+    # cost model and profile store for all): `plora plan` of each plora system's sweep file
+    print("e2e: plans", flush=True)
+    info["plans"] = plan_systems(ctx, args.systems)
     print("e2e: base model eval loss", flush=True)
     base = base_eval_loss(ctx)
     save(base, complete=False)
@@ -271,13 +302,15 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
         print(f"e2e: {name} ...", flush=True)
         trial = SYSTEMS[name]
         if trial is None:
-            systems[name] = run_plora(ctx)
+            systems[name] = run_plora(ctx, name)
         else:
             mode, flag = trial
             systems[name] = run_tune(ctx, name, mode, 1.0 if flag is None else getattr(args, flag))
         row = systems[name]
+        planned = info["plans"]["predicted_makespan_s"].get(name)
         print(
-            f"e2e: {name}: {row['wall_s']:.1f} s, GPU busy {fmt(row['gpu_busy'], '.2f')}, "
+            f"e2e: {name}: {row['wall_s']:.1f} s (planned {fmt(planned)} s), "
+            f"GPU busy {fmt(row['gpu_busy'], '.2f')}, "
             f"{sum(v is not None for v in row['eval_loss'].values())}/{len(configs)} configs",
             flush=True,
         )

@@ -17,14 +17,18 @@ DESCRIPTION = "A whole LoRA sweep, plora against Ray Tune + PEFT (see benchmarks
 #: says how many (None: one).
 SYSTEMS: dict[str, tuple[str, str | None] | None] = {
     "plora": None,
+    "plora-single": None,
     "tune": ("single", None),
     "tune-frac": ("single", "gpu_fraction"),
     "tune-fsdp": ("fsdp", "gpus_per_trial"),
     "tune-devmap": ("devmap", "gpus_per_trial"),
 }
+#: The plora systems (``plora sweep``) and the ``planner.max_pack_size`` each runs with:
+#: ``plora-single`` is the Min-GPU baseline run for real, one config per job on plora's engine.
+PLORA_CAPS: dict[str, int | None] = {"plora": None, "plora-single": 1}
 
-#: Issue 27's two cases on a 4-GPU machine and issue 31's on an 8-GPU one (``--case``): their
-#: flags' defaults.
+#: Issue 27's two cases on a 4-GPU machine, issue 31's on an 8-GPU one and issue 42's slice of
+#: Table 1 on one GPU (``--case``): their flags' defaults.
 CASES: dict[str, dict[str, Any]] = {
     # a base one 80 GB GPU cannot train at 1,024 tokens: plora's planner picks each job's d and
     # strategy; users run a 2-GPU Ray Train FSDP trainer per trial, or device_map="auto"
@@ -65,6 +69,25 @@ CASES: dict[str, dict[str, Any]] = {
         "gpus": 8,
         "gradient_checkpointing": True,
     },
+    # issue 42: a 16-config slice of Table 1 (sweeps/paper-table1.yaml) at batch 1 and 4 on one
+    # GPU, GSM8K-like rows; plora as planned, plora one config per job (the Min-GPU baseline
+    # run for real), one Tune + PEFT trial at a time and 0.25-GPU trials
+    "S": {
+        "model": "Qwen/Qwen2.5-7B",
+        "lrs": [1e-4, 2e-4],
+        "ranks": [8, 32],
+        "batch_sizes": [1, 4],
+        "alpha_ratios": [0.25, 4.0],
+        "dropout": 0.05,
+        "data": "gsm8k",
+        "tokens": 250,
+        "max_seq_len": 1024,
+        "steps": 100,
+        "warmup_steps": 10,
+        "schedule": "linear",
+        "systems": "plora,plora-single,tune,tune-frac",
+        "gpus": 1,
+    },
 }
 #: ``--smoke``: the cases' code paths on the CPU, tiny shapes, 4 logical GPUs (case T: 8, and
 #: 4 drawn configs); without ``--case`` it runs :data:`SMOKE_CASES`.
@@ -79,7 +102,11 @@ SMOKE: dict[str, Any] = {
     "eval_rows": 16,
     "gpus": 4,
 }
-SMOKE_CASE: dict[str, dict[str, Any]] = {"T": {"gpus": 8, "draw": 4}}
+SMOKE_CASE: dict[str, dict[str, Any]] = {
+    "T": {"gpus": 8, "draw": 4},
+    # two configs (batch 1 and 4), rows lognormal around 48 tokens cut at 160, one logical GPU
+    "S": {"gpus": 1, "alpha_ratios": [4.0], "max_seq_len": 160},
+}
 #: What ``--smoke`` alone runs: issue 27's cases (case T's smoke is ``--smoke --case T``).
 SMOKE_CASES = ("L", "M")
 
@@ -136,7 +163,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup-steps", type=int, default=5)
     ap.add_argument("--schedule", default="cosine", choices=("constant", "linear", "cosine"))
     ap.add_argument("--batch-sizes", "--batch-size", type=ints, default=[4])
-    ap.add_argument("--tokens", type=int, default=600, help="tokens per row (max_seq_len = +40)")
+    ap.add_argument(
+        "--alpha-ratios", type=floats, default=[2.0], help="alpha / rank values of the grid"
+    )
+    ap.add_argument("--dropout", type=float, default=0.0, help="LoRA dropout of every config")
+    ap.add_argument(
+        "--data",
+        choices=("copy", "gsm8k"),
+        default="copy",
+        help="copy/reverse rows of about --tokens, or GSM8K-like rows: lognormal lengths with "
+        "median --tokens, cut at --max-seq-len",
+    )
+    ap.add_argument("--tokens", type=int, default=600, help="tokens per row (--data gsm8k: median)")
+    ap.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="the sweep's max_seq_len (default --tokens + 40)",
+    )
     ap.add_argument("--train-rows", type=int, default=2000)
     ap.add_argument("--eval-rows", type=int, default=64)
     ap.add_argument(
@@ -173,6 +217,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.set_defaults(**{**SMOKE, **SMOKE_CASE.get(known.case, {})})
     args = ap.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.max_seq_len is None:
+        args.max_seq_len = args.tokens + 40
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown or not args.systems:
         ap.error(f"--systems: unknown {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
@@ -192,6 +238,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"--batch-sizes {args.batch_sizes}: tune-fsdp splits a batch over "
             f"{args.gpus_per_trial} ranks; use batch sizes >= --gpus-per-trial"
         )
-    if args.model in TINY and args.tokens + 40 > 512:
-        ap.error(f"--tokens {args.tokens}: {args.model} has 512 positions; use --tokens <= 472")
+    if args.model in TINY and args.max_seq_len > 512:
+        ap.error(
+            f"--max-seq-len {args.max_seq_len}: {args.model} has 512 positions; use at most 512 "
+            "(default: --tokens + 40)"
+        )
+    if args.max_seq_len < args.tokens:
+        ap.error(f"--max-seq-len {args.max_seq_len}: below --tokens {args.tokens}")
+    if args.draw is not None and args.alpha_ratios != [2.0]:
+        ap.error("--draw draws alpha from Table 1's ranges; --alpha-ratios is for the grid")
     return args

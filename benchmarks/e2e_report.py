@@ -9,6 +9,7 @@ from typing import Any
 
 LABELS = {
     "plora": "plora sweep",
+    "plora-single": "plora sweep, one config per job (planner.max_pack_size 1: Min GPU run)",
     "tune": "Ray Tune + PEFT, 1 GPU/trial",
     "tune-frac": "Ray Tune + PEFT, {f:g} GPU/trial",
     "tune-fsdp": "Ray Tune + Ray Train FSDP2 + PEFT, {f:g} GPUs/trial",
@@ -80,6 +81,46 @@ def compare(
     }
 
 
+#: Issue 42's targets on the Table-1 slice (case S).
+SINGLE_RTOL = 0.10
+"""plora's measured speedup over ``plora-single`` within this of what the two plans said."""
+TUNE_SPEEDUP = 4.0
+"""plora at least this many times faster than Tune + PEFT."""
+
+
+def targets(systems: dict[str, dict], plans: dict[str, Any] | None) -> dict[str, Any]:
+    """plora's speedup over ``plora-single`` measured -- on the coordinator's clock (first plan
+    to last job end: what a plan's makespan predicts) and in wall seconds -- against the ratio
+    of the two plans' makespans (``plora plan`` of both sweep files before either ran), and its
+    speedup over each Tune system in wall seconds. Empty without plora; ``ok`` per target."""
+    out: dict[str, Any] = {}
+    p = systems.get("plora")
+    if not p or not p.get("wall_s"):
+        return out
+    pred = (plans or {}).get("predicted_makespan_s", {})
+    single = systems.get("plora-single")
+    if single is not None:
+        pp, ps = pred.get("plora"), pred.get("plora-single")
+        mp, ms = p.get("measured_makespan_s"), single.get("measured_makespan_s")
+        planned = ps / pp if finite(pp) and finite(ps) and pp > 0 else None
+        measured = ms / mp if finite(mp) and finite(ms) and mp > 0 else None
+        ratio = measured / planned if measured is not None and planned else None
+        out["vs_single"] = {
+            "planned": planned,
+            "measured": measured,
+            "measured_wall": single["wall_s"] / p["wall_s"],
+            "measured_over_planned": ratio,
+            "rtol": SINGLE_RTOL,
+            "ok": ratio is not None and abs(ratio - 1.0) <= SINGLE_RTOL,
+        }
+    for name in ("tune", "tune-frac"):
+        if name in systems:
+            speedup = systems[name]["wall_s"] / p["wall_s"]
+            out[f"vs_{name}"] = {"speedup": speedup, "target": TUNE_SPEEDUP,
+                                 "ok": speedup >= TUNE_SPEEDUP}  # fmt: skip
+    return out
+
+
 def report(
     info: dict[str, Any],
     systems: dict[str, dict],
@@ -104,6 +145,7 @@ def report(
             if s != "plora" and plora_wall
         },
         "agreement": compare(systems, keys, base, rtol=rtol, min_drop_ratio=min_drop_ratio),
+        "targets": targets(systems, info.get("plans")),
     }
     rep["markdown"] = markdown(rep)
     return rep
@@ -137,11 +179,44 @@ def space_text(t: dict[str, Any]) -> str:
     """The configs in words: the grid, or ``--draw``'s seeded draws and their domains."""
     draw = t.get("draw")
     if not draw:
-        return f"grid lr {t['lrs']} × rank {t['ranks']} × batch {t['batch_sizes']}, alpha 2r"
+        ratio = t.get("alpha_ratio", 2.0)
+        alphas = ", ".join(f"{r:g}r" for r in (ratio if isinstance(ratio, list) else [ratio]))
+        return (f"grid lr {t['lrs']} × rank {t['ranks']} × batch {t['batch_sizes']} × alpha "
+                f"{{{alphas}}}, dropout {t.get('dropout', 0.0):g}")  # fmt: skip
     doms = "; ".join(
         f"{k} {next(iter(v))} {next(iter(v.values()))}" for k, v in draw["space"].items()
     )
     return f"{draw['configs']} configs drawn (seed {draw['seed']}) from Table 1's ranges: {doms}"
+
+
+def rows_text(data: dict[str, Any]) -> str:
+    """The rows in words: about ``tokens`` each, or GSM8K-like lognormal lengths."""
+    if data.get("kind") == "gsm8k":
+        return (f"GSM8K-like rows, lognormal lengths around {data['tokens_per_row']} tokens cut "
+                f"at {data['max_seq_len']}")  # fmt: skip
+    return f"~{data['tokens_per_row']} tokens/row (max_seq_len {data['max_seq_len']})"
+
+
+def targets_text(tg: dict[str, Any]) -> list[str]:
+    """Issue 42's targets as Markdown lines (none when the run has no such systems)."""
+    lines = []
+    single = tg.get("vs_single")
+    if single is not None:
+        lines.append(
+            f"plora vs one config per job: measured {fmt(single['measured'], '.2f')}× on the "
+            f"coordinator's clock ({fmt(single['measured_wall'], '.2f')}× in wall seconds), planned "
+            f"{fmt(single['planned'], '.2f')}×: measured / planned "
+            f"{fmt(single['measured_over_planned'], '.3f')} (target within "
+            f"{100 * single['rtol']:g} %): {'ok' if single['ok'] else 'MISSED'}."
+        )
+    for name in ("tune", "tune-frac"):
+        t = tg.get(f"vs_{name}")
+        if t is not None:
+            lines.append(
+                f"plora vs {LABELS[name].split(',')[0]} ({name}): {t['speedup']:.2f}× (target "
+                f"≥ {t['target']:g}×): {'ok' if t['ok'] else 'MISSED'}."
+            )
+    return [*lines, ""] if lines else []
 
 
 def fmt(x: float | None, spec: str = ".1f") -> str:
@@ -156,18 +231,19 @@ def markdown(rep: dict[str, Any]) -> str:
         f"{len(rep['configs'])} configs × {t['steps']} steps — {rep['gpu']} × {rep['num_gpus']}",
         "",
         f"{rep['date']} · `{rep['command']}` · torch {sw['torch']}, transformers {sw['transformers']}, "
-        f"peft {sw['peft']}, ray {sw['ray']} · batch {t['batch_sizes']}, ~{rep['data']['tokens_per_row']} "
-        f"tokens/row (max_seq_len {rep['data']['max_seq_len']}), all 7 projections, {t['schedule']} "
+        f"peft {sw['peft']}, ray {sw['ray']} · batch {t['batch_sizes']}, {rows_text(rep['data'])}, "
+        f"all 7 projections, {t['schedule']} "
         f"({t['warmup_steps']} warm-up), {space_text(t)}; gradient checkpointing in the Tune baselines: "
         f"{'on' if t['gradient_checkpointing_in_tune'] else 'off'}",
         "",
-        "| system | wall (s) | plora speedup | GPU busy | configs finished | best eval loss | notes |",
-        "|---|---|---|---|---|---|---|",
+        "| system | wall (s) | planned (s) | plora speedup | GPU busy | configs finished | best eval loss | notes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    planned = (rep.get("plans") or {}).get("predicted_makespan_s", {})
     n = len(rep["configs"])
     for name, row in sysr.items():
         losses = [v for v in row["eval_loss"].values() if v is not None]
-        if name == "plora":
+        if name in ("plora", "plora-single"):
             note = (
                 f"first plan's makespan {fmt(row.get('predicted_makespan_s'))} s (coordinator clock: "
                 f"after process + Ray start); measured on that clock "
@@ -186,7 +262,8 @@ def markdown(rep: dict[str, Any]) -> str:
         speed = rep["speedups"].get(name)
         label = LABELS[name].format(f=row.get("gpu_per_trial", 0))
         lines.append(
-            f"| {label} | {fmt(row['wall_s'])} | {'—' if name == 'plora' else fmt(speed, '.2f') + '×'} | "
+            f"| {label} | {fmt(row['wall_s'])} | {fmt(planned.get(name))} | "
+            f"{'—' if name == 'plora' else fmt(speed, '.2f') + '×'} | "
             f"{fmt(row['gpu_busy'], '.2f')} | {len(losses)}/{n} | {fmt(min(losses) if losses else None, '.4f')} | {note} |"
         )
     agr = rep["agreement"]
@@ -199,6 +276,7 @@ def markdown(rep: dict[str, Any]) -> str:
         f"{agr['worst_drop']['ratio']:.2f} ({agr['worst_drop']['config']}; at least "
         f"{agr['min_drop_ratio']:g}): {'ok' if agr['ok'] else 'FAILED'}.",
         "",
+        *targets_text(rep.get("targets") or {}),
         "| config | " + " | ".join(sysr) + " |",
         "|---|" + "---|" * len(sysr),
     ]

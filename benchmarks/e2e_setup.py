@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -207,6 +208,42 @@ def make_rows(n: int, tokens: int, seed: int) -> list[dict[str, str]]:
     return rows
 
 
+#: Words of :func:`gsm8k_rows`' questions.
+WORDS = (
+    "Natalia", "sold", "clips", "to", "her", "friends", "in", "April", "and", "then", "half",
+    "as", "many", "in", "May", "How", "many", "did", "she", "sell", "altogether", "Weng", "earns",
+    "an", "hour", "for", "babysitting", "Yesterday", "minutes", "Betty", "is", "saving", "money",
+    "wallet", "costs", "each", "week", "apples", "boxes", "more", "than", "left", "total",
+)  # fmt: skip
+
+
+def gsm8k_rows(
+    n: int, median: int, cut: int, seed: int, sigma: float = 0.6
+) -> list[dict[str, str]]:
+    """GSM8K-like prompt/completion rows: a word problem with numbers (about 40 % of the row)
+    and a worked answer of running sums ending ``#### N``; each row's length (bytes = tokens) is
+    lognormal with median ``median`` and shape ``sigma`` (GSM8K's question + answer is about
+    250 tokens with a long tail), cut at ``cut`` (the sweep's ``max_seq_len``) less a margin
+    for the tokenizer's specials."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        length = min(cut - 8, max(32, round(rng.lognormvariate(math.log(median), sigma))))
+        nums = [rng.randint(2, 99) for _ in range(6)]
+        words: list[str] = []
+        while len(" ".join(words)) < 0.4 * length - 8:
+            words.append(str(rng.choice(nums)) if rng.random() < 0.2 else rng.choice(WORDS))
+        prompt = "Question: " + " ".join(words) + "?"
+        steps, total, i = [], 0, 0
+        while len(" ".join(steps)) < length - len(prompt) - 16:
+            x = nums[i % len(nums)]
+            steps.append(f"{total} + {x} = {total + x}.")
+            total, i = total + x, i + 1
+        answer = (" " + " ".join(steps))[: max(1, length - len(prompt) - 12)]
+        rows.append({"prompt": prompt, "completion": f"{answer} #### {total}"})
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
     from plora.utils import atomic_write_text
 
@@ -240,12 +277,26 @@ TABLE1: dict[str, Any] = {
 
 
 def space_dict(args: argparse.Namespace, lrs: list[float], ranks: list[int]) -> dict[str, Any]:
-    """The sweep's hyperparameters: the grid ``lrs`` x ``ranks`` x ``--batch-sizes`` with
-    alpha = 2 rank, or with ``--draw K`` the :data:`TABLE1` domains (drawn by the sweep's
-    ``search: random``)."""
+    """The sweep's hyperparameters: the grid ``lrs`` x ``ranks`` x ``--batch-sizes`` x
+    ``--alpha-ratios`` (default alpha = 2 rank), or with ``--draw K`` the :data:`TABLE1`
+    domains (drawn by the sweep's ``search: random``)."""
     if getattr(args, "draw", None):
         return dict(TABLE1)
-    return {"lr": lrs, "rank": ranks, "alpha_ratio": 2.0, "batch_size": args.batch_sizes}
+    ratios = getattr(args, "alpha_ratios", [2.0])
+    return {"lr": lrs, "rank": ranks, "alpha_ratio": ratios if len(ratios) > 1 else ratios[0],
+            "batch_size": args.batch_sizes}  # fmt: skip
+
+
+def varies_alpha(args: argparse.Namespace) -> bool:
+    """Whether a config's name needs its alpha: drawn, or several ``--alpha-ratios``."""
+    return bool(getattr(args, "draw", None)) or len(getattr(args, "alpha_ratios", [2.0])) > 1
+
+
+def make_data(args: argparse.Namespace, n: int, seed: int) -> list[dict[str, str]]:
+    """``n`` rows of ``--data``: copy/reverse of about ``--tokens``, or :func:`gsm8k_rows`."""
+    if getattr(args, "data", "copy") == "gsm8k":
+        return gsm8k_rows(n, args.tokens, args.max_seq_len, seed)
+    return make_rows(n, args.tokens, seed)
 
 
 def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_type: str) -> dict:
@@ -265,13 +316,13 @@ def sweep_dict(args, model_dir: Path, data: dict[str, Path], lrs, ranks, gpu_typ
             "eval_path": str(data["eval"]),
             "format": "prompt_completion",
             "num_examples": args.train_rows,
-            "max_seq_len": args.tokens + 40,
+            "max_seq_len": getattr(args, "max_seq_len", None) or args.tokens + 40,
             "metric": "none",
         },
         "space": {
             **space_dict(args, lrs, ranks),
             "target_modules": "all",
-            "dropout": 0.0,
+            "dropout": getattr(args, "dropout", 0.0),
             "max_steps": args.steps,
             "warmup_steps": args.warmup_steps,
             "schedule": args.schedule,

@@ -5,8 +5,12 @@ Each system runs as a child process (:func:`run_logged`: its output in a log, it
 environment of :func:`child_env` (the same plora as this process, no network):
 
 * :func:`run_system` -- one system's command, and the first fields of its row;
-* :func:`run_plora` -- ``plora sweep``; the first plan, the jobs and the eval losses from its
-  sweep directory;
+* :func:`plan_systems` -- ``plora plan`` of each plora system's sweep file before anything runs:
+  the makespans its planner predicts for plora, for plora one config per job
+  (``planner.max_pack_size: 1``) and for Tune (its baseline row);
+* :func:`run_plora` -- ``plora sweep`` (``plora``, or ``plora-single``: the same sweep with
+  ``planner.max_pack_size: 1``); the first plan, the jobs and the eval losses from its sweep
+  directory;
 * :func:`run_tune` -- ``e2e_tune.py`` (Ray Tune + PEFT): trials on a GPU (or a fraction), Ray
   Train FSDP trials, or ``device_map`` trials; its trials;
 * :func:`base_eval_loss` -- the base model's eval loss with the trainables' own eval code.
@@ -97,22 +101,43 @@ def run_system(ctx: dict[str, Any], cmd: list[str], name: str, **fields: Any) ->
     }
 
 
-def run_plora(ctx: dict[str, Any]) -> dict[str, Any]:
-    """``plora sweep`` in a subprocess; plan, jobs and eval losses from its sweep directory."""
+PLORA_CLI = [sys.executable, "-c", "from plora.cli import app; app()"]
+
+
+def plan_systems(ctx: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """``plora plan`` of each plora system's sweep file (``ctx["sweeps"]``), in a subprocess with
+    the systems' environment (their profile store), before any system runs: the makespan each
+    plan predicts (``plora``, ``plora-single``), the Tune baseline row for ``tune`` (one trial
+    per GPU, each a new process), and Min GPU's; None for a system plora does not model
+    (``tune-frac``) or a plan that failed."""
+    out: dict[str, Any] = {}
+    for name, sweep in ctx["sweeps"].items():
+        path = ctx["run_dir"] / f"plan-{name}.json"
+        cmd = [*PLORA_CLI, "plan", str(sweep), "--out", str(path)]
+        rc, _, _ = run_logged(cmd, ctx["env"], ctx["run_dir"] / f"plan-{name}.log", [])
+        plan = json.loads(path.read_text()) if rc == 0 and path.is_file() else None
+        out[name] = None if plan is None else {
+            "makespan_s": plan["makespan_s"],
+            "jobs": len(plan["jobs"]),
+            "largest_pack": max(len(j["config_ids"]) for j in plan["jobs"]),
+            "baselines": {k: v.get("makespan_s") for k, v in plan["baselines"].items()},
+        }  # fmt: skip
+    base = out.get("plora")
+    predicted = {n: (out.get(n) or {}).get("makespan_s") for n in names if n in out}
+    if base is not None and "tune" in names:
+        predicted["tune"] = base["baselines"].get("tune")
+    return {"files": out, "predicted_makespan_s": predicted}
+
+
+def run_plora(ctx: dict[str, Any], name: str = "plora") -> dict[str, Any]:
+    """``plora sweep`` of system ``name``'s sweep file (``ctx["sweeps"][name]``) in a
+    subprocess; plan, jobs and eval losses from its sweep directory."""
     from plora.analysis import load
     from plora.sweepdir.store import SweepStore
 
-    out = ctx["run_dir"] / "plora"
-    cmd = [
-        sys.executable,
-        "-c",
-        "from plora.cli import app; app()",
-        "sweep",
-        str(ctx["sweep_yaml"]),
-        "--out",
-        str(out),
-    ]
-    row = run_system(ctx, cmd, "plora", sweep_dir=str(out))
+    out = ctx["run_dir"] / name
+    cmd = [*PLORA_CLI, "sweep", str(ctx["sweeps"][name]), "--out", str(out)]
+    row = run_system(ctx, cmd, name, sweep_dir=str(out))
     if not (out / "plan.json").is_file():
         return row
     store = SweepStore(out)

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # benchmarks/e2e.py's cases on one machine of $GPUS GPUs (default 4: issue 27's L and M; issue
-# 31's T on 8), longer than one device call: the first call starts them in a session of their
-# own, every call waits up to $WAIT_S for them and copies the JSON, the logs and plora's plans
-# to $OUT.
+# 31's T on 8; issue 42's S on 1), longer than one device call: the first call starts them in a
+# session of their own, every call waits up to $WAIT_S for them and copies the JSON, the logs
+# and plora's plans to $OUT.
 #
 #   device run, kind nvidia-h100-x4, carry [".device"]:
 #     CASES="L M" bash scripts/gpu_e2e.sh start     # then, within 30 s of each return:
 #     bash scripts/gpu_e2e.sh wait
 #   device run, kind nvidia-h100-x8 (issue 31):
 #     GPUS=8 CASES=T bash scripts/gpu_e2e.sh start  # then: bash scripts/gpu_e2e.sh wait
+#   device run, kind nvidia-h200 (issue 42's Table-1 slice, four systems: ~30 min in all):
+#     GPUS=1 CASES=S SYSTEM_TIMEOUT_S=1500 bash scripts/gpu_e2e.sh start  # then: ... wait
 set -uo pipefail
 RUN=/tmp/e2e-run
 WORK=/tmp/e2e-work

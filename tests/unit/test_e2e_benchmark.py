@@ -251,3 +251,106 @@ def test_plora_graphs_goes_into_the_sweep_file_and_the_report(flag, want, tmp_pa
     parsed = SweepConfig.from_yaml(tmp_path / "sweep.yaml")
     assert parsed.training.cuda_graphs is CudaGraphs(want)
     assert plora_engine(args, parsed)["cuda_graphs"] == {"setting": want, "PLORA_CUDA_GRAPHS": None}
+
+
+def test_case_s_is_a_16_config_slice_of_table1(tmp_path):
+    """``--case S`` (issue 42): 16 configs of the 7B shape, every one a point of
+    ``sweeps/paper-table1.yaml``'s grid at batch 1 or 4, named with their alpha; the plora
+    systems are plora as planned and one config per job; GSM8K-like rows whose lengths are
+    lognormal around 250 tokens and never past 1,024."""
+    import statistics
+
+    import yaml
+    from e2e_args import PLORA_CAPS, parse_args
+    from e2e_setup import gsm8k_rows, sweep_dict, varies_alpha
+
+    from plora.config import SweepConfig
+    from plora.tune.space import expand
+
+    args = parse_args(["--case", "S", "--out", str(tmp_path / "e2e.json")])
+    assert (args.model, args.gpus, args.steps, args.max_seq_len, args.data) == (
+        "Qwen/Qwen2.5-7B", 1, 100, 1024, "gsm8k",
+    )  # fmt: skip
+    assert args.systems == ["plora", "plora-single", "tune", "tune-frac"]
+    assert PLORA_CAPS["plora-single"] == 1 and PLORA_CAPS["plora"] is None
+    data = {"train": tmp_path / "train.jsonl", "eval": tmp_path / "eval.jsonl"}
+    sweep = sweep_dict(args, Path(args.model), data, args.lrs, args.ranks, "H200")
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    configs = expand(SweepConfig.from_yaml(tmp_path / "sweep.yaml"))
+    table1 = yaml.safe_load((ROOT / "sweeps" / "paper-table1.yaml").read_text())["space"]
+    assert len(configs) == 16 and varies_alpha(args)
+    assert {(c.lr, c.rank, c.batch_size, c.alpha / c.rank) for c in configs} == {
+        (lr, r, b, a) for lr in (1e-4, 2e-4) for r in (8, 32) for b in (1, 4) for a in (0.25, 4.0)
+    }
+    for c in configs:
+        assert c.lr in table1["lr"] and c.rank in table1["rank"]
+        assert c.batch_size in table1["batch_size"] and c.alpha / c.rank in table1["alpha_ratio"]
+        assert c.dropout == table1["dropout"] and c.schedule == table1["schedule"]
+    rows = gsm8k_rows(2000, 250, 1024, seed=1)
+    lengths = [len(r["prompt"]) + len(r["completion"]) for r in rows]
+    assert 225 <= statistics.median(lengths) <= 275 and max(lengths) <= 1024
+    assert sum(n > 500 for n in lengths) > 40  # a tail, as GSM8K has
+    assert all(r["completion"].split("#### ")[-1].isdigit() for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("single_s", "planned_single_s", "tune_s", "ok_single", "ok_tune"),
+    [
+        (400.0, 400.0, 500.0, True, True),  # measured 4x = planned 4x; tune 5x
+        (300.0, 400.0, 350.0, False, False),  # measured 3x vs planned 4x; tune 3.5x
+        (430.0, 400.0, 400.0, True, True),  # 4.3x vs 4x: within 10 %
+    ],
+)
+def test_targets_compare_measured_and_planned_speedups(
+    single_s, planned_single_s, tune_s, ok_single, ok_tune
+):
+    from e2e_report import targets
+
+    systems = {
+        "plora": {"wall_s": 100.0, "measured_makespan_s": 100.0},
+        "plora-single": {"wall_s": single_s + 10.0, "measured_makespan_s": single_s},
+        "tune": {"wall_s": tune_s},
+    }
+    plans = {"predicted_makespan_s": {"plora": 100.0, "plora-single": planned_single_s}}
+    got = targets(systems, plans)
+    single = got["vs_single"]
+    assert single["measured"] == pytest.approx(single_s / 100.0)
+    assert single["planned"] == pytest.approx(planned_single_s / 100.0)
+    assert single["ok"] is ok_single and got["vs_tune"]["ok"] is ok_tune
+    assert "vs_tune-frac" not in got and targets({}, plans) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_smoke_case_s_four_ways_on_one_logical_gpu(tmp_path):
+    """``e2e.py --smoke --case S``: 2 configs (batch 1 and 4) on GSM8K-like rows, run by plora,
+    by plora one config per job, by one Tune trial at a time and by 0.25-GPU trials on one
+    logical GPU; the report has each system's planned makespan and the speedup targets."""
+    out = tmp_path / "e2e.json"
+    cmd = [sys.executable, str(BENCH / "e2e.py"), "--smoke", "--case", "S", "--out", str(out)]
+    cmd += ["--work", str(tmp_path / "work")]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    top = json.loads(out.read_text())
+    assert top["ok"] is True and list(top["cases"]) == ["S"]
+    rep = top["cases"]["S"]
+    assert rep["num_gpus"] == 1 and rep["complete"] is True and rep["data"]["kind"] == "gsm8k"
+    keys = [c["key"] for c in rep["configs"]]
+    assert keys == ["lr=0.001,r=8,bs=1", "lr=0.001,r=8,bs=4"]
+    systems = rep["systems"]
+    assert list(systems) == ["plora", "plora-single", "tune", "tune-frac"]
+    assert all(row["returncode"] == 0 for row in systems.values())
+    assert [j["configs"] for j in systems["plora-single"]["jobs"]] == [1, 1]
+    assert max(j["configs"] for j in systems["plora-single"]["planned_jobs"]) == 1
+    planned = rep["plans"]["predicted_makespan_s"]
+    assert set(planned) == {"plora", "plora-single", "tune"}
+    assert all(v is not None and v > 0 for v in planned.values())
+    assert rep["plans"]["files"]["plora-single"]["largest_pack"] == 1
+    single = rep["targets"]["vs_single"]
+    assert single["measured"] > 0 and single["planned"] > 0
+    assert set(rep["targets"]) == {"vs_single", "vs_tune", "vs_tune-frac"}
+    assert "plora vs one config per job" in rep["markdown"]
+    base = rep["base_eval_loss"]
+    for s, row in systems.items():
+        assert all(row["eval_loss"][k] is not None and row["eval_loss"][k] < base for k in keys), s
