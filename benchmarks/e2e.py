@@ -307,7 +307,7 @@ def run_case(args: argparse.Namespace, argv: list[str], out: Path) -> dict[str, 
             mode, flag = trial
             systems[name] = run_tune(ctx, name, mode, 1.0 if flag is None else getattr(args, flag))
         row = systems[name]
-        planned = info["plans"]["predicted_makespan_s"].get(name)
+        planned = row.get("predicted_makespan_s", info["plans"]["predicted_makespan_s"].get(name))
         print(
             f"e2e: {name}: {row['wall_s']:.1f} s (planned {fmt(planned)} s), "
             f"GPU busy {fmt(row['gpu_busy'], '.2f')}, "

@@ -87,6 +87,8 @@ CASES: dict[str, dict[str, Any]] = {
         "schedule": "linear",
         "systems": "plora,plora-single,tune,tune-frac",
         "gpus": 1,
+        # both plora systems plan from the same (empty) profile store: their plans compare
+        "fresh_profile": True,
     },
 }
 #: ``--smoke``: the cases' code paths on the CPU, tiny shapes, 4 logical GPUs (case T: 8, and

@@ -91,8 +91,9 @@ TUNE_SPEEDUP = 4.0
 def targets(systems: dict[str, dict], plans: dict[str, Any] | None) -> dict[str, Any]:
     """plora's speedup over ``plora-single`` measured -- on the coordinator's clock (first plan
     to last job end: what a plan's makespan predicts) and in wall seconds -- against the ratio
-    of the two plans' makespans (``plora plan`` of both sweep files before either ran), and its
-    speedup over each Tune system in wall seconds. Empty without plora; ``ok`` per target."""
+    of the two runs' first plans' makespans (``planned_from``; without them, ``plora plan`` of
+    both sweep files before either ran), and its speedup over each Tune system in wall
+    seconds. Empty without plora; ``ok`` per target."""
     out: dict[str, Any] = {}
     p = systems.get("plora")
     if not p or not p.get("wall_s"):
@@ -100,13 +101,18 @@ def targets(systems: dict[str, dict], plans: dict[str, Any] | None) -> dict[str,
     pred = (plans or {}).get("predicted_makespan_s", {})
     single = systems.get("plora-single")
     if single is not None:
-        pp, ps = pred.get("plora"), pred.get("plora-single")
+        pp, ps = p.get("predicted_makespan_s"), single.get("predicted_makespan_s")
+        source = "the first plans of the two runs"
+        if not (finite(pp) and finite(ps)):
+            pp, ps = pred.get("plora"), pred.get("plora-single")
+            source = "plora plan of both sweep files before the runs"
         mp, ms = p.get("measured_makespan_s"), single.get("measured_makespan_s")
         planned = ps / pp if finite(pp) and finite(ps) and pp > 0 else None
         measured = ms / mp if finite(mp) and finite(ms) and mp > 0 else None
         ratio = measured / planned if measured is not None and planned else None
         out["vs_single"] = {
             "planned": planned,
+            "planned_from": source,
             "measured": measured,
             "measured_wall": single["wall_s"] / p["wall_s"],
             "measured_over_planned": ratio,
@@ -205,7 +211,7 @@ def targets_text(tg: dict[str, Any]) -> list[str]:
         lines.append(
             f"plora vs one config per job: measured {fmt(single['measured'], '.2f')}× on the "
             f"coordinator's clock ({fmt(single['measured_wall'], '.2f')}× in wall seconds), planned "
-            f"{fmt(single['planned'], '.2f')}×: measured / planned "
+            f"{fmt(single['planned'], '.2f')}× ({single['planned_from']}): measured / planned "
             f"{fmt(single['measured_over_planned'], '.3f')} (target within "
             f"{100 * single['rtol']:g} %): {'ok' if single['ok'] else 'MISSED'}."
         )
@@ -262,7 +268,8 @@ def markdown(rep: dict[str, Any]) -> str:
         speed = rep["speedups"].get(name)
         label = LABELS[name].format(f=row.get("gpu_per_trial", 0))
         lines.append(
-            f"| {label} | {fmt(row['wall_s'])} | {fmt(planned.get(name))} | "
+            f"| {label} | {fmt(row['wall_s'])} | "
+            f"{fmt(row.get('predicted_makespan_s', planned.get(name)))} | "
             f"{'—' if name == 'plora' else fmt(speed, '.2f') + '×'} | "
             f"{fmt(row['gpu_busy'], '.2f')} | {len(losses)}/{n} | {fmt(min(losses) if losses else None, '.4f')} | {note} |"
         )

@@ -84,12 +84,14 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_system(ctx: dict[str, Any], cmd: list[str], name: str, **fields: Any) -> dict[str, Any]:
-    """Run one system's ``cmd`` (output in ``NAME.log`` of the run dir); its row: exit status,
-    wall seconds, GPU busy fraction and samples, ``fields``, the log, and ``eval_loss`` (empty,
-    for the caller to fill)."""
+def run_system(
+    ctx: dict[str, Any], cmd: list[str], name: str, env: dict[str, str] | None = None, **fields: Any
+) -> dict[str, Any]:
+    """Run one system's ``cmd`` (output in ``NAME.log`` of the run dir; ``env``: default the
+    systems' own); its row: exit status, wall seconds, GPU busy fraction and samples,
+    ``fields``, the log, and ``eval_loss`` (empty, for the caller to fill)."""
     log = ctx["run_dir"] / f"{name}.log"
-    rc, wall, sampler = run_logged(cmd, ctx["env"], log, ctx["gpus"], ctx["timeout_s"])
+    rc, wall, sampler = run_logged(cmd, env or ctx["env"], log, ctx["gpus"], ctx["timeout_s"])
     return {
         "returncode": rc,
         "wall_s": wall,
@@ -109,7 +111,9 @@ def plan_systems(ctx: dict[str, Any], names: list[str]) -> dict[str, Any]:
     the systems' environment (their profile store), before any system runs: the makespan each
     plan predicts (``plora``, ``plora-single``), the Tune baseline row for ``tune`` (one trial
     per GPU, each a new process), and Min GPU's; None for a system plora does not model
-    (``tune-frac``) or a plan that failed."""
+    (``tune-frac``) or a plan that failed. ``plora plan`` reads no data, so it times every row
+    at ``max_seq_len``; ``plora sweep``'s own first plan pads to the data's lengths (the row's
+    ``predicted_makespan_s``)."""
     out: dict[str, Any] = {}
     for name, sweep in ctx["sweeps"].items():
         path = ctx["run_dir"] / f"plan-{name}.json"
@@ -131,13 +135,18 @@ def plan_systems(ctx: dict[str, Any], names: list[str]) -> dict[str, Any]:
 
 def run_plora(ctx: dict[str, Any], name: str = "plora") -> dict[str, Any]:
     """``plora sweep`` of system ``name``'s sweep file (``ctx["sweeps"][name]``) in a
-    subprocess; plan, jobs and eval losses from its sweep directory."""
+    subprocess; plan, jobs and eval losses from its sweep directory. With ``--fresh-profile``
+    each plora system plans from a profile store of its own (``profiles/NAME``), so that the
+    first plans of ``plora`` and ``plora-single`` start from the same knowledge."""
     from plora.analysis import load
     from plora.sweepdir.store import SweepStore
 
     out = ctx["run_dir"] / name
     cmd = [*PLORA_CLI, "sweep", str(ctx["sweeps"][name]), "--out", str(out)]
-    row = run_system(ctx, cmd, name, sweep_dir=str(out))
+    env = dict(ctx["env"])
+    if "PLORA_PROFILE_DIR" in env:
+        env["PLORA_PROFILE_DIR"] = str(Path(env["PLORA_PROFILE_DIR"]) / name)
+    row = run_system(ctx, cmd, name, env=env, sweep_dir=str(out))
     if not (out / "plan.json").is_file():
         return row
     store = SweepStore(out)

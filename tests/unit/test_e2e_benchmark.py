@@ -318,6 +318,12 @@ def test_targets_compare_measured_and_planned_speedups(
     assert single["planned"] == pytest.approx(planned_single_s / 100.0)
     assert single["ok"] is ok_single and got["vs_tune"]["ok"] is ok_tune
     assert "vs_tune-frac" not in got and targets({}, plans) == {}
+    assert "before the runs" in single["planned_from"]
+    # the runs' own first plans, when there are both, are what the measurement is held to
+    systems["plora"]["predicted_makespan_s"] = 90.0
+    systems["plora-single"]["predicted_makespan_s"] = 270.0
+    again = targets(systems, plans)["vs_single"]
+    assert again["planned"] == pytest.approx(3.0) and "first plans" in again["planned_from"]
 
 
 @pytest.mark.slow
@@ -349,6 +355,9 @@ def test_smoke_case_s_four_ways_on_one_logical_gpu(tmp_path):
     assert rep["plans"]["files"]["plora-single"]["largest_pack"] == 1
     single = rep["targets"]["vs_single"]
     assert single["measured"] > 0 and single["planned"] > 0
+    assert single["planned_from"] == "the first plans of the two runs"
+    for name in ("plora", "plora-single"):  # each planned from a profile store of its own
+        assert (Path(rep["work_dir"]) / "profiles" / name).is_dir(), name
     assert set(rep["targets"]) == {"vs_single", "vs_tune", "vs_tune-frac"}
     assert "plora vs one config per job" in rep["markdown"]
     base = rep["base_eval_loss"]
