@@ -11,6 +11,7 @@
 #     GPUS=8 CASES=T bash scripts/gpu_e2e.sh start  # then: bash scripts/gpu_e2e.sh wait
 #   device run, kind nvidia-h200 (issue 42's Table-1 slice, four systems: ~30 min in all):
 #     GPUS=1 CASES=S SYSTEM_TIMEOUT_S=1500 bash scripts/gpu_e2e.sh start  # then: ... wait
+#   E2E_ARGS adds flags to every case (e.g. E2E_ARGS="--systems plora,plora-single,tune").
 set -uo pipefail
 RUN=/tmp/e2e-run
 WORK=/tmp/e2e-work
@@ -25,7 +26,7 @@ if [ "${1:-start}" = start ]; then
   cases=${CASES:-L M}
   setsid bash -c "for c in $cases; do
       python3 benchmarks/e2e.py --case \$c --gpus $GPUS --out $RUN/e2e-\$c.json --work $WORK \
-        --timeout-s ${SYSTEM_TIMEOUT_S:-900} > $RUN/e2e-\$c.log 2>&1
+        --timeout-s ${SYSTEM_TIMEOUT_S:-900} ${E2E_ARGS:-} > $RUN/e2e-\$c.log 2>&1
       echo \"case \$c exit \$?\" >> $RUN/status
     done; touch $RUN/done" < /dev/null > /dev/null 2>&1 &
   sleep 5
