@@ -155,13 +155,17 @@ class SweepCostModel(SweepMemory):
         # the prior follows the GPU type, the kernels the engine runs on the base and whether
         # its one-GPU steps are graphed; d > 1 steps (and evaluation) are eager
         self._from_prior = coefficients is None
-        coef = coefficients or step_prior(self.gpu.name, memory.fused_kernels, self.cuda_graphs)
+        coef = coefficients or step_prior(
+            self.gpu.name, memory.fused_kernels, self.cuda_graphs, spec
+        )
         self.timer = self._timer_with(coef)
         self._eager_timer = self.timer
         if self.cuda_graphs and eager_coefficients is not None:
             self._eager_timer = self._timer_with(eager_coefficients)
         elif self.cuda_graphs and self._from_prior:
-            self._eager_timer = self._timer_with(step_prior(self.gpu.name, memory.fused_kernels))
+            self._eager_timer = self._timer_with(
+                step_prior(self.gpu.name, memory.fused_kernels, spec=spec)
+            )
         self._capacity = float(hardware.load_factor) * float(hardware.gpu_memory_gib) * GIB
         self._clear()
         if coefficients is None and profile is not None and profile.samples:

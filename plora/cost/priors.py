@@ -9,6 +9,15 @@ profile store's fit after its first sweep, and with its own job's first steps wh
   adapter and the bare frozen base ×16 (stock HF and with Liger-Kernel), which fix the base's
   FLOP efficiency ``e_b`` and the per-layer overhead ``o``; ``m`` measured by removing targets
   from a PEFT adapter; ``a``, ``e_l`` and the communication efficiency assumed.
+* **H200, from the step table** (issue 42; also every other non-H100 GPU type): plora's
+  packed steps with Liger-Kernel, eager and graphed, and one PEFT adapter per trial, measured
+  on one H200 at packs of 1-32 and batches of 1-32 with GSM8K-like and 1,024-token rows
+  (``benchmarks/step_table.py``; the cells are ``plora/cost/measured/h200-steps.json``) and fitted
+  here, at first use (:func:`measured_prior`): one set per base shape measured (Qwen2.5-7B and
+  -3B), and one over both for every other shape. Eager steps overlap the host's launches with
+  the GPU's work, which the additive model cannot say: its eager fit is the least-squares
+  compromise (misses of 30-45 % on small eager packs, ``benchmarks/RESULTS.md``); one-GPU jobs
+  plan with the graphed fit. Without Liger, the derivation below stands.
 * **H100**: the lent H100's GPU is the H200's (same SMs and clocks; less HBM bandwidth, which
   the model charges separately), its host CPU is markedly slower: a packed step of a 3B base
   takes ~0.45 s up to 8 adapters (the launches of 36 layers' kernels, not the GPU, set it).
@@ -29,12 +38,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import json
+from importlib import resources
+from typing import Any
 
 import numpy as np
 
 from plora.config import PROJECTIONS
 from plora.config.hardware import GPU_TYPES
-from plora.cost.throughput import AdapterLoad, Coefficients, StepSample, StepTimeModel
+from plora.cost.throughput import (
+    AdapterLoad,
+    Coefficients,
+    LoRALayout,
+    StepSample,
+    StepTimeModel,
+)
 from plora.model_spec import ModelSpec
 
 # --- Defaults from H200 measurements -------------------------------------------------------
@@ -204,8 +222,101 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> tuple[float, ...]:
     return tuple(float(v) for v in best_x)
 
 
+# --- H200: the step table -------------------------------------------------------------------
+#: The step table's cells, relative to this package: one row per (base, system, graphs, pack,
+#: batch, rows) with its mean padded width and mean steady step time.
+MEASURED_STEPS = "measured/h200-steps.json"
+
+
 @functools.cache
-def step_prior(gpu_type: str, fused_kernels: bool, cuda_graphs: bool = False) -> Coefficients:
+def step_table() -> dict[str, Any]:
+    """The committed step table (:data:`MEASURED_STEPS`): ``source``, ``rank``, ``cells``."""
+    text = resources.files("plora.cost").joinpath(MEASURED_STEPS).read_text(encoding="utf-8")
+    table: dict[str, Any] = json.loads(text)
+    return table
+
+
+def _shape(spec: ModelSpec) -> tuple[int, ...]:
+    return (spec.hidden_size, spec.intermediate_size, spec.num_layers, spec.num_heads,
+            spec.num_kv_heads, spec.head_dim, spec.vocab_size)  # fmt: skip
+
+
+def table_samples(
+    system: str, graphs: bool, spec: ModelSpec | None = None
+) -> list[tuple[StepSample, ModelSpec]]:
+    """The step table's cells of ``system`` (``plora`` | ``peft``) eager or graphed, as step
+    samples with their base's shapes; only the cells of ``spec``'s shape when given."""
+    table = step_table()
+    out = []
+    for c in table["cells"]:
+        if c["system"] != system or c["graphs"] != graphs:
+            continue
+        cell = ModelSpec.from_hf_config(c["model"])
+        if spec is not None and _shape(cell) != _shape(spec):
+            continue
+        load = AdapterLoad(rank=int(table["rank"]), targets=tuple(PROJECTIONS),
+                           sequences=int(c["batch"]))  # fmt: skip
+        sample = StepSample(adapters=(load,) * int(c["adapters"]), seq_len=int(c["width"]),
+                            step_time_s=float(c["step_s"]))  # fmt: skip
+        out.append((sample, cell))
+    return out
+
+
+#: Indices into the fitted ``θ = (o, 1/e_b, 1/e_l, a, m, 1/e_c)``.
+_O, _EB, _EL, _A, _M = 0, 1, 2, 3, 4
+
+
+@functools.cache
+def measured_prior(system: str, graphs: bool, spec: ModelSpec | None = None) -> Coefficients:
+    """The coefficients fitted to the step table's ``system`` cells (eager or graphed): those of
+    ``spec``'s shape where it was measured, else every shape's.
+
+    * ``plora``, graphed (Liger on the base, packed layout): ``o``, ``e_b`` and ``a``; ``m`` is
+      0 (its ``7·L·m`` is ``L·o`` again in the packed layout) and ``e_l`` the assumed 0.3
+      (rank-16 LoRA FLOPs are ~1 % of a step's: the table cannot tell ``e_l``).
+    * ``plora``, eager: the graphed fit's GPU part (``e_b``, ``e_l``) with the host overheads
+      ``(o, a, m)`` refitted: an eager step is the graphed step's GPU work plus the host's
+      launches that it does not hide.
+    * ``peft`` (the stock HF base, one adapter's own modules, ``m`` per target and layer at the
+      measured :data:`H200_MEASURED` value): ``o``, ``e_b`` and ``a``.
+    """
+    from plora.cost.fit import fit_pairs  # plora.cost.fit imports this module
+
+    pairs = table_samples(system, graphs, spec)
+    shapes = f"{spec.name}'s shape" if spec is not None and pairs else "every measured shape"
+    if not pairs:
+        pairs = table_samples(system, graphs)
+    peft = system == "peft"
+    layout = LoRALayout.PER_ADAPTER if peft else LoRALayout.PACKED
+    if peft:
+        start, free = DEFAULT_COEFFICIENTS, (_O, _EB, _A)
+    elif graphs:
+        start, free = dataclasses.replace(LIGER_COEFFICIENTS, module_step_s=0.0), (_O, _EB, _A)
+    else:
+        start, free = measured_prior("plora", True, spec), (_O, _A, _M)
+    gpu = GPU_TYPES["H200"]
+    label = "PEFT, stock HF" if peft else f"plora with Liger, {'graphed' if graphs else 'eager'}"
+    return fit_pairs(
+        [(s, StepTimeModel(sp, gpu, start, layout=layout)) for s, sp in pairs],
+        start,
+        free=free,
+        source=f"H200 step table, {label}: fit of {len(pairs)} cells of {shapes}",
+    )
+
+
+def peft_prior(gpu_type: str, spec: ModelSpec | None = None) -> Coefficients:
+    """What one PEFT adapter's step costs (a Ray Tune trial as users run it: stock HF base,
+    eager), with :attr:`~plora.cost.throughput.LoRALayout.PER_ADAPTER`: the step table's fit on
+    every GPU type (no PEFT step was measured elsewhere; the efficiencies are fractions of each
+    type's own peak)."""
+    del gpu_type  # one measured type
+    return measured_prior("peft", False, spec)
+
+
+@functools.cache
+def step_prior(
+    gpu_type: str, fused_kernels: bool, cuda_graphs: bool = False, spec: ModelSpec | None = None
+) -> Coefficients:
     """The step-time coefficients to plan ``gpu_type`` with before any measurement.
 
     Args:
@@ -215,12 +326,14 @@ def step_prior(gpu_type: str, fused_kernels: bool, cuda_graphs: bool = False) ->
         cuda_graphs: the steady step is replayed as a CUDA graph (one-GPU jobs,
             :func:`plora.cost.build.plan_cuda_graphs`). H100 types: the eager prior's host
             overheads scaled by :func:`graph_factor` (measured with Liger; without Liger the
-            same factor, assumed). Other types: unchanged (no graphed measurement; the H200's
-            eager step was already ~95 % GPU-bound).
+            same factor, assumed). Other types with Liger: the step table's graphed fit
+            (:func:`measured_prior`); without Liger: unchanged (nothing measured).
+        spec: the base's shapes: with Liger on a non-H100 type, the step table's fit of that
+            shape when it was measured (else of every measured shape).
     """
     base = LIGER_COEFFICIENTS if fused_kernels else DEFAULT_COEFFICIENTS
     if not str(gpu_type).upper().startswith("H100"):
-        return base
+        return measured_prior("plora", cuda_graphs, spec) if fused_kernels else base
     label = "liger" if fused_kernels else "hf"
     eager = _host_overheads("H100", base, H100_PACKED_TOK_S[label], label)
     if not cuda_graphs:
@@ -239,6 +352,11 @@ __all__ = [
     "H100_PACKED_TOK_S",
     "H200_MEASURED",
     "LIGER_COEFFICIENTS",
+    "MEASURED_STEPS",
     "graph_factor",
+    "measured_prior",
+    "peft_prior",
     "step_prior",
+    "step_table",
+    "table_samples",
 ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,9 +25,13 @@ from plora.cost.priors import (
     LIGER_COEFFICIENTS,
     _nonnegative_lstsq,
     graph_factor,
+    measured_prior,
+    peft_prior,
     step_prior,
+    step_table,
+    table_samples,
 )
-from plora.cost.throughput import AdapterLoad, StepTimeModel
+from plora.cost.throughput import AdapterLoad, LoRALayout, StepTimeModel
 from plora.model_spec import ModelSpec
 
 QWEN3B = ModelSpec.from_hf_config("Qwen/Qwen2.5-3B")
@@ -51,8 +57,8 @@ def test_h100_prior_reproduces_the_h100_packed_steps(fused) -> None:
 
 def test_other_gpu_types_start_from_the_h200_prior() -> None:
     for gpu in ("H200", "A100-80GB", "cpu", "L4"):
-        assert step_prior(gpu, True) == LIGER_COEFFICIENTS
-        assert step_prior(gpu, False) == DEFAULT_COEFFICIENTS
+        assert step_prior(gpu, True) == measured_prior("plora", False)  # the step table's
+        assert step_prior(gpu, False) == DEFAULT_COEFFICIENTS  # nothing measured without Liger
     assert step_prior("H100-80GB", True) == step_prior("H100", True)
 
 
@@ -137,10 +143,79 @@ def test_the_graphed_prior_without_liger_takes_ligers_factor() -> None:
     assert "assumed" in graphed.source
 
 
-def test_other_gpu_types_have_no_graphed_prior() -> None:
+def test_other_gpu_types_plan_graphed_steps_with_the_step_tables_fit() -> None:
     for gpu in ("H200", "A100-80GB", "cpu", "L4"):
-        for fused in (True, False):
-            assert step_prior(gpu, fused, cuda_graphs=True) == step_prior(gpu, fused)
+        graphed = step_prior(gpu, True, cuda_graphs=True)
+        assert graphed == measured_prior("plora", True) != step_prior(gpu, True)
+        assert step_prior(gpu, False, cuda_graphs=True) == step_prior(gpu, False)
+    spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-7B")
+    assert step_prior("H200", True, True, spec) == measured_prior("plora", True, spec)
+    assert "Qwen2.5-7B" in measured_prior("plora", True, spec).source
+
+
+# --- the step table (plora/cost/measured/h200-steps.json) ------------------------------------
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def _booked(system: str, graphs: bool, per_shape: bool) -> list[tuple[float, float]]:
+    """(booked, measured) seconds of every cell, by the fit of its shape or of all shapes."""
+    layout = LoRALayout.PER_ADAPTER if system == "peft" else LoRALayout.PACKED
+    out = []
+    for sample, spec in table_samples(system, graphs):
+        coef = measured_prior(system, graphs, spec if per_shape else None)
+        timer = StepTimeModel(spec, GPU_TYPES["H200"], coef, layout=layout)
+        out.append((timer.step_time(sample.adapters, sample.seq_len), sample.step_time_s))
+    return out
+
+
+def test_the_step_tables_cells_are_the_committed_benchmarks() -> None:
+    """Every cell the priors fit is a row of benchmarks/results' step table: same step."""
+    rows = json.loads((RESULTS / "step-table-nvidia-h200-2026-11-28.json").read_text())["rows"]
+    cells = step_table()["cells"]
+    assert len(cells) >= 50
+    for c in cells:
+        match = [r for r in rows if "step_s" in r and r["model"] == c["model"]
+                 and r["system"] == c["system"] and r["graphs"] == c["graphs"]
+                 and r["adapters"] == c["adapters"] and r["batch"] == c["batch"]
+                 and round(r["mean_width"]) == c["width"]]  # fmt: skip
+        assert len(match) == 1, c
+        assert match[0]["step_s"] == pytest.approx(c["step_s"], rel=1e-4)
+
+
+def test_the_graphed_fit_books_every_measured_cell() -> None:
+    """One-GPU jobs plan with the graphed fit: per base shape it books every graphed cell,
+    one adapter at batch 1 to packs of 32, within 12 % (measured worst 11.6 %: the smallest
+    steps, whose kernels' floor the additive model does not have)."""
+    errors = [abs(b / m - 1) for b, m in _booked("plora", True, per_shape=True)]
+    assert len(errors) == 26 and max(errors) < 0.12, sorted(errors)[-3:]
+    # one fit over both shapes: what an unmeasured shape plans with
+    assert max(abs(b / m - 1) for b, m in _booked("plora", True, per_shape=False)) < 0.2
+
+
+def test_the_eager_fit_keeps_the_graphed_gpu_work() -> None:
+    """An eager step is the graphed one's GPU work plus host launches: same efficiencies, more
+    overhead, and at least the graphed step on every cell."""
+    spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-7B")
+    graphed, eager = measured_prior("plora", True, spec), measured_prior("plora", False, spec)
+    assert eager.base_efficiency == graphed.base_efficiency
+    assert eager.lora_efficiency == graphed.lora_efficiency
+    g = StepTimeModel(spec, GPU_TYPES["H200"], graphed)
+    e = StepTimeModel(spec, GPU_TYPES["H200"], eager)
+    load = AdapterLoad(rank=16, targets=tuple(PROJECTIONS), sequences=1)
+    for k in (1, 4, 16):
+        assert e.step_time([load] * k, 1024) > g.step_time([load] * k, 1024)
+
+
+def test_the_peft_prior_books_one_adapters_modules() -> None:
+    """PEFT pays ``m`` per target and layer, so a PEFT step of all seven projections costs more
+    host time than plora's one-adapter step; its fit books its 7B cells within 15 %."""
+    spec = ModelSpec.from_hf_config("Qwen/Qwen2.5-7B")
+    peft = peft_prior("H200", spec)
+    assert peft.module_step_s > 0 and "PEFT" in peft.source
+    booked = [(b, m) for (b, m), (_, sp) in
+              zip(_booked("peft", False, True), table_samples("peft", False), strict=True)
+              if sp.name == spec.name]  # fmt: skip
+    assert len(booked) == 2 and all(abs(b / m - 1) < 0.15 for b, m in booked)
 
 
 def _graphed_cost() -> SweepCostModel:

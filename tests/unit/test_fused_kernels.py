@@ -25,7 +25,7 @@ from plora.config import ConfigError, SweepConfig
 from plora.config import fused as fused_cfg
 from plora.config.fused import FusedKernels, fused_profile_key, use_fused_kernels
 from plora.cost.build import build_cost_model, plan_fused_kernels
-from plora.cost.priors import DEFAULT_COEFFICIENTS, LIGER_COEFFICIENTS, step_prior
+from plora.cost.priors import DEFAULT_COEFFICIENTS, measured_prior, step_prior
 from plora.engine import liger
 
 SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
@@ -156,7 +156,7 @@ def test_cost_model_plans_what_the_engine_runs(
     # the GPU type's prior, fused or not (graphed on a GPU: training.cuda_graphs auto)
     assert cost.coefficients == step_prior(gpu, want, cost.cuda_graphs)
     h200 = step_prior("H200", want)
-    assert h200 == (LIGER_COEFFICIENTS if want else DEFAULT_COEFFICIENTS)
+    assert h200 == (measured_prior("plora", False) if want else DEFAULT_COEFFICIENTS)
 
 
 def test_fused_plan_is_faster_and_smaller(tmp_path) -> None:
