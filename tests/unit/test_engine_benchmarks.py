@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 SUMMARY = ROOT / "scripts" / "graphs_summary.py"
@@ -100,3 +102,20 @@ def test_summary_of_an_e2e_report_and_of_a_missing_file(tmp_path) -> None:
         "tune-frac 250.0 s (1/2 configs, plora 2.50x faster); ok"
     )
     assert _summary("e2e", tmp_path / "none.json").startswith("e2e: no result (none.json: ")
+
+
+def test_step_table_books_every_cell_it_times(tmp_path) -> None:
+    """``benchmarks/step_table.py`` (issue 42's table): PEFT and packs of every batch, GSM8K-like
+    and fixed-length rows, each timed cell with the cost model's booking of its own widths."""
+    _run("step_table.py", "--out", str(tmp_path), cwd=tmp_path)
+    out = json.loads((tmp_path / "step_table.json").read_text())
+    timed = [r for r in out["rows"] if "step_s" in r]
+    assert {(r["system"], r["adapters"], r["batch"], r["lengths"]) for r in timed} == {
+        (s, k, b, n) for s, k in (("peft", 1), ("plora", 1), ("plora", 4)) for b in (1, 4)
+        for n in ("gsm8k", "64")
+    }  # fmt: skip
+    for r in timed:
+        assert r["steps"] >= 3 and len(r["times"]) == r["steps"] == len(r["widths"])
+        assert r["booked_s"] > 0
+        assert r["booked_error"] == pytest.approx(r["booked_s"] / r["step_s"] - 1)
+        assert 0 < r["tokens_per_s"] <= r["padded_tokens_per_s"]
