@@ -47,10 +47,10 @@ from plora.cost.asha_survival import EarlyStopLike, expected_steps
 from plora.cost.fit import fit, relative_errors
 from plora.cost.jobterms import JobTimeTerms, SweepOverheads
 from plora.cost.memory import base_weight_bytes, projection_params
-from plora.cost.memory_options import GIB, MemoryOptions
+from plora.cost.memory_options import GIB, Loss, MemoryOptions
 from plora.cost.microbatch import MAX_MICRO_BATCHES, check_micro_batches
 from plora.cost.overheads import EvalMetric, Overheads, OverheadSample
-from plora.cost.priors import step_prior
+from plora.cost.priors import peft_prior, step_prior
 from plora.cost.profile import Profile
 from plora.cost.recency import fit_by_sweep
 from plora.cost.refit import RefitReport, activation_scale
@@ -59,6 +59,7 @@ from plora.cost.throughput import (
     AdapterLoad,
     Coefficients,
     GPUSpec,
+    LoRALayout,
     StepSample,
     StepTimeModel,
     gpu_spec,
@@ -107,6 +108,9 @@ class SweepCostModel(SweepMemory):
             evaluation): rows are padded to the longest row of their step, not to
             ``seq_len`` (:func:`plora.cost.build.step_seq_len` of the tokenized data); default
             ``seq_len``.
+        layout: who pays the per-projection launch cost ``m``
+            (:class:`~plora.cost.throughput.LoRALayout`): plora's packed layers (default), or
+            each adapter its own modules (PEFT: :meth:`for_peft`).
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class SweepCostModel(SweepMemory):
         population: int | None = None,
         max_micro_batches: int = MAX_MICRO_BATCHES,
         step_seq_len: int | None = None,
+        layout: LoRALayout = LoRALayout.PACKED,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"cost model: seq_len={seq_len!r} must be an integer >= 1")
@@ -144,7 +149,7 @@ class SweepCostModel(SweepMemory):
         self.hardware = hardware
         self.early_stop, self.population = early_stop, population
         self.gpu = gpu if gpu is not None else gpu_spec(hardware.gpu_type)
-        self.memory = memory
+        self.memory, self.layout = memory, LoRALayout(layout)
         self._strategies = tuple(Strategy(s) for s in strategies)
         self.profile = profile
         self.last_refit: RefitReport | None = None
@@ -199,6 +204,7 @@ class SweepCostModel(SweepMemory):
             self.gpu,
             coefficients,
             weight_bytes=base_weight_bytes(self.spec, self.memory.precision),
+            layout=self.layout,
             recompute=self.memory.checkpointing,
             dequant_bytes=projection_params(self.spec) * self.memory.precision.dequant_bytes,
         )
@@ -371,11 +377,33 @@ class SweepCostModel(SweepMemory):
             "population": self.population,
             "max_micro_batches": self.max_micro_batches,
             "step_seq_len": self.step_seq_len,
+            "layout": self.layout,
         }
         new = SweepCostModel(
             self.spec, self.seq_len, self.dataset_size, self.hardware, **{**args, **changes}
         )
         new.last_refit = self.last_refit
+        return new
+
+    def for_peft(self) -> SweepCostModel:
+        """This sweep as Ray Tune + PEFT trials run it (the Tune baseline's cost model): one
+        PEFT adapter per trial on the stock HF base -- eager (no CUDA graphs), no Liger, each
+        adapter its own modules (``m`` per target module and layer:
+        :attr:`~plora.cost.throughput.LoRALayout.PER_ADAPTER`) -- stepping at PEFT's measured
+        step (:func:`plora.cost.priors.peft_prior`) whatever this model's coefficients or
+        profile (those are plora's engine). Memory: HF's unfused kernels and loss
+        (``fused_kernels`` off, :attr:`~plora.cost.memory_options.Loss.EAGER`). The sequence
+        length, overheads (evaluation, export, checkpoints, start-up), strategies and early
+        stopping are this model's."""
+        new = self._copy(
+            coefficients=peft_prior(self.gpu.name, self.spec),
+            eager_coefficients=None,
+            profile=None,
+            cuda_graphs=False,
+            memory=replace(self.memory, fused_kernels=False, loss=Loss.EAGER),
+            layout=LoRALayout.PER_ADAPTER,
+        )
+        new.last_refit = None
         return new
 
     def with_overheads(self, overheads: Overheads | None = None, **changes: Any) -> SweepCostModel:
