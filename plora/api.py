@@ -148,6 +148,8 @@ class PlanReport:
     overheads: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The cost model's per-unit overheads (``Overheads.to_dict``) and, under ``totals``, the
     plan's seconds by kind summed over its jobs (:func:`time_terms`)."""
+    booked: dict[str, str] = dataclasses.field(default_factory=dict)
+    """What each baseline books, in words (:func:`baseline_bookings`)."""
 
     @property
     def plan_name(self) -> str:
@@ -165,7 +167,8 @@ class PlanReport:
             "seq_len": self.sweep.seq_len,
             "hardware": dataclasses.asdict(self.sweep.hardware),
             "baselines": {
-                **{k: {"makespan_s": p.makespan_s, "num_jobs": len(p.jobs)} for k, p in self.baselines.items()},
+                **{k: {"makespan_s": p.makespan_s, "num_jobs": len(p.jobs), "booked": self.booked.get(k, "")}
+                   for k, p in self.baselines.items()},
                 **{k: {"makespan_s": None, "skipped": why} for k, why in self.skipped.items()},
             },
             "plora_makespan_s": self.plora.makespan_s,
@@ -180,7 +183,11 @@ def make_plan(
     baseline: BaselineOption | None = None,
     memory_key: str = "hardware.gpu_memory_gib",
 ) -> PlanReport:
-    """Expand the sweep, build its cost model and plan it (plus both baselines).
+    """Expand the sweep, build its cost model and plan it (plus the baselines).
+
+    Min GPU and Max GPU run plora's engine (the sweep's cost model); Tune runs Ray Tune + PEFT
+    trials, charged by :meth:`~plora.cost.model.SweepCostModel.for_peft` of it (PEFT's measured
+    step, a start-up per trial) -- also when a stored profile sets plora's coefficients.
 
     ``memory_key`` names the GPU memory in the error for a config that fits no GPU (the
     command-line option when it overrode the file).
@@ -198,6 +205,7 @@ def make_plan(
     _check_model_reachable(sweep)
     with sweep.located():
         cost = build_cost_model(sweep)
+    tune_cost = cost.for_peft()
     g = sweep.hardware.num_gpus
     try:
         plora = plan_sweep(configs, cost, g, solver=sweep.planner.solver,
@@ -206,9 +214,13 @@ def make_plan(
         skipped: dict[str, str] = {}
         for b in (Baseline.MIN_GPU, Baseline.MAX_GPU, Baseline.TUNE):
             try:
-                baselines[str(b)] = baseline_plan(configs, cost, g, b)
-            except NoFeasibleJobError:
-                raise
+                baselines[str(b)] = baseline_plan(
+                    configs, tune_cost if b is Baseline.TUNE else cost, g, b
+                )
+            except NoFeasibleJobError as err:
+                if b is not Baseline.TUNE:
+                    raise
+                skipped[str(b)] = f"a config fits no GPU with PEFT's memory (HF's loss): {err}"
             except ConfigError as err:  # e.g. max_gpu without a multi-GPU strategy
                 skipped[str(b)] = err.problem
     except NoFeasibleJobError as err:
@@ -222,9 +234,26 @@ def make_plan(
             raise ConfigError(f"cannot build this baseline: {skipped[name]}", key="--baseline",
                               value=str(baseline), file=sweep.source, fix="choose the other baseline")  # fmt: skip
         chosen = baselines[name]
-    overheads = {**cost.overheads.to_dict(), "totals": time_terms(chosen, configs, cost)}
+    charged = tune_cost if chosen is baselines.get(str(Baseline.TUNE)) else cost
+    overheads = {**cost.overheads.to_dict(), "totals": time_terms(chosen, configs, charged)}
     return PlanReport(sweep=sweep, configs=tuple(configs), plan=chosen, plora=plora, baselines=baselines,
-                      skipped=skipped, seconds=time.perf_counter() - t0, overheads=overheads)  # fmt: skip
+                      skipped=skipped, seconds=time.perf_counter() - t0, overheads=overheads,
+                      booked=baseline_bookings(tune_cost))  # fmt: skip
+
+
+def baseline_bookings(tune_cost: Any) -> dict[str, str]:
+    """What each baseline of :func:`make_plan` books, in words, keyed like
+    :attr:`PlanReport.baselines`; ``tune_cost``: the Tune baseline's cost model
+    (``SweepCostModel.for_peft``)."""
+    from plora.utils import fmt_duration
+
+    source = tune_cost.coefficients.source.partition(",")[0] or "prior"
+    return {
+        "min_gpu": "plora's engine, one config per GPU",
+        "max_gpu": "plora's engine, one config at a time on all GPUs",
+        "tune": f"Tune + PEFT: one trial per config, PEFT's measured step ({source}), "
+        f"per-trial start-up {fmt_duration(tune_cost.startup_time(1))}",
+    }
 
 
 def _check_model_reachable(sweep: SweepConfig) -> None:
@@ -296,6 +325,7 @@ __all__ = [
     "BaselineOption",
     "InputsReport",
     "PlanReport",
+    "baseline_bookings",
     "check",
     "load",
     "load_sweep",

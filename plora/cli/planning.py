@@ -72,8 +72,9 @@ def print_plan(report: PlanReport) -> None:
             if report.plora.makespan_s > 0
             else float("nan")
         )
+        booked = f"; {report.booked[key]}" if report.booked.get(key) else ""
         console.print(f"  vs {label}: {fmt_duration(base.makespan_s)} ({len(base.jobs)} jobs) "
-                      f"-> PLoRA is {speedup:.2f}x faster")  # fmt: skip
+                      f"-> PLoRA is {speedup:.2f}x faster{booked}", soft_wrap=True)  # fmt: skip
     console.print(f"  lower bound: {fmt_duration(plan.lower_bound_s)} (plan <= {plan.makespan_s / plan.lower_bound_s:.3f}x optimal)"
                   if plan.lower_bound_s > 0 else "  lower bound: 0")  # fmt: skip
     console.print(f"  Thm 6.1 ratio bound: {plan.ratio_bound:.3f}")

@@ -13,9 +13,12 @@
   that engine passed to :func:`plora.planner.plan_sweep` reproduces.) Needs a multi-GPU
   strategy when G > 1.
 * **Tune** -- Ray Tune with one trial per config: Min GPU's jobs, list-scheduled the same way,
-  but every trial is a new process that starts its workers and loads the model.
+  but every trial is a new process that starts its workers and loads the model. As users run
+  it, each trial trains one PEFT adapter: ``plora plan`` (:func:`plora.api.make_plan`) charges
+  it by :meth:`plora.cost.model.SweepCostModel.for_peft` of the sweep's cost model (PEFT's
+  measured step, HF's memory) while the other baselines and the planner keep plora's.
 
-Every baseline is charged by the same cost model as the planner: each job its ``job_time``
+Every baseline is charged by the cost model it is given: each job its ``job_time``
 (job start, steps, evaluation, export, checkpoints). Min GPU, Max GPU and Sequential run on
 plora's resident workers, so a worker group pays ``cost.startup_time(d)`` once (``resident``
 as in :func:`plora.planner.plan_sweep`: by default every GPU starts cold); Tune pays it for

@@ -30,6 +30,35 @@ def test_plan_is_what_the_cli_writes(tmp_path: Path) -> None:
     assert api.plan is api.make_plan
 
 
+def test_tune_baseline_is_charged_as_peft_min_gpu_as_plora() -> None:
+    from plora.cost.build import build_cost_model
+    from plora.planner import Baseline, baseline_plan
+
+    sweep = api.load_sweep(QUICKSTART, gpus=2)
+    report = api.plan(sweep)
+    with sweep.located():
+        cost = build_cost_model(sweep)
+    configs, g = list(report.configs), 2
+    min_gpu = baseline_plan(configs, cost, g, Baseline.MIN_GPU)
+    tune = baseline_plan(configs, cost.for_peft(), g, Baseline.TUNE)
+    assert report.baselines["min_gpu"].makespan_s == pytest.approx(min_gpu.makespan_s, rel=1e-12)
+    assert report.baselines["tune"].makespan_s == pytest.approx(tune.makespan_s, rel=1e-12)
+    plora_tune = baseline_plan(configs, cost, g, Baseline.TUNE)
+    assert report.baselines["tune"].makespan_s != pytest.approx(plora_tune.makespan_s)
+
+
+def test_tune_that_fits_no_gpu_with_peft_memory_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """8,192-token rows of a 7B model fit a 40 GB GPU with plora's fused loss, not with HF's
+    (every logit kept): the Tune row is n/a, the plan and Min GPU stand."""
+    text = (REPO / "sweeps" / "paper-table1.yaml").read_text()
+    text = text.replace("max_seq_len: 1024 ", "max_seq_len: 8192 ").replace("strategies: [tp]", "")
+    path = tmp_path / "long.yaml"
+    path.write_text(text.replace("batch_size: [1, 4, 16, 32]", "batch_size: [1]"))
+    report = api.plan(api.load_sweep(path, gpus=1))
+    assert "fits no GPU with PEFT's memory" in report.skipped["tune"]
+    assert report.plan.makespan_s <= report.baselines["min_gpu"].makespan_s
+
+
 def test_load_sweep_overrides_are_validated() -> None:
     assert api.load_sweep(QUICKSTART, gpus=3).hardware.num_gpus == 3
     with pytest.raises(ConfigError, match="--gpus=0"):

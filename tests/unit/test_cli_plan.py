@@ -157,6 +157,28 @@ def test_plan_shows_startup_and_overheads_in_the_makespan(tmp_path: Path) -> Non
     assert plan["baselines"]["tune"]["makespan_s"] >= plan["baselines"]["min_gpu"]["makespan_s"]
 
 
+def test_tune_row_books_tune_and_peft(tmp_path: Path) -> None:
+    """The 'vs tune' row says what it books (Tune + PEFT trials at PEFT's measured step, a
+    start-up each) and ``--baseline tune`` accounts its jobs by that cost model: every job's
+    span is its start-up plus PEFT's terms."""
+    out = tmp_path / "tune.json"
+    result = run(["plan", str(PAPER), "--gpus", "2", "--baseline", "tune", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(out.read_text())
+    line = next(x for x in result.stdout.splitlines() if "vs tune:" in x)
+    startup = plan["overheads"]["worker_start_s"] + plan["overheads"]["model_load_s"]
+    booked = plan["baselines"]["tune"]["booked"]
+    assert booked in line and "Tune + PEFT: one trial per config" in booked
+    assert "PEFT's measured step (H200 step table)" in booked
+    assert f"per-trial start-up {startup:.1f}s" in booked
+    assert "plora's engine" in plan["baselines"]["min_gpu"]["booked"]
+    assert plan["schedule"] == "tune" and all(j["startup_s"] == startup for j in plan["jobs"])
+    totals = plan["overheads"]["totals"]
+    spans = sum(j["end_s"] - j["start_s"] for j in plan["jobs"])
+    parts = ("startup_s", "job_start_s", "train_s", "eval_s", "export_s", "checkpoint_s")
+    assert spans == pytest.approx(sum(totals[k] for k in parts), rel=1e-9)
+
+
 def test_baseline_output_and_gantt(tmp_path: Path) -> None:
     out, gantt = tmp_path / "min.json", tmp_path / "min.png"
     result = run(
