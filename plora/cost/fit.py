@@ -3,12 +3,12 @@ against them (:func:`relative_errors`)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from plora.config import ConfigError
+from plora.cost.leastsq import fit_pairs
 from plora.cost.priors import DEFAULT_COEFFICIENTS
 from plora.cost.throughput import Coefficients, StepSample, StepTimeModel
 
@@ -33,48 +33,12 @@ def fit(
     """
     if not samples:
         raise ConfigError("cost-model fit: no step samples to fit")
-    return fit_pairs([(s, model) for s in samples], model.coefficients, prior_weight=prior_weight)
-
-
-def fit_pairs(
-    pairs: Sequence[tuple[StepSample, StepTimeModel]],
-    prior: Coefficients,
-    *,
-    prior_weight: float = 1e-3,
-    free: Sequence[int] | None = None,
-    source: str | None = None,
-) -> Coefficients:
-    """:func:`fit` over steps of several models at once: each sample is booked by its own
-    timer (its model's shapes), and one set of coefficients, pulled towards ``prior``, fits them
-    all (the per-GPU-type priors of :mod:`plora.cost.priors` fit two base shapes so).
-    ``free``: the indices into ``θ`` that move (default all); the others keep ``prior``'s.
-
-    Raises:
-        ConfigError: no samples.
-    """
-    from scipy.optimize import lsq_linear  # lazily: planning without a profile never needs it
-
-    if not pairs:
-        raise ConfigError("cost-model fit: no step samples to fit")
-    theta0 = prior._theta()
-    moving = np.array(sorted(set(range(len(theta0)) if free is None else free)), dtype=int)
-    kept = np.array([j for j in range(len(theta0)) if j not in set(moving)], dtype=int)
-    scale = np.where(theta0 > 0, theta0, DEFAULT_COEFFICIENTS._theta())[moving]
-    rows, rhs = [], []
-    for s, timer in pairs:
-        known, feats = timer.sample_terms(s)
-        known += float(feats[kept] @ theta0[kept])
-        rows.append(feats[moving] * scale / s.step_time_s)  # solve for u = theta / scale
-        rhs.append((s.step_time_s - known) / s.step_time_s)
-    lam = math.sqrt(prior_weight)
-    a = np.vstack([np.array(rows), lam * np.eye(len(moving))])
-    b = np.concatenate([np.array(rhs), lam * theta0[moving] / scale])
-    inverse = np.array([0.0, 1.0, 1.0, 0.0, 0.0, 1.0])[moving]  # 1/e >= 1; overheads >= 0
-    u = lsq_linear(a, b, bounds=(inverse / scale, np.inf), method="bvls").x
-    theta = theta0.copy()
-    theta[moving] = u * scale
-    label = source or f"fit of {len(pairs)} measured steps"
-    return Coefficients._from_theta(theta, source=label)
+    return fit_pairs(
+        [(s, model) for s in samples],
+        model.coefficients,
+        fallback=DEFAULT_COEFFICIENTS,
+        prior_weight=prior_weight,
+    )
 
 
 def relative_errors(samples: Sequence[StepSample], model: StepTimeModel) -> np.ndarray:

@@ -46,6 +46,7 @@ import numpy as np
 
 from plora.config import PROJECTIONS
 from plora.config.hardware import GPU_TYPES
+from plora.cost.leastsq import fit_pairs
 from plora.cost.throughput import (
     AdapterLoad,
     Coefficients,
@@ -280,8 +281,6 @@ def measured_prior(system: str, graphs: bool, spec: ModelSpec | None = None) -> 
     * ``peft`` (the stock HF base, one adapter's own modules, ``m`` per target and layer at the
       measured :data:`H200_MEASURED` value): ``o``, ``e_b`` and ``a``.
     """
-    from plora.cost.fit import fit_pairs  # plora.cost.fit imports this module
-
     pairs = table_samples(system, graphs, spec)
     shapes = f"{spec.name}'s shape" if spec is not None and pairs else "every measured shape"
     if not pairs:
@@ -299,6 +298,7 @@ def measured_prior(system: str, graphs: bool, spec: ModelSpec | None = None) -> 
     return fit_pairs(
         [(s, StepTimeModel(sp, gpu, start, layout=layout)) for s, sp in pairs],
         start,
+        fallback=DEFAULT_COEFFICIENTS,
         free=free,
         source=f"H200 step table, {label}: fit of {len(pairs)} cells of {shapes}",
     )
