@@ -130,6 +130,9 @@ def sweep(
         typer.echo(line)
     if summary.samples_line:
         typer.echo(summary.samples_line)
+    from plora.runtime.timeline import timeline_line
+
+    typer.echo(timeline_line(summary.timeline))  # where the run's seconds went, from its start
     if not summary.ok:
         if not retry_failed:
             typer.echo(

@@ -163,6 +163,19 @@ class JobTimings:
     checkpoints: int = 0
     model_loads: int = 0
     """Base-model loads this worker has done so far (1 for a resident worker, ever)."""
+    started_at: float = 0.0
+    """Wall-clock time (epoch seconds) the job began on its worker (0: not measured); the
+    offsets below are from it, measured with a monotonic clock (the sweep's timeline:
+    :mod:`plora.runtime.timeline`)."""
+    first_step_s: float | None = None
+    """Seconds from the job's start to the end of its first packed step: its set-up, the
+    step, and kernels' compilation or graph capture where they happen (None: no step)."""
+    last_step_s: float | None = None
+    """Seconds from the job's start to the end of its last packed step (None: no step)."""
+    eval_end_s: float | None = None
+    """Seconds from the job's start to the end of its last evaluation (None: none ran)."""
+    export_end_s: float | None = None
+    """Seconds from the job's start until its last export was written (None: none)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

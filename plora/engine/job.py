@@ -51,6 +51,17 @@ class JobClock:
         self.seconds: dict[str, float] = {}
         self.checkpoints = 0
         self.exports = 0
+        self.started_at = time.time()
+        """Wall-clock time of the job's start (the marks below are offsets from it)."""
+        self._t0 = time.perf_counter()
+        self.marks: dict[str, float] = {}
+        """Seconds from the job's start to the first step's end (``first_step``) and the last
+        step's, evaluation's and export's (``last_step``, ``eval_end``, ``export_end``)."""
+
+    def mark(self, name: str, *, first: bool = False) -> None:
+        """``name`` happened now (``first``: keep the earliest)."""
+        if not (first and name in self.marks):
+            self.marks[name] = time.perf_counter() - self._t0
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
@@ -71,6 +82,11 @@ class JobClock:
             checkpoint_s=s.get("checkpoint", 0.0),
             checkpoints=self.checkpoints,
             model_loads=model_loads,
+            started_at=self.started_at,
+            first_step_s=self.marks.get("first_step"),
+            last_step_s=self.marks.get("last_step"),
+            eval_end_s=self.marks.get("eval_end"),
+            export_end_s=self.marks.get("export_end"),
         )
 
 
@@ -161,6 +177,9 @@ class PackJob:
                 break
             with self.clock.phase("train"):
                 metrics = trainer.step()
+            if metrics:
+                self.clock.mark("first_step", first=True)
+                self.clock.mark("last_step")
             if hooks is not None and metrics:
                 assert trainer.last_step is not None  # set by the step
                 report = StepReport(
@@ -225,6 +244,8 @@ class PackJob:
         if self.request.evaluate:
             with self.clock.phase("eval"):
                 scores = _evaluate(self.trainer, self.tokenizer, self.data, finished)
+            if scores:
+                self.clock.mark("eval_end")
         for cid in finished:
             ad = self.trainer.adapter(cid)
             if ad.status is not AdapterStatus.PAUSED:
@@ -254,6 +275,7 @@ class PackJob:
             written = self.exports.wait()
         finally:
             self.clock.add("export_wait", time.perf_counter() - t0)
+        self.clock.mark("export_end")
         for cid, seconds in written.items():
             self.clock.add("export_write", seconds)
             if cid in self.results:

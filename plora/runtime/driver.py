@@ -15,6 +15,8 @@ Order of work (nothing is created on disk until every input has been checked)::
     build DIR in a hidden temp dir: sweep.yaml, base_model/, first plan, state.json -> rename
     loop: wait for a job result (or tick) -> drain step reports -> finished/failed -> launch on
           the GPUs' resident groups (start one where none is) -> control
+    end: stop the workers, shut Ray down, log the run's timeline (:mod:`plora.runtime.timeline`:
+         seconds from the process start to Ray, inputs, workers, first/last step, eval, export, exit)
 
 The driver holds the sweep directory's lock (:mod:`plora.sweepdir.lock`) from its first check to
 its return, so a second ``plora sweep`` (or ``--resume``) on the same ``--out`` is refused with one
@@ -63,6 +65,7 @@ from plora.runtime.options import RunOptions
 from plora.runtime.prepare import config_source, fits_one_gpu, prepare
 from plora.runtime.progress import samples_line
 from plora.runtime.records import ConfigSource
+from plora.runtime.timeline import NOTE_DRIVER, NOTE_PREPARED, Phase, Timeline
 from plora.sweepdir.lock import SweepLock
 from plora.sweepdir.logfile import SweepLog, sweep_log
 from plora.sweepdir.store import (
@@ -96,6 +99,9 @@ class SweepSummary:
     samples_line: str | None = None
     """Fewer distinct configs than the sweep asked for: how many and why
     (:func:`plora.runtime.progress.samples_line`)."""
+    timeline: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds from the process start to each phase reached (:mod:`plora.runtime.timeline`;
+    also the ``timeline`` record of ``decisions.jsonl``)."""
 
     @property
     def ok(self) -> bool:
@@ -130,6 +136,8 @@ def run_sweep(
     """
     options = options or RunOptions()
     t0 = time.monotonic()
+    timeline = Timeline.from_process_start()
+    timeline.note(NOTE_DRIVER)
     check_job_out(out)  # under `ray job submit` a relative --out would vanish with Ray's temp dir
     # absolute: workers write adapters and checkpoints from their own working directory
     out = check_out_dir(out, resume=resume, force_unlock=options.force_unlock).absolute()
@@ -142,7 +150,7 @@ def run_sweep(
         check_out_dir(out, resume=resume, lock=lock)  # again: a sweep may have ended meanwhile
         return _drive(
             sweep, out, t0=t0, address=address, resume=resume, options=options, source=source,
-            cost=cost, on_update=on_update, log=log,
+            cost=cost, on_update=on_update, log=log, timeline=timeline,
         )  # fmt: skip
 
 
@@ -158,6 +166,7 @@ def _drive(
     cost: Any,
     on_update: Callable[[dict[str, Any]], None] | None,
     log: SweepLog,
+    timeline: Timeline,
 ) -> SweepSummary:
     """:func:`run_sweep` once ``out`` is checked and its lock is held."""
     store: SweepStore | None = None
@@ -182,15 +191,19 @@ def _drive(
         prepared = pool.submit(
             prepare, sweep, source=source, checkpoint_every=options.checkpoint_every
         )
+        prepared.add_done_callback(lambda _: timeline.note(NOTE_PREPARED))
     pool.shutdown(wait=False)
     started_ray = False
     dispatcher: Dispatcher | None = None
     try:
         started_ray = connect(address, num_gpus=hw.num_gpus, cpu=hw.is_cpu)
         ray_start_s = time.monotonic() - t0
+        timeline.mark(Phase.RAY)
         with sweep.located():
             check_gpus(hw.num_gpus, cpu=hw.is_cpu, max_degree=_widest_job(sweep))
-        dispatcher = Dispatcher(sweep=sweep, options=options, on_update=on_update)
+        dispatcher = Dispatcher(
+            sweep=sweep, options=options, on_update=on_update, timeline=timeline
+        )
         if options.prestart and fits_one_gpu(sweep) and not sweep.planner.strategies:
             dispatcher.prestart(range(sweep.hardware.num_gpus))
         t_wait = time.monotonic()
@@ -249,6 +262,7 @@ def _drive(
                     spec, strategies = getattr(cost, "spec", None), cost.strategies()
                     raise no_fit_error(sweep, err, spec=spec, strategies=strategies) from None
             log.attach(out)  # published: the set-up's records, then the rest
+        timeline.mark(Phase.INPUTS)  # the first plan is made
         store.curves = open_curves(sinks, sweep, configs=coord.configs, metric_name=metric_name,
                                    finished=list(coord.results))  # fmt: skip
         setup_s = time.monotonic() - t0
@@ -266,12 +280,15 @@ def _drive(
         _close_curves(store, sinks)
         shutdown_cluster(started=started_ray)
     done = time.monotonic()
+    timeline.mark(Phase.EXIT)
+    coord.on_timeline(timeline.to_dict(), notes={k: round(v, 3) for k, v in timeline.notes.items()})
     return SweepSummary(out=Path(out), counts=coord.counts(), wall_s=done - t0, setup_s=setup_s,
                         ray_start_s=ray_start_s, inputs_wait_s=inputs_wait_s,
                         teardown_s=done - ended, data_lines=data_lines,
                         samples_line=samples_line(
                             store.read_decisions(), search=str(sweep.search),
-                            asked=sweep.num_configs, finished=coord.is_done()))  # fmt: skip
+                            asked=sweep.num_configs, finished=coord.is_done()),
+                        timeline=timeline.to_dict())  # fmt: skip
 
 
 def _close_curves(store: SweepStore | None, sinks: list[Any]) -> None:

@@ -238,7 +238,9 @@ def status_text(root: str) -> str:
         statuses = dict(zip(results.get("config_id", []), results.get("status", []), strict=True))
     for s in statuses.values():
         counts[str(s)] = counts.get(str(s), 0) + 1
-    done = len(decisions) > 0 and decisions["kind"].iloc[-1] == "sweep_done"
+    kinds = decisions["kind"] if len(decisions) else []
+    kinds = [k for k in kinds if k != "timeline"]  # the driver's last record, after sweep_done
+    done = len(kinds) > 0 and kinds[-1] == "sweep_done"
     elapsed = state.get("elapsed_s")
     lines = [
         f"sweep {root}: {'finished' if done else 'not finished'}"

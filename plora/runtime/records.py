@@ -68,6 +68,10 @@ class Decision(StrEnum):
     """The driver restarted from the sweep dir; interrupted jobs resume from checkpoints."""
     SWEEP_DONE = "sweep_done"
     """Every config is done, stopped or failed and the searcher is finished."""
+    TIMELINE = "timeline"
+    """The run is over: seconds from the process start to each phase (Ray ready, inputs,
+    workers, first and last step, evaluation, export, exit; :mod:`plora.runtime.timeline`),
+    the driver's last record, after ``sweep_done``."""
 
 
 class FailureKind(StrEnum):

@@ -144,6 +144,7 @@ METRIC_DTYPES: dict[str, str] = {
 JOB_TIMINGS: tuple[str, ...] = (
     "load_s",
     "start_s",
+    "first_step_s",  # from the job's start to its first step's end (compilation, capture in it)
     "train_s",
     "eval_s",
     "export_s",

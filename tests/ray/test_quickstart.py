@@ -261,7 +261,7 @@ def test_24_configs_run_concurrently_within_8_gpus(ray_cluster, tmp_path) -> Non
     assert not m.duplicated(["config_id", "step"]).any() and len(m) == sum(c.max_steps for c in cs)
     decisions = store.read_decisions()
     kinds = [d["kind"] for d in decisions]
-    assert kinds.count("start_job") == len(jobs) and kinds[-1] == "sweep_done"
+    assert kinds.count("start_job") == len(jobs) and kinds[-2:] == ["sweep_done", "timeline"]
     # a calibration a few steps into the first job, then every finished job refits the cost model
     triggers = [d["inputs"]["trigger"] for d in decisions if d["kind"] == "refit"]
     assert triggers == ["calibration"] + ["job done"] * len(jobs)

@@ -161,6 +161,11 @@ def test_resident_session_serves_successive_packs_with_one_load(tmp_path):
     assert session.model_loads == 1
     assert first.timings.load_s > 0 and second.timings.load_s == 0.0  # charged to the first job
     assert second.timings.model_loads == 1 and second.timings.train_s > 0
+    for t in (first.timings, second.timings):  # each job's phases from its start (the timeline)
+        assert t.started_at > 0 and t.first_step_s is not None and t.last_step_s is not None
+        assert t.eval_end_s is not None and t.export_end_s is not None
+        assert 0 < t.first_step_s < t.last_step_s < t.eval_end_s <= t.export_end_s
+    assert first.timings.started_at < second.timings.started_at
     assert sorted(first.results) == ["a", "bb"] and list(second.results) == ["ccc"]
     assert all(
         r.eval_s > 0 and r.export_s > 0 for r in [*first.results.values(), *second.results.values()]

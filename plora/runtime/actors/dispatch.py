@@ -27,6 +27,7 @@ from plora.runtime.actors.relay import start_relay
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.options import RunOptions
 from plora.runtime.records import FailureKind, JobSpec
+from plora.runtime.timeline import Phase, Timeline
 from plora.sweepdir.store import SweepStore
 
 
@@ -51,8 +52,11 @@ class Dispatcher:
         sweep: SweepConfig,
         options: RunOptions,
         on_update: Callable[[dict[str, Any]], None] | None,
+        timeline: Timeline | None = None,
     ) -> None:
         self.sweep = sweep
+        self.timeline = timeline if timeline is not None else Timeline.from_process_start()
+        """Where the workers' phases are marked (groups ready; jobs' steps, eval, export)."""
         self.coord: Coordinator = None  # type: ignore[assignment]  # set by attach()
         self.store: SweepStore = None  # type: ignore[assignment]
         self.options = options
@@ -167,6 +171,10 @@ class Dispatcher:
             except ray.exceptions.RayError:  # the load failed: its job reports why
                 continue
             group.ready_s = time.monotonic() - group.started_at
+            if group.info.loaded_at:
+                self.timeline.mark_wall(Phase.WORKERS, group.info.loaded_at)
+            else:  # an engine that does not say: seen now
+                self.timeline.mark(Phase.WORKERS)
             self.coord.on_group_ready(
                 group.gpu_ids, ready_s=group.ready_s, load_s=group.info.load_s,
                 build_s=group.info.build_s, node=group.node, load_parts=group.info.load_parts,
@@ -224,6 +232,7 @@ class Dispatcher:
             kind, msg, outcome = FailureKind.OOM, outcome.error or "out of memory", None
         if outcome is None:
             return launches + self.coord.on_job_failed(job_id, kind, msg)
+        self.timeline.mark_job(outcome.timings)
         launches += self.coord.on_job_finished(job_id, outcome)
         self._ended.append(job_id)  # its checkpoint goes once state.json has its results
         return launches

@@ -58,6 +58,9 @@ class WorkerInfo:
     load_parts: dict[str, float] = field(default_factory=dict)
     """``load_s`` by part, where the engine reports them: ``import`` (the engine's modules),
     ``model``, ``kernels``, ``data`` (:class:`~plora.engine.session.PackSession`), ``parallelize``."""
+    loaded_at: float = 0.0
+    """Wall-clock time (epoch seconds) the engine was built (0: not loaded); the sweep's
+    timeline places ``workers`` by it (:mod:`plora.runtime.timeline`)."""
 
 
 def _tiny_build_s() -> float:
@@ -189,7 +192,11 @@ class PackWorker:
             torch.set_num_threads(max(1, threads))
 
     def node_info(
-        self, load_s: float = 0.0, build_s: float = 0.0, load_parts: dict[str, float] | None = None
+        self,
+        load_s: float = 0.0,
+        build_s: float = 0.0,
+        load_parts: dict[str, float] | None = None,
+        loaded_at: float = 0.0,
     ) -> WorkerInfo:
         """Where this worker runs: node id, host, IP, the GPU ids Ray gave it."""
         ctx = ray.get_runtime_context()
@@ -202,6 +209,7 @@ class PackWorker:
             load_s=load_s,
             build_s=build_s,
             load_parts=dict(load_parts or {}),
+            loaded_at=loaded_at,
         )
 
     def load(self, master: tuple[str, int] | None = None) -> WorkerInfo:
@@ -241,7 +249,10 @@ class PackWorker:
             "engine loaded: %s", ", ".join(f"{k} {v:.1f} s" for k, v in parts.items())
         )
         return self.node_info(
-            load_s=time.perf_counter() - t0 - build_s, build_s=build_s, load_parts=parts
+            load_s=time.perf_counter() - t0 - build_s,
+            build_s=build_s,
+            load_parts=parts,
+            loaded_at=time.time(),
         )
 
     def rendezvous(self) -> tuple[str, int]:

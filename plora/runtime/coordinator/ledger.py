@@ -82,8 +82,8 @@ def job_row(
     timings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A ``jobs.parquet`` row: one attempt of one job, with where its seconds went on the worker
-    (``load_s``, ``start_s``, ``train_s``, ``eval_s``, ``export_s``, ``checkpoint_s``; the
-    worker's ``model_loads`` so far) once it ended."""
+    (``load_s``, ``start_s``, ``first_step_s``, ``train_s``, ``eval_s``, ``export_s``,
+    ``checkpoint_s``; the worker's ``model_loads`` so far) once it ended."""
     t = timings or {}
     return {
         "job_id": spec.job_id,

@@ -376,6 +376,13 @@ class Coordinator:
         recording.persist(st)
         return launches
 
+    def on_timeline(
+        self, phases: Mapping[str, float], *, notes: Mapping[str, float] | None = None
+    ) -> None:
+        """The driver's timeline of this run (seconds from its process start to each phase,
+        :mod:`plora.runtime.timeline`), measured by the driver and logged as it is."""
+        self.state.decide(Decision.TIMELINE, phases=dict(phases), notes=dict(notes or {}))
+
     # -- records and re-timing, on demand ---------------------------------------------------
     def persist(self) -> None:
         """Write the sweep directory's tables and ``state.json`` as they stand now."""
