@@ -27,6 +27,8 @@ every job.
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from collections.abc import Sequence
 
 from plora.config import ConfigError, LoRAConfig
@@ -71,22 +73,31 @@ def min_gpu_starts(table: ClassTable, num_gpus: int, groups: Groups | None = Non
         pack = _fastest_single(table, c, [o for o in table.options if o.d == by_d[0]])
         assert pack is not None  # some option of width by_d[0] fits c
         jobs.extend([pack] * len(members))
-    waiting = sorted(jobs, key=lambda p: -p.time)
-    free, events, now, started = list(range(num_gpus)), [], 0.0, []
-    while waiting:
-        for pack in list(waiting):
-            if pack.option.d <= len(free):
-                ids = groups.allocate(free, pack.option.d)
-                wait = groups.occupy(ids)
-                started.append(Start(pack, now, ids, wait))
-                events.append((now + wait + pack.time, ids))
-                waiting.remove(pack)
-        if waiting:
-            events.sort()
-            now, ids = events.pop(0)
+    # The longest waiting job that fits starts first. One queue per width d, each longest
+    # first (ties in class order), so a start picks among at most log2(G) + 1 queue heads:
+    # the head of least rank whose d fits is the job a scan of the whole list would start.
+    order = sorted(range(len(jobs)), key=lambda i: -jobs[i].time)
+    queues: dict[int, deque[int]] = {}
+    for rank, i in enumerate(order):
+        queues.setdefault(jobs[i].option.d, deque()).append(rank)
+    free, now, started = list(range(num_gpus)), 0.0, []
+    events: list[tuple[float, tuple[int, ...]]] = []
+    while queues:
+        while heads := [(q[0], d) for d, q in queues.items() if d <= len(free)]:
+            rank, d = min(heads)
+            queues[d].popleft()
+            if not queues[d]:
+                del queues[d]
+            pack = jobs[order[rank]]
+            ids = groups.allocate(free, d)
+            wait = groups.occupy(ids)
+            started.append(Start(pack, now, ids, wait))
+            heapq.heappush(events, (now + wait + pack.time, ids))
+        if queues:
+            now, ids = heapq.heappop(events)
             free.extend(ids)
             while events and events[0][0] <= now:
-                free.extend(events.pop(0)[1])
+                free.extend(heapq.heappop(events)[1])
             free.sort()
     return started
 

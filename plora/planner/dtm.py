@@ -21,8 +21,11 @@ so F is solved only for degrees that can matter. Each sub-problem prunes against
 incumbent, so a memo entry is that sub-problem's optimum (within the node budget). F(d, K)
 is memoized too, and a solved ``(K, cap)`` answers the sub-problems it dominates while its
 pack is still available (:meth:`DTM.best_pack`): most of Alg. 2's questions at scale. Past
-``node_budget`` nodes per call each node follows only its best child (the greedy chain),
-which keeps the planner's time bounded on 64+ GPUs (noted in the plan).
+``node_budget`` nodes per call each node follows only its best child (the greedy chain), and
+past ``NODE_CAP_FACTOR * node_budget`` nodes (chains included) the nodes still open try no
+further child: a call costs ``O(node_budget + g)`` nodes, not ``node_budget`` chains of up to
+``g`` jobs each (noted in the plan; 40,000 configs on 1,024 GPUs spent 1.6 million nodes in
+234 calls before the cap).
 
 Idle GPUs (our extension): when the configs run out before the GPUs do, every candidate policy
 gets a local search that moves single configs out of its packs into new jobs on the idle GPUs
@@ -38,9 +41,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from plora.cost import within_capacity
-from plora.planner.ilp import ClassTable, KnapsackSolver, Pack, make_pack, solve_pack
+from plora.planner.ilp import ClassTable, DegreeCosts, KnapsackSolver, Pack, make_pack, solve_pack
 
 _TOL = 1e-12
+_UNPRICED = object()  # a pack not yet in DTM._made
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +61,8 @@ class Policy:
 EMPTY = Policy(packs=(), throughput=0.0, gpus=0)
 
 
-def _moved(take: tuple[int, ...], c: int, delta: int) -> list[int]:
-    out = list(take)
-    out[c] += delta
-    return out
+def _moved(take: tuple[int, ...], c: int, delta: int) -> tuple[int, ...]:
+    return (*take[:c], take[c] + delta, *take[c + 1 :])
 
 
 def _dominates(
@@ -88,6 +90,14 @@ class DTM:
         node_budget: search nodes per :meth:`solve` call before falling back to greedy chains.
     """
 
+    NODE_CAP_FACTOR = 10
+    """Past ``NODE_CAP_FACTOR * node_budget`` nodes in one call (greedy chains included)
+    the nodes still open try no further child, so a call costs ``O(node_budget + g)`` nodes."""
+
+    MADE_CACHE = 65_536
+    """Packs :meth:`_spread` keeps priced (cleared when it holds more; 0: none, every pack
+    priced afresh, the reference the tests compare with)."""
+
     CACHE_DEPTH = 8
     """Solved F(d, K) kept per d for :meth:`best_pack`'s dominance test."""
 
@@ -99,6 +109,7 @@ class DTM:
         self._packs: dict[tuple[object, ...], Pack | None] = {}
         self._solved: dict[int, list[tuple[np.ndarray, float, Pack | None]]] = {}
         self._policies: dict[tuple[object, ...], Policy] = {}
+        self._made: dict[tuple[int, tuple[int, ...]], Pack | None] = {}
         self._nodes = 0
         opts = table.options  # every option's (C,) costs stacked, for upper_ratios
         self._fits = np.array([o.fits for o in opts], dtype=bool).reshape(len(opts), -1)
@@ -175,7 +186,23 @@ class DTM:
             return policy  # no idle GPU: nothing to spread to
         packs = list(policy.packs)
         fresh: set[int] = set()
+        made = self._made
+        if len(made) > self.MADE_CACHE:
+            made.clear()
+
+        def pack_of(option: DegreeCosts, take: tuple[int, ...]) -> Pack | None:
+            # make_pack, memoized: the same shrunk and grown packs recur at every iteration
+            # and at every level of a greedy chain (each level spreads its whole policy)
+            if self.MADE_CACHE <= 0:
+                return make_pack(self.table, option, take)
+            key = (id(option), take)  # the table's options live as long as this DTM
+            pack = made.get(key, _UNPRICED)
+            if pack is _UNPRICED:
+                pack = made[key] = make_pack(self.table, option, take)
+            return pack  # type: ignore[return-value]
+
         table = self.table
+        zero = (0,) * len(table.members)
         for _ in range(4 * sum(sum(p.take) for p in packs)):
             idle = g - sum(p.option.d for p in packs)
             if idle < 1 and not fresh:
@@ -187,16 +214,16 @@ class DTM:
                 for c, t in enumerate(p.take):
                     if not t:
                         continue
-                    shrunk = make_pack(table, p.option, _moved(p.take, c, -1))
+                    shrunk = pack_of(p.option, _moved(p.take, c, -1))
                     assert shrunk is not None  # p had two or more configs
                     base = shrunk.ratio - p.ratio
                     targets: list[tuple[int | None, Pack | None]] = [
-                        (j, make_pack(table, packs[j].option, _moved(packs[j].take, c, +1)))
+                        (j, pack_of(packs[j].option, _moved(packs[j].take, c, +1)))
                         for j in fresh
                         if j != i
                     ]
                     targets += [
-                        (None, make_pack(table, o, _moved((0,) * len(p.take), c, +1)))
+                        (None, pack_of(o, _moved(zero, c, +1)))
                         for o in table.options
                         if o.d <= idle and o.fits[c]
                     ]
@@ -306,8 +333,8 @@ class DTM:
             cand = self._spread(cand, g, cap)
             if cand.throughput > best.throughput * (1 + _TOL):
                 best = cand
-            if greedy_only:
-                break
+            if greedy_only or self._nodes > self.NODE_CAP_FACTOR * self.node_budget:
+                break  # past the cap the nodes still open try no further child
         if not greedy_only:
             self._policies[key] = best
         return best

@@ -77,17 +77,26 @@ class Groups:
             raise ValueError(
                 f"resident group {ids}: GPU ids must be distinct, in [0, {self.num_gpus})"
             )
-        for g in ids:
-            old = self.of[g]
-            for h in old or ():
+        # each overlapping group once (a group's GPUs share one tuple): O(G), not O(d^2)
+        torn = {old[0]: old for g in ids if (old := self.of[g]) is not None}
+        for old in torn.values():
+            for h in old:
                 self.of[h] = None
         for g in ids:
             self.of[g] = ids
 
     def warm(self, ids: Sequence[int]) -> bool:
         """Whether ``ids`` is exactly a resident group (a job there starts at once)."""
+        if not self.track:
+            return True
+        if self.never_warm:
+            return False
         ids = tuple(sorted(ids))
-        return not self.track or (not self.never_warm and all(self.of[g] == ids for g in ids))
+        if not ids:
+            return True
+        group = self.of[ids[0]]
+        # one tuple comparison, then identity per GPU (a group's GPUs share one tuple): O(d)
+        return group == ids and all((h := self.of[g]) is group or h == group for g in ids)
 
     def cost(self, ids: Sequence[int]) -> float:
         """Seconds a job on ``ids`` waits for its group: 0 if warm, else ``startup[d]``."""
@@ -126,8 +135,8 @@ class Groups:
 
     def _torn(self, ids: tuple[int, ...]) -> int:
         """Warm GPUs a new group on ``ids`` would tear down."""
-        hit = {h for g in ids for h in (self.of[g] or ())}
-        return len(hit)
+        hit = {group[0]: len(group) for g in ids if (group := self.of[g])}  # groups are disjoint
+        return sum(hit.values())
 
     def cold_gpus(self, gpus: Sequence[int]) -> list[int]:
         """Those of ``gpus`` with no resident group (all of them when every job is cold)."""
