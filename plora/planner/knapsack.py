@@ -36,8 +36,12 @@ KnapsackFn = Callable[..., tuple[list[int], float]]
 REL_TOL = 1e-12
 
 
-def _ratio(p: float, w: float) -> float:
-    return p / w if w > 0 else math.inf
+def _ratios(p: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``p / w`` per class, ``inf`` where ``w <= 0`` (a class that weighs nothing first)."""
+    out = np.full(len(p), math.inf)
+    with np.errstate(over="ignore"):
+        np.divide(p, w, out=out, where=w > 0)
+    return out
 
 
 def lp_bound(profit: np.ndarray, weight: np.ndarray, count: np.ndarray, cap: float) -> float:
@@ -98,10 +102,12 @@ def solve_bnb(
         return [0] * m, 0.0, True
     two = math.isfinite(time_cap)
     sized = size_cap is not None
-    order = sorted(range(m), key=lambda i: (-_ratio(profit[i], mem[i]), -profit[i]))
-    p = [float(profit[i]) for i in order]
-    a = [float(mem[i]) for i in order]
-    b = [float(time[i]) for i in order]
+    prof_arr, mem_arr = np.asarray(profit, dtype=float), np.asarray(mem, dtype=float)
+    # by ratio p/a, then profit, best first (stable: numpy's lexsort, not a key per class)
+    order = np.lexsort((-prof_arr, -_ratios(prof_arr, mem_arr))).tolist()
+    p = prof_arr[order].tolist()
+    a = mem_arr[order].tolist()
+    b = np.asarray(time, dtype=float)[order].tolist()
     n = [int(count[i]) for i in order]
     tol_a = abs(mem_cap) * 1e-12
     tol_b = abs(time_cap) * 1e-12 if two else 0.0
@@ -111,7 +117,9 @@ def solve_bnb(
     for j in range(m):
         cw[j + 1] = cw[j] + n[j] * a[j]
         cp[j + 1] = cp[j] + n[j] * p[j]
-    order_b = sorted(range(m), key=lambda j: -_ratio(p[j], b[j])) if two else []
+    order_b = (
+        np.argsort(-_ratios(np.asarray(p), np.asarray(b)), kind="stable").tolist() if two else []
+    )
     top = [0.0] * (m + 1)  # the largest profit among classes j..m-1 (the size cap's bound)
     for j in range(m - 1, -1, -1):
         top[j] = max(top[j + 1], p[j])
@@ -139,6 +147,12 @@ def solve_bnb(
                 break
         return min(ub, ub_b)
 
+    # Past position j no item fits once the room is below every weight from j on: the skip
+    # loop below then jumps to the end instead of testing each item (deep in the tree, where
+    # little room is left, that test ran once per class per node).
+    min_a = [math.inf] * (m + 1)
+    for j in range(m - 1, -1, -1):
+        min_a[j] = min(min_a[j + 1], a[j] if n[j] > 0 else math.inf)
     inv_a = [1.0 / w if w > 0 else math.inf for w in a]
     inv_b = [1.0 / w if w > 0 else math.inf for w in b]
 
@@ -152,6 +166,16 @@ def solve_bnb(
             if fb < k:
                 k = int(fb)
         return k if k > 0 else 0
+
+    # Classes of equal weights (memory, and time under a deadline) sit in the order above by
+    # profit, best first, and some optimum takes a prefix of each such group (swap a taken
+    # copy for a skipped better one: same weights, no less profit). So once a class is taken
+    # short of its count, no later class of its weights is tried in that subtree: without
+    # this, a sweep whose configs differ only in their step count (one class each, a few
+    # distinct memory sizes) searched every subset of the near-equal ones.
+    keys: dict[tuple[float, float], int] = {}
+    group = [keys.setdefault((a[j], b[j] if two else 0.0), len(keys)) for j in range(m)]
+    closed = [0] * len(keys)  # frames on the stack, per group, holding fewer than n copies
 
     best, best_x = 0.0, [0] * m
     frames: list[list[int]] = []  # [class index, copies taken]
@@ -168,11 +192,15 @@ def solve_bnb(
             best_x = [0] * m
             for j, c in frames:
                 best_x[j] = c
-        while i < m and kmax(i, ra, rb, rc) == 0:
+        if i < m and min_a[i] > (ra + tol_a) * (1 + 1e-9):
+            i = m  # no item from i on fits the memory left
+        while i < m and (closed[group[i]] or kmax(i, ra, rb, rc) == 0):
             i += 1
         if i < m and val + bound(i, ra, rb, rc) > best * (1 + REL_TOL):
             k = kmax(i, ra, rb, rc)
             frames.append([i, k])
+            if k < n[i]:
+                closed[group[i]] += 1
             val += k * p[i]
             ra -= k * a[i]
             rb -= k * b[i]
@@ -188,7 +216,10 @@ def solve_bnb(
             j, c = frames[-1]
             if c == 0:
                 frames.pop()
+                closed[group[j]] -= 1
                 continue
+            if c == n[j]:
+                closed[group[j]] += 1  # one copy short from now on
             frames[-1][1] = c - 1
             val -= p[j]
             ra += a[j]
@@ -198,6 +229,7 @@ def solve_bnb(
                 val -= (c - 1) * p[j]
                 ra += (c - 1) * a[j]
                 frames.pop()
+                closed[group[j]] -= 1
                 continue
             i = j + 1
             break
