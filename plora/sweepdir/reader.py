@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from plora.config import ConfigError
 from plora.sweepdir import schema
 from plora.sweepdir.parts import read_table
+from plora.sweepdir.state_parts import assemble
 
 if TYPE_CHECKING:  # pandas (and pyarrow) load where a frame is built: the driver never waits
     import pandas as pd
@@ -116,8 +117,14 @@ def read_plan(path: Path, missing: Missing = None) -> dict[str, Any]:
 
 
 def read_state(path: Path, missing: Missing = None) -> dict[str, Any]:
-    """``state.json``, the driver's state (``{}`` when absent)."""
-    return _read_json(path / schema.STATE_JSON, missing)
+    """``state.json`` with the section logs it names (:mod:`.state_parts`), the driver's
+    state (``{}`` when absent)."""
+    head = _read_json(path / schema.STATE_JSON, missing)
+    try:
+        return assemble(path, head)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        _damaged(path / schema.STATE_JSON, exc, missing, "the sweep dir is damaged")
+        return {}
 
 
 def read_sweep(path: Path, missing: Missing = None) -> dict[str, Any]:

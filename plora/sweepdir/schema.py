@@ -16,7 +16,9 @@ module is the one place that says what is in it. Layout (``DIR`` is ``plora swee
                             ``pandas.read_parquet`` reads it as one table)
     DIR/results.parquet     one row per config (:data:`RESULT_COLUMNS`)
     DIR/adapters/<id>/      PEFT adapters; DIR/checkpoints/<job_id>/ train-state checkpoints
-    DIR/state.json          coordinator state for ``--resume`` (holds :data:`SCHEMA_VERSION`)
+    DIR/state.json          coordinator state for ``--resume`` (holds :data:`SCHEMA_VERSION`);
+                            its growing sections live in DIR/state.parts/*.jsonl, append-only
+                            logs it names (:mod:`plora.sweepdir.state_parts`)
     DIR/data.json           rows per split: read, cut to max_seq_len, left out (no target left)
     DIR/tensorboard/<run>/  TensorBoard event files, one run per config (append-only, as it trains;
                             ``tensorboard --logdir DIR``; :mod:`plora.curves`)
@@ -67,7 +69,8 @@ class JobStatus(StrEnum):
 
 #: Version of this layout; bump it when a file or column changes meaning. 2: ``metrics.parquet``
 #: is a directory of parts (1: one file; read as it is, and made a directory on ``--resume``).
-SCHEMA_VERSION = 2
+#: 3: ``state.json``'s growing sections are logs in ``state.parts/`` (2 and 1: read as they are).
+SCHEMA_VERSION = 3
 
 SWEEP_YAML = "sweep.yaml"
 BASE_MODEL_DIR = "base_model"

@@ -2,7 +2,8 @@
 
 Layout, columns and dtypes: :mod:`plora.sweepdir.schema`.
 
-Every file except the append-only ``decisions.jsonl`` is replaced atomically (temp + rename), so a
+Every file except the append-only ``decisions.jsonl`` and ``state.parts/`` logs is replaced
+atomically (temp + rename; a log's appended bytes count once ``state.json`` names them), so a
 reader (``plora status``, a notebook) never sees a half-written file, and a driver killed at any
 point leaves a directory ``--resume`` can continue from.
 
@@ -27,6 +28,7 @@ from plora.sweepdir import schema
 from plora.sweepdir.lock import SweepLock, check_not_locked
 from plora.sweepdir.parts import PartTable, read_table
 from plora.sweepdir.schema import JOB_COLUMNS, METRIC_COLUMNS, METRIC_DTYPES
+from plora.sweepdir.state_parts import StateParts, assemble
 from plora.utils import atomic_path, atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:  # pandas (and pyarrow) load on the first table written or read, not with the
@@ -50,6 +52,7 @@ class SweepStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._parts: PartTable | None = None
+        self._state_parts = StateParts(self.root)
         self._metrics_buffer: list[dict[str, Any]] = []
         self.curves: RowFeed | None = None
         """The live curves (``DIR/tensorboard/``, MLflow, W&B: :mod:`plora.curves`): told every
@@ -201,7 +204,10 @@ class SweepStore:
                 **state,
                 "results": {c: self._paths(r, stored=True) for c, r in results.items()},
             }
-        atomic_write_json(self.state_json, {**state, "sweepdir_version": schema.SCHEMA_VERSION})
+        self._state_parts.root = self.root  # a new directory is renamed into place
+        head = self._state_parts.split(state)  # the growing sections: appended to their logs
+        atomic_write_json(self.state_json, {**head, "sweepdir_version": schema.SCHEMA_VERSION})
+        self._state_parts.written()
 
     def _paths(self, row: Mapping[str, Any], *, stored: bool) -> dict[str, Any]:
         """``row`` with its paths inside the directory as stored (relative) or resolved."""
@@ -222,8 +228,8 @@ class SweepStore:
                 "pass the --out directory of a `plora sweep` run"
             )
         try:
-            state: dict[str, Any] = json.loads(self.state_json.read_text())
-        except json.JSONDecodeError as e:
+            state: dict[str, Any] = assemble(self.root, json.loads(self.state_json.read_text()))
+        except (json.JSONDecodeError, ValueError) as e:
             raise ConfigError(
                 f"{self.state_json}: unreadable ({e}); the sweep dir is damaged"
             ) from None

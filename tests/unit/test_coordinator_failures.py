@@ -4,8 +4,6 @@ configs, resume without retraining (no Ray)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from runtime_fakes import finish, lora, make, report, run_to_end
 
@@ -86,7 +84,7 @@ def test_resume_relaunches_a_refilled_config_inside_its_job(tmp_path) -> None:
     coord.on_reports(spec.job_id, [report({"config_id": "c01", "step": 5, "loss": 1.0})])
     assert [c.config_id for c in coord.poll(spec.job_id).add] == ["c03"]
     coord.persist()
-    state = json.loads(store.state_json.read_text())
+    state = store.read_state()
 
     coord2, _ = make([long_, short, mid, late], gpus=1, store=store)
     coord2.set_state(state)
@@ -104,7 +102,7 @@ def test_state_roundtrip_resumes_without_retraining(tmp_path) -> None:
     finish(coord, first[0])
     done = first[0].config_ids
     interrupted = first[1]
-    state = json.loads(store.state_json.read_text())
+    state = store.read_state()
 
     coord2, clock2 = make(configs, gpus=2, store=store)
     coord2.set_state(state)
@@ -143,7 +141,7 @@ def test_steps_trained_again_keep_one_metric_row_and_are_logged(tmp_path, restar
     if restart == "retry":
         (again,) = coord.on_job_failed(spec.job_id, FailureKind.DIED, "actor died")
     else:
-        state = json.loads(store.state_json.read_text())
+        state = store.read_state()
         store = SweepStore(tmp_path)  # a new driver: the rows so far are read from disk
         coord, clock = make(configs, gpus=1, store=store)
         coord.set_state(state)

@@ -4,7 +4,6 @@ the trainer (and the kernel warm-up), and jobs.parquet / state.json / the decisi
 from __future__ import annotations
 
 import dataclasses
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -52,7 +51,7 @@ def test_the_plan_jobs_rows_per_forward_reach_the_job_spec_and_the_records(tmp_p
 
     assert pd.read_parquet(store.jobs_parquet)["micro_batches"].tolist() == [2]
     # --resume relaunches the interrupted job with its rows per forward
-    state = json.loads(store.state_json.read_text())
+    state = store.read_state()
     assert state["interrupted"][0]["max_rows"] == 5
     coord2, _ = _micro_coordinator(configs, store=store)
     coord2.set_state(state)

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 from runtime_fakes import AffineCost, Clock, GreedyPlanner, finish, lora, make, run_to_end
@@ -82,7 +81,7 @@ def _failed_state(tmp_path):
     coord.on_job_failed(first.job_id, FailureKind.ERROR, "boom")
     failed = [c for c, s in coord.status.items() if s is ConfigStatus.FAILED]
     assert failed
-    return store, configs, failed, json.loads(store.state_json.read_text())
+    return store, configs, failed, store.read_state()
 
 
 def test_failed_configs_stay_failed_on_resume_by_default(tmp_path) -> None:
@@ -119,7 +118,7 @@ def test_a_resumed_job_is_its_next_attempt_in_jobs_and_metrics(tmp_path) -> None
     first = coord.start()[0]
     coord.on_reports(first.job_id, [report({"config_id": first.config_ids[0], "step": 1})])
     coord.flush_records()
-    state = json.loads(store.state_json.read_text())
+    state = store.read_state()
 
     coord2, _ = make(configs, gpus=1, store=store)
     coord2.set_state(state)
@@ -138,7 +137,7 @@ def test_an_edited_space_keeps_finished_configs_and_stops_removed_ones(tmp_path)
     first = coord.start()[0]
     clock.t = 1.0
     finish(coord, first)  # the next job is running when the driver stops
-    state = json.loads(store.state_json.read_text())
+    state = store.read_state()
     running = {c for c, s in state["status"].items() if s == "running"}
     done = set(first.config_ids)
     queued = {c.config_id for c in old} - done - running
@@ -200,7 +199,7 @@ def test_only_a_changed_space_restarts_the_source(tmp_path, changed, restored) -
     coord = Coordinator(cost=AffineCost(), num_gpus=2, source=ScriptedSource([[a, b]]),
                         planner=GreedyPlanner(), store=store, clock=clock)  # fmt: skip
     run_to_end(coord, clock, coord.start())
-    state = json.loads(store.state_json.read_text())
+    state = store.read_state()
     # the same configs again, under their own ids: a restarted searcher proposing them anew
     source = _Restartable([[a, b]])
     again = Coordinator(cost=AffineCost(), num_gpus=2, source=source, planner=GreedyPlanner(),

@@ -1,0 +1,130 @@
+"""``state.json`` in parts (issue 44, item 3): the growing sections as append-only logs.
+
+Each write must read back as the whole state it was given (the reference: the state itself),
+append only what changed, and leave a directory a reader can trust at any point.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+
+from plora.config import ConfigError
+from plora.sweepdir import reader
+from plora.sweepdir.schema import SCHEMA_VERSION
+from plora.sweepdir.state_parts import COMPACT_FACTOR, PARTS_DIR
+from plora.sweepdir.store import SweepStore
+
+
+def a_state(n: int, rng: random.Random) -> dict:
+    return {
+        "version": 1,
+        "elapsed_s": rng.random(),
+        "configs": [{"config_id": f"c{i}", "rank": 8 * (i % 3 + 1)} for i in range(n)],
+        "status": {f"c{i}": rng.choice(["queued", "running", "done"]) for i in range(n)},
+        "results": {f"c{i}": {"loss": rng.random(), "ids": (i, i + 1)} for i in range(0, n, 2)},
+        "job_rows": [{"job_id": f"j{i}", "attempt": 0} for i in range(n // 3)],
+        "measurements": {"steps": [{"s": i} for i in range(n // 2)], "calibrated": True},
+        "early_stop": {"rungs": [1, 2]},
+    }
+
+
+def read_back(store: SweepStore) -> dict:
+    state = store.read_state()
+    state.pop("sweepdir_version")
+    return state
+
+
+def as_json(state: dict) -> dict:
+    return json.loads(json.dumps(state, default=str))
+
+
+def test_every_write_reads_back_whole_and_appends_only_what_changed(tmp_path) -> None:
+    rng = random.Random(0)
+    store = SweepStore(tmp_path)
+    state = a_state(30, rng)
+    for turn in range(60):
+        store.write_state(state)
+        assert read_back(store) == as_json(state), turn
+        assert reader.read_state(tmp_path) == {**as_json(state), "sweepdir_version": SCHEMA_VERSION}
+        sizes = {p.name: p.stat().st_size for p in (tmp_path / PARTS_DIR).iterdir()}
+        state = copy.deepcopy(state)
+        # one result changes, a config and a step measurement arrive, a result may go
+        state["results"][rng.choice(sorted(state["results"]))]["loss"] = rng.random()
+        n = len(state["configs"])
+        state["configs"].append({"config_id": f"c{n}", "rank": 8})
+        state["measurements"]["steps"].append({"s": n})
+        if turn % 7 == 3:
+            state["results"].pop(next(iter(state["results"])))
+        store.write_state(state)
+        grown = {p.name: p.stat().st_size - sizes.get(p.name, 0)
+                 for p in (tmp_path / PARTS_DIR).iterdir()}  # fmt: skip
+        assert read_back(store) == as_json(state), turn
+        if set(grown) == set(sizes):  # no log was compacted: each grew by its changes alone
+            assert 0 < grown[next(k for k in grown if k.startswith("configs."))] < 60
+            assert 0 < grown[next(k for k in grown if k.startswith("results."))] < 120
+            assert grown[next(k for k in grown if k.startswith("job_rows."))] == 0
+
+
+def test_logs_are_compacted_and_replaced_logs_deleted(tmp_path) -> None:
+    """Churn on one record compacts its log (bounded size); only the current logs remain."""
+    store = SweepStore(tmp_path)
+    state = a_state(10, random.Random(1))
+    for i in range(1500):
+        state["results"]["c0"] = {"loss": float(i), "pad": "x" * 40}
+        store.write_state(state)
+    logs = sorted(p.name.split(".")[0] for p in (tmp_path / PARTS_DIR).iterdir())
+    assert logs == ["configs", "job_rows", "measurements", "results"]
+    live = len(json.dumps(state["results"]))
+    results_log = next((tmp_path / PARTS_DIR).glob("results.*"))
+    assert results_log.stat().st_size <= COMPACT_FACTOR * live * 2 + (1 << 16) + 200
+    assert read_back(store) == as_json(state)
+
+
+def test_a_killed_writer_leaves_the_last_head_readable(tmp_path) -> None:
+    """Lines appended after the last head (a torn one too) are not read; a new writer on the
+    directory starts fresh logs and removes the old ones."""
+    store = SweepStore(tmp_path)
+    state = a_state(12, random.Random(2))
+    store.write_state(state)
+    for log in (tmp_path / PARTS_DIR).iterdir():
+        with open(log, "a") as f:
+            f.write('["c99", {"loss": 1.0}]\n["c1", {"lo')
+    assert read_back(store) == as_json(state)
+    old = set((tmp_path / PARTS_DIR).iterdir())
+    again = SweepStore(tmp_path)
+    state["status"]["c0"] = "done"
+    again.write_state(state)
+    assert read_back(again) == as_json(state)
+    assert not old & set((tmp_path / PARTS_DIR).iterdir())
+
+
+def test_a_whole_state_json_of_before_is_read_as_it_is(tmp_path) -> None:
+    state = a_state(5, random.Random(3))
+    (tmp_path / "state.json").write_text(json.dumps({**state, "sweepdir_version": 2}))
+    assert read_back(SweepStore(tmp_path)) == as_json(state)
+
+
+def test_a_short_log_is_a_damaged_directory(tmp_path) -> None:
+    store = SweepStore(tmp_path)
+    store.write_state(a_state(8, random.Random(4)))
+    log = next((tmp_path / PARTS_DIR).glob("configs.*"))
+    log.write_text(log.read_text()[:10])
+    with pytest.raises(ConfigError, match="damaged"):
+        SweepStore(tmp_path).read_state()
+
+
+def test_a_new_directory_renamed_into_place_keeps_its_logs(tmp_path) -> None:
+    """``create_sweep_dir`` writes the first state in a hidden temporary directory and renames
+    it: the logs move with it and later writes append there."""
+    from plora.sweepdir.store import create_sweep_dir
+
+    state = a_state(6, random.Random(5))
+    with create_sweep_dir(tmp_path / "sweep") as store:
+        store.write_state(state)
+    state["configs"].append({"config_id": "c6", "rank": 8})
+    store.write_state(state)
+    assert read_back(SweepStore(tmp_path / "sweep")) == as_json(state)
