@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 from plora.cost import within_capacity
@@ -58,3 +59,12 @@ def check_plan(plan: Plan, configs, cost, num_gpus: int, *, busy=()) -> None:
     assert plan.makespan_s == pytest.approx(max(ends), rel=1e-12)
     assert plan.lower_bound_s <= plan.makespan_s * (1 + 1e-9)
     assert plan.ratio_bound >= 1.0
+
+
+def brute_knapsack(p, a, b, n, cap_a, cap_b) -> float:
+    """The best profit of the two-constraint bounded knapsack, by enumeration (the reference)."""
+    best = 0.0
+    for x in itertools.product(*[range(k + 1) for k in n]):
+        if np.dot(x, a) <= cap_a * (1 + 1e-12) and np.dot(x, b) <= cap_b * (1 + 1e-12):
+            best = max(best, float(np.dot(x, p)))
+    return best

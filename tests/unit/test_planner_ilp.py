@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planner_testlib import brute_knapsack
 
 from plora.config import ConfigError, LoRAConfig
 from plora.cost import Strategy
@@ -100,14 +101,6 @@ def test_rank_objective_equals_brute_force(inst):
     pack = solve_pack(table, table.options[0], table.counts, KnapsackSolver("auto"))
     ref = brute_force(configs, cost, 1, None, lambda k: k.rank)
     assert (0.0 if pack is None else pack.ratio) == pytest.approx(ref, rel=1e-9, abs=1e-12)
-
-
-def brute_knapsack(p, a, b, n, cap_a, cap_b):
-    best = 0.0
-    for x in itertools.product(*[range(k + 1) for k in n]):
-        if np.dot(x, a) <= cap_a * (1 + 1e-12) and np.dot(x, b) <= cap_b * (1 + 1e-12):
-            best = max(best, float(np.dot(x, p)))
-    return best
 
 
 @settings(max_examples=80, deadline=None, derandomize=True)

@@ -17,21 +17,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from planner_testlib import check_plan
+from planner_testlib import brute_knapsack, check_plan
 
 from plora.config import LoRAConfig
 from plora.planner import knapsack as kn
 from plora.planner import plan_sweep
 from plora.planner.ilp import STEP_BUCKET, STEP_THRESHOLDS, step_thresholds
 from plora.planner.synthetic import AffineCostModel
-
-
-def brute_knapsack(p, a, b, n, cap_a, cap_b) -> float:
-    best = 0.0
-    for x in itertools.product(*[range(k + 1) for k in n]):
-        if np.dot(x, a) <= cap_a * (1 + 1e-12) and np.dot(x, b) <= cap_b * (1 + 1e-12):
-            best = max(best, float(np.dot(x, p)))
-    return best
 
 
 @settings(max_examples=80, deadline=None, derandomize=True)
