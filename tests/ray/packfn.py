@@ -4,8 +4,12 @@
 fits, per config, a 4-dim linear regression with SGD at the config's lr and seed, one step per
 packed step; it streams step reports, obeys control (stop / add / abort), checkpoints every N
 steps and resumes from its checkpoint; a paused config leaves with its state (written where
-``plora.engine.pause`` puts a train-state) and a later pack continues it. Steps sleep ``PACKFN_STEP_S`` seconds so tests can time
-kills. A pack with more than two configs whose ids start with ``oom`` is an out-of-memory outcome.
+``plora.engine.pause`` puts a train-state) and a later pack continues it. Steps sleep
+``PACKFN_STEP_S`` seconds. While the file named by ``PACKFN_GATE`` does not exist, only the first
+pack to end returns; the others wait (obeying control) at their end: a test that kills a sweep
+mid-way waits for the events it needs (a job ended, the others not) instead of racing the
+sweep's end. A pack with more than two configs whose ids start with ``oom`` is an out-of-memory
+outcome.
 It exercises every runtime path without the cost of the LLM engine.
 """
 
@@ -78,7 +82,9 @@ class PackFnEngine:
                 state[c.config_id] = _start(c, request.out_dir)
         n = 0
         t_train = time.perf_counter()
-        while any(s["status"] == "running" for s in state.values()):
+        while any(s["status"] == "running" for s in state.values()) or self._gated(
+            hooks, request, state, cfgs
+        ):
             n += 1
             t = time.perf_counter()
             time.sleep(step_s)
@@ -152,6 +158,18 @@ class PackFnEngine:
             state[c.config_id] = _start(c, request.out_dir)
         return bool(ctl.add)
 
+    def _gated(
+        self, hooks: PackHooks | None, request: PackRequest, state: dict, cfgs: dict
+    ) -> bool:
+        """Wait at the pack's end while ``PACKFN_GATE`` is absent and another pack ended first
+        (the first to end claims ``<gate>.first`` with its job id); True when configs joined."""
+        gate = os.environ.get("PACKFN_GATE")
+        while gate and not os.path.exists(gate) and not _claim(f"{gate}.first", request.job_id):
+            if hooks is not None and self._obey(hooks, request, state, cfgs):
+                return True
+            time.sleep(0.05)
+        return False
+
     def _hold(self, hooks: PackHooks, request: PackRequest, state: dict, cfgs: dict) -> None:
         """Wait at step ``hold_at`` (obeying control) until a config joins the pack, or another
         pack paused a config while this one paused none, or every config here has left, or
@@ -166,6 +184,17 @@ class PackFnEngine:
             if not mine and paused.is_dir() and any(paused.iterdir()):
                 return
             time.sleep(0.01)
+
+
+def _claim(path: str, job_id: str) -> bool:
+    """Whether ``job_id`` holds the claim file: created now (atomically), or created before by it."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return Path(path).read_text() == job_id
+    with os.fdopen(fd, "w") as f:
+        f.write(job_id)
+    return True
 
 
 def _start(c, out_dir: str) -> dict:
