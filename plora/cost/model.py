@@ -35,7 +35,7 @@ the overheads from :class:`~plora.cost.overheads.OverheadSample` s.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
@@ -245,6 +245,12 @@ class SweepCostModel(SweepMemory):
             return config.max_steps
         epochs = float(config.epochs or 0.0)  # LoRAConfig: exactly one of max_steps, epochs
         return max(1, math.ceil(epochs * self.dataset_size / config.batch_size))
+
+    def price_key(self, config: LoRAConfig) -> Hashable:
+        """What this model's answers about ``config`` depend on: configs of equal keys (lr,
+        alpha, seed, schedule aside) are priced alike by every method (the planner prices one)."""
+        return (config.rank, config.target_modules, config.batch_size, config.dropout,
+                self.steps(config))  # fmt: skip
 
     def expected_steps(self, config: LoRAConfig) -> float:
         """:meth:`steps` under the sweep's early stopping, in expectation (its budget without)."""

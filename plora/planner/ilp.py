@@ -27,7 +27,7 @@ small (a grid has few distinct cost signatures).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,6 +115,33 @@ def degrees(num_gpus: int, strategies: Sequence[Strategy]) -> list[tuple[int, St
     return out
 
 
+_Row = tuple[float, int, list[float], list[float], float]
+"""A config's ``(value, steps, memory per option, time per option, work)``."""
+
+
+def _price(
+    cfg: LoRAConfig,
+    cost: CostModel,
+    opts: Sequence[tuple[int, Strategy | None]],
+    objective: Objective,
+    *,
+    micro: bool,
+) -> tuple[tuple[float, ...], _Row]:
+    """One config's class key (every number the planner reads of it) and its row."""
+    work = float(cost.config_work(cfg))
+    value = work if objective is Objective.WORK else float(cfg.rank)
+    steps = int(cost.steps(cfg))
+    mems = [float(cost.config_memory(cfg, d, call_strategy(d, s))) for d, s in opts]
+    times = [float(cost.config_time(cfg, d, call_strategy(d, s))) for d, s in opts]
+    if not value > 0 or steps < 1:
+        raise ValueError(f"cost model: config {cfg.config_id} has value {value}, steps {steps}")
+    key: tuple[float, ...] = (value, work, steps, *mems, *times)
+    if micro:  # micro-batched options price states and rows apart
+        parts = cost.config_memory_parts(cfg, 1, call_strategy(1, None))  # type: ignore[attr-defined]
+        key += (*parts, cfg.batch_size)
+    return key, (value, steps, mems, times, work)
+
+
 def build_classes(
     configs: Sequence[LoRAConfig],
     cost: CostModel,
@@ -124,7 +151,9 @@ def build_classes(
     max_pack: int | None = None,
 ) -> ClassTable:
     """Query the cost model once per config and ``(d, s)`` and group identical configs
-    (``max_pack``: :attr:`ClassTable.max_pack`)."""
+    (``max_pack``: :attr:`ClassTable.max_pack`). A cost model with ``price_key(config)``
+    (configs of equal keys are priced alike by every method; None: this one on its own) is
+    queried once per key: 100,000 configs of a few dozen shapes cost a dict lookup each."""
     if max_pack is not None and max_pack < 1:
         raise ConfigError(f"planner.max_pack_size={max_pack!r}: must be >= 1, or null for no cap")
     ids = [c.config_id for c in configs]
@@ -132,22 +161,19 @@ def build_classes(
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ConfigError(f"configs: config_id {dup!r} appears twice; config ids must be unique")
     opts = degrees(num_gpus, list(cost.strategies()))
+    micro = supports_micro_batches(cost)
+    price_key = getattr(cost, "price_key", None)  # configs priced alike share one pricing
+    priced: dict[Hashable, tuple[tuple[float, ...], _Row]] = {}
     sig: dict[tuple[float, ...], list[LoRAConfig]] = {}
-    rows: dict[tuple[float, ...], tuple[float, int, list[float], list[float], float]] = {}
+    rows: dict[tuple[float, ...], _Row] = {}
     for cfg in configs:
-        work = float(cost.config_work(cfg))
-        value = work if objective is Objective.WORK else float(cfg.rank)
-        steps = int(cost.steps(cfg))
-        mems = [float(cost.config_memory(cfg, d, call_strategy(d, s))) for d, s in opts]
-        times = [float(cost.config_time(cfg, d, call_strategy(d, s))) for d, s in opts]
-        if not value > 0 or steps < 1:
-            raise ValueError(f"cost model: config {cfg.config_id} has value {value}, steps {steps}")
-        key: tuple[float, ...] = (value, work, steps, *mems, *times)
-        if supports_micro_batches(cost):  # micro-batched options price states and rows apart
-            parts = cost.config_memory_parts(cfg, 1, call_strategy(1, None))  # type: ignore[attr-defined]
-            key += (*parts, cfg.batch_size)
+        pk = price_key(cfg) if price_key is not None else None
+        found = priced.get(pk) if pk is not None else None
+        key, row = found if found is not None else _price(cfg, cost, opts, objective, micro=micro)
+        if pk is not None:
+            priced[pk] = (key, row)
         sig.setdefault(key, []).append(cfg)
-        rows[key] = (value, steps, mems, times, work)
+        rows[key] = row
     keys = list(sig)
     distinct_steps = sorted({rows[k][1] for k in keys})
     mem = np.array([rows[k][2] for k in keys], dtype=float).reshape(len(keys), len(opts))

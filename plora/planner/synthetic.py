@@ -19,7 +19,7 @@ Per config k with rank r, batch b, targets t (of 7), steps n, on d GPUs with str
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from plora.config import LoRAConfig
@@ -74,6 +74,12 @@ class AffineCostModel:
             return config.max_steps
         epochs = float(config.epochs or 0.0)  # LoRAConfig: exactly one of max_steps, epochs
         return max(1, math.ceil(epochs * self.dataset_size / config.batch_size))
+
+    def price_key(self, config: LoRAConfig) -> Hashable:
+        """Configs of equal keys are priced alike (an overridden config: on its own, None)."""
+        if config.config_id in self.per_config:
+            return None
+        return (config.rank, len(config.target_modules), config.batch_size, self.steps(config))
 
     def _eff(self, d: int, strategy: Strategy) -> float:
         return self.efficiency[strategy] ** math.log2(d) if d > 1 else 1.0

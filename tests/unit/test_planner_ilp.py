@@ -285,3 +285,59 @@ def test_highs_time_limit_is_reported(monkeypatch):
     x, val = solver(w, w, w, np.ones(30, dtype=int), 17.5, math.inf)
     assert any("not proven optimal" in n for n in solver.notes)
     assert val == pytest.approx(float(np.dot(x, w))) and val <= 17.5 * (1 + 1e-9)
+
+
+class _Unkeyed:
+    """A cost model's every method but ``price_key``: build_classes prices each config."""
+
+    def __init__(self, cost) -> None:
+        self._cost = cost
+
+    def __getattr__(self, name: str):
+        if name == "price_key":
+            raise AttributeError(name)
+        return getattr(self._cost, name)
+
+
+def _paper_cost(early_stop: bool):
+    import dataclasses
+    from pathlib import Path
+
+    from plora.config import SweepConfig
+    from plora.cost.build import build_cost_model
+
+    sweep = SweepConfig.from_yaml(Path(__file__).parents[2] / "sweeps" / "paper-table1.yaml")
+    if not early_stop:
+        sweep = dataclasses.replace(sweep, early_stop=None)
+    return build_cost_model(sweep, use_profile=False)
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+@pytest.mark.parametrize("objective", [Objective.WORK, Objective.RANK])
+def test_priced_once_per_key_equals_priced_per_config(early_stop, objective):
+    """The table built from one pricing per ``price_key`` is the one built config by config:
+    the key holds everything SweepCostModel's answers depend on (lr, alpha, seed aside)."""
+    import random
+
+    from plora.config import PROJECTIONS
+
+    rng = random.Random(7)
+    configs = [
+        LoRAConfig(config_id=f"k{i}", rank=rng.choice([8, 16, 64]), alpha=rng.choice([8, 32]),
+                   lr=rng.choice([1e-4, 3e-4]), batch_size=rng.choice([1, 4, 16]),
+                   dropout=rng.choice([0.0, 0.05, 0.1]), seed=rng.choice([0, 1]),
+                   target_modules=rng.choice([PROJECTIONS, ("q_proj", "v_proj")]),
+                   **rng.choice([{"max_steps": rng.choice([50, 80])}, {"epochs": 1.0}]))
+        for i in range(300)
+    ]  # fmt: skip
+    cost = _paper_cost(early_stop)
+    keyed = build_classes(configs, cost, 8, objective=objective)
+    each = build_classes(configs, _Unkeyed(cost), 8, objective=objective)
+    assert len({cost.price_key(c) for c in configs}) < len(configs) / 2  # keys are shared
+    assert keyed.members == each.members
+    for a, b in [(keyed.value, each.value), (keyed.work, each.work), (keyed.steps, each.steps)]:
+        assert np.array_equal(a, b)
+    assert len(keyed.options) == len(each.options)
+    for x, y in zip(keyed.options, each.options, strict=True):
+        assert (x.d, x.strategy) == (y.d, y.strategy)
+        assert np.array_equal(x.mem, y.mem) and np.array_equal(x.time, y.time)

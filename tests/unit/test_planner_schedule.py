@@ -263,3 +263,33 @@ def test_plan_json_round_trip() -> None:
         solver="highs", notes=("n",),
     )  # fmt: skip
     assert Plan.from_json_dict(plan.to_json_dict()) == plan
+
+
+@pytest.mark.parametrize("skip_from", [1, 10_000])
+def test_deadlines_that_bind_no_job_of_alg2_are_skipped_in_large_plans(monkeypatch, skip_from):
+    """A plan of many jobs skips the deadlines at or after Alg. 2's last end (they bind none
+    of its packs); a smaller plan tries every deadline (there they pay off by chance)."""
+    import plora.planner.schedule as sch
+
+    configs = [LoRAConfig(config_id=f"k{i:03d}", rank=8 * (1 + i % 4), alpha=16.0, lr=1e-4,
+                          batch_size=1 + i % 8, max_steps=20 + 30 * (i % 3)) for i in range(40)]  # fmt: skip
+    cost = AffineCostModel(capacity_bytes=40 * GIB, job_start_s=3.0, startup_s=40.0)
+    ran: list[tuple[float, float]] = []  # (deadline, the run's last end)
+
+    def simulate(*args, **kwargs):
+        started = real(*args, **kwargs)
+        ran.append((kwargs.get("deadline", math.inf), max(s.end for s in started)))
+        return started
+
+    real = sch.simulate
+    monkeypatch.setattr(sch, "SKIP_UNBOUND_JOBS", skip_from)
+    monkeypatch.setattr(sch, "simulate", simulate)
+    plan = plan_sweep(configs, cost, 4)
+    check_plan(plan, configs, cost, 4)
+    tried = [d for d, _ in ran if math.isfinite(d)]
+    last_end = ran[0][1]
+    if skip_from > len(plan.jobs):
+        assert len(tried) == len(sch.DEADLINE_FACTORS) - 1
+    else:
+        assert tried and all(d < last_end for d in tried)
+        assert len(tried) < len(sch.DEADLINE_FACTORS) - 1
