@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from plora.config import ConfigError
 from plora.sweepdir import schema
 from plora.sweepdir.parts import read_table
-from plora.sweepdir.state_parts import assemble
+from plora.sweepdir.state_parts import assemble_live
 
 if TYPE_CHECKING:  # pandas (and pyarrow) load where a frame is built: the driver never waits
     import pandas as pd
@@ -121,7 +121,7 @@ def read_state(path: Path, missing: Missing = None) -> dict[str, Any]:
     state (``{}`` when absent)."""
     head = _read_json(path / schema.STATE_JSON, missing)
     try:
-        return assemble(path, head)
+        return assemble_live(path, head, lambda: _read_json(path / schema.STATE_JSON, missing))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         _damaged(path / schema.STATE_JSON, exc, missing, "the sweep dir is damaged")
         return {}

@@ -1,8 +1,8 @@
 """``state.json`` in parts: the sections that grow with the sweep as append-only logs.
 
 ``state.json`` (the *head*) is replaced atomically at every write, as before, but the sections
-that grow with the sweep -- :data:`SECTIONS`: the configs, their results, the job attempts'
-rows and the step measurements -- live in ``DIR/state.parts/<section>.<token>.jsonl``, one JSON
+that grow with the sweep -- :data:`SECTIONS`: the configs, their status, progress and results,
+the job attempts' rows, the step measurements and the early stopper's records -- live in ``DIR/state.parts/<section>.<token>.jsonl``, one JSON
 line per record (``[key, value]``, or ``[key]`` for a deleted key; the last line of a key wins),
 appended with only the records that changed since the last write. Rewriting the whole state at
 every driver-loop turn made a sweep's state writes quadratic in its size (99 -> 244 ms a write at
@@ -23,7 +23,7 @@ import copy
 import json
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,12 @@ SECTIONS: tuple[tuple[str, ...], ...] = (
     ("results",),
     ("job_rows",),
     ("measurements", "steps"),
+    ("status",),
+    ("progress",),
+    ("early_stop", "known"),
+    ("early_stop", "stopped"),
+    ("early_stop", "asha", "trial_bracket"),
+    ("early_stop", "asha", "records"),
 )
 
 PARTS_DIR = "state.parts"
@@ -201,4 +207,22 @@ def assemble(root: Path, head: Mapping[str, Any]) -> dict[str, Any]:
     return state
 
 
-__all__ = ["PARTS_DIR", "SECTIONS", "StateParts", "assemble"]
+def assemble_live(
+    root: Path, head: Mapping[str, Any], read_head: Callable[[], Mapping[str, Any]]
+) -> dict[str, Any]:
+    """:func:`assemble` of ``head``, with the head read again (``read_head``) while it changes
+    under the reader: a live writer that compacts a log deletes the one an older head named, so a
+    reader (``plora status``, a test polling a running sweep) that read the head just before
+    finds it gone. ValueError as :func:`assemble` when the head stays the same."""
+    for _ in range(5):
+        try:
+            return assemble(root, head)
+        except ValueError:
+            again = read_head()
+            if again == head:
+                raise
+            head = again
+    return assemble(root, head)
+
+
+__all__ = ["PARTS_DIR", "SECTIONS", "StateParts", "assemble", "assemble_live"]

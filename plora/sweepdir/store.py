@@ -15,6 +15,7 @@ so a sweep that fails before that leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ from plora.sweepdir import schema
 from plora.sweepdir.lock import SweepLock, check_not_locked
 from plora.sweepdir.parts import PartTable, read_table
 from plora.sweepdir.schema import JOB_COLUMNS, METRIC_COLUMNS, METRIC_DTYPES
-from plora.sweepdir.state_parts import StateParts, assemble
+from plora.sweepdir.state_parts import StateParts, assemble_live
 from plora.utils import atomic_path, atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:  # pandas (and pyarrow) load on the first table written or read, not with the
@@ -54,6 +55,7 @@ class SweepStore:
         self._parts: PartTable | None = None
         self._state_parts = StateParts(self.root)
         self._metrics_buffer: list[dict[str, Any]] = []
+        self._tables: dict[str, list[dict[str, Any]]] = {}  # jobs / results as last written
         self.curves: RowFeed | None = None
         """The live curves (``DIR/tensorboard/``, MLflow, W&B: :mod:`plora.curves`): told every
         metric and result row written here; None: none."""
@@ -170,20 +172,38 @@ class SweepStore:
         # dtypes in every part: a part of None losses is float, as pyarrow reads the directory
 
     def write_jobs(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Replace ``jobs.parquet`` with ``rows`` (one per job, :data:`JOB_COLUMNS`)."""
+        """Replace ``jobs.parquet`` with ``rows`` (one per job, :data:`JOB_COLUMNS`); rows equal
+        to those this store last wrote are not written again."""
         import pandas as pd
 
-        _write_parquet(self.jobs_parquet, pd.DataFrame(list(rows), columns=list(JOB_COLUMNS)))
+        new = self._changed("jobs", rows)
+        if new is not None:
+            _write_parquet(self.jobs_parquet, pd.DataFrame(new, columns=list(JOB_COLUMNS)))
 
     def write_results(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Replace ``results.parquet`` with ``rows`` (one per config; paths inside the directory
-        stored relative to it)."""
+        stored relative to it); rows equal to those this store last wrote are not written
+        again."""
         import pandas as pd
 
-        rows = [self._paths(r, stored=True) for r in rows]
-        _write_parquet(self.results_parquet, pd.DataFrame(rows))
+        stored = self._changed("results", (self._paths(r, stored=True) for r in rows))
+        if stored is None:
+            return
+        _write_parquet(self.results_parquet, pd.DataFrame(stored))
         if self.curves is not None:
-            self.curves.add_results(rows)
+            self.curves.add_results(stored)
+
+    def _changed(
+        self, table: str, rows: Iterable[Mapping[str, Any]]
+    ) -> list[dict[str, Any]] | None:
+        """``rows`` as a list, or None when equal to the ``table`` rows this store last wrote:
+        the driver persists at each metrics flush, and most flushes change neither table, whose
+        rewrite grew with the sweep (``benchmarks/control_plane.py``)."""
+        new = [dict(r) for r in rows]
+        if self._tables.get(table) == new:
+            return None
+        self._tables[table] = copy.deepcopy(new)
+        return new
 
     def close_curves(self) -> None:
         """Write the curves still queued and close their sinks (the sweep's end)."""
@@ -228,7 +248,8 @@ class SweepStore:
                 "pass the --out directory of a `plora sweep` run"
             )
         try:
-            state: dict[str, Any] = assemble(self.root, json.loads(self.state_json.read_text()))
+            head = json.loads(self.state_json.read_text())
+            state = assemble_live(self.root, head, lambda: json.loads(self.state_json.read_text()))
         except (json.JSONDecodeError, ValueError) as e:
             raise ConfigError(
                 f"{self.state_json}: unreadable ({e}); the sweep dir is damaged"

@@ -10,6 +10,7 @@ configs it names inside their packs (the freed slots are refilled from the queue
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,16 +71,35 @@ class AdapterEarlyStopper:
         return False
 
     def get_state(self) -> dict[str, Any]:
-        return {
-            "known": sorted(self._known),
-            "stopped": dict(self.stopped),
-            "asha": inner_state(self.asha),
-        }
+        """Keyed by config where the state grows with the sweep (``state.json`` logs those
+        sections: :mod:`plora.sweepdir.state_parts`): ASHA's rungs as one record per
+        (bracket, rung, config) under ``records`` and their milestones apart."""
+        asha = inner_state(self.asha)
+        if "rungs" in asha:
+            brackets = asha.pop("rungs")
+            asha["milestones"] = [[m for m, _ in rungs] for rungs in brackets]
+            asha["records"] = {
+                json.dumps([b, i, t]): v
+                for b, rungs in enumerate(brackets)
+                for i, (_, rec) in enumerate(rungs)
+                for t, v in rec.items()
+            }
+        return {"known": dict.fromkeys(self._known, 1), "stopped": dict(self.stopped),
+                "asha": asha}  # fmt: skip
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        self._known = set(state["known"])
+        self._known = set(state["known"])  # a list in sweep directories before version 3
         self.stopped = {str(c): int(s) for c, s in state["stopped"].items()}
-        set_inner_state(self.asha, state["asha"], where="state.json: early_stop")
+        asha = dict(state["asha"])
+        if "records" in asha:
+            brackets: list[list[list[Any]]] = [
+                [[m, {}] for m in ms] for ms in asha.pop("milestones")
+            ]
+            for key, value in asha.pop("records").items():
+                b, i, t = json.loads(key)
+                brackets[b][i][1][t] = value
+            asha["rungs"] = brackets
+        set_inner_state(self.asha, asha, where="state.json: early_stop")
 
 
 def make_early_stopper(config: EarlyStopConfig | None) -> AdapterEarlyStopper | None:

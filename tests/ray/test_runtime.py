@@ -183,7 +183,7 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
         done_before: set[str] = set()
         while time.time() < deadline:
             if (out / "state.json").is_file():
-                state = json.loads((out / "state.json").read_text())
+                state = SweepStore(out).read_state()  # the head and its logs (state.parts/)
                 done_before = {c for c, s in state["status"].items() if s == "done"}
                 running = any(s == "running" for s in state["status"].values())
                 # killed between checkpoints of a running job, rows since the last flush unsent
@@ -202,7 +202,7 @@ def test_driver_killed_then_resume_skips_finished(ray_cluster, tmp_path) -> None
     assert done_before
     stale = read_owner(out)  # SIGKILL left the lock: a dead pid on this host, taken over below
     assert stale is not None and stale.pid == proc.pid
-    state = json.loads((out / "state.json").read_text())
+    state = SweepStore(out).read_state()
     done_before = {c for c, s in state["status"].items() if s == "done"}
     killed_at = state["elapsed_s"]
     sweep = tiny_sweep(num_gpus=1, name="resumetest")

@@ -66,7 +66,7 @@ def _kill_mid_sweep(storage: Path, address: str) -> None:
             assert proc.poll() is None, "driver exited before it could be killed"
             assert time.monotonic() < deadline, f"no job end and ASHA stop seen: {seen}"
             if state_json.is_file() and (exp / STATE_FILE).is_file():
-                status = json.loads(state_json.read_text())["status"].values()
+                status = SweepStore(exp / "plora").read_state()["status"].values()
                 try:  # Tune's sync copies the file in place: it may be half-written right now
                     sched = json.loads((exp / STATE_FILE).read_text())
                 except json.JSONDecodeError:
@@ -100,8 +100,7 @@ def test_killed_driver_then_tuner_restore_keeps_finished_and_asha_rungs(
     storage = tmp_path / "run"
     _kill_mid_sweep(storage, ray.get_runtime_context().gcs_address)
     exp = storage / "restore"
-    state_json = exp / "plora" / "state.json"
-    state = json.loads(state_json.read_text())
+    state = SweepStore(exp / "plora").read_state()
     ended = {c for c, s in state["status"].items() if s in ("done", "stopped")}
     killed_at = state["elapsed_s"]
     rungs_before = _rungs(exp / STATE_FILE)

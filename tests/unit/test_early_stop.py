@@ -18,6 +18,7 @@ from plora.config.asha_options import EarlyStopConfig
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.records import ConfigStatus, Decision
 from plora.tune.adapter_stopper import AdapterEarlyStopper
+from plora.tune.asha_state import inner_state
 
 SWEEP = {
     "name": "es",
@@ -85,6 +86,12 @@ def test_saved_state_decides_exactly_as_the_uninterrupted_stopper() -> None:
     restored.set_state(json.loads(json.dumps(first.get_state())))  # through state.json
     after = _feed(restored, LOSSES, range(6, 13))
     assert reference and before + after == reference
+    # a sweep directory of before version 3 saved the rungs nested and the known configs listed
+    old = AdapterEarlyStopper(config)
+    saved = {"known": sorted(first._known), "stopped": dict(first.stopped),
+             "asha": inner_state(first.asha)}  # fmt: skip
+    old.set_state(json.loads(json.dumps(saved)))
+    assert before + _feed(old, LOSSES, range(6, 13)) == reference
     # and the check has teeth: a stopper that forgot its rungs decides differently
     fresh = AdapterEarlyStopper(config)
     assert before + _feed(fresh, LOSSES, range(6, 13)) != reference

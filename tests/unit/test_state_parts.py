@@ -28,7 +28,18 @@ def a_state(n: int, rng: random.Random) -> dict:
         "results": {f"c{i}": {"loss": rng.random(), "ids": (i, i + 1)} for i in range(0, n, 2)},
         "job_rows": [{"job_id": f"j{i}", "attempt": 0} for i in range(n // 3)],
         "measurements": {"steps": [{"s": i} for i in range(n // 2)], "calibrated": True},
-        "early_stop": {"rungs": [1, 2]},
+        "progress": {f"c{i}": rng.randrange(100) for i in range(n)},
+        "early_stop": {
+            "known": {f"c{i}": 1 for i in range(n)},
+            "stopped": {f"c{i}": 10 for i in range(0, n, 5)},
+            "asha": {
+                "kind": "asha",
+                "num_stopped": n // 5,
+                "milestones": [[40, 20, 10]],
+                "trial_bracket": {f"c{i}": 0 for i in range(n)},
+                "records": {json.dumps([0, 2, f"c{i}"]): rng.random() for i in range(n)},
+            },
+        },
     }
 
 
@@ -57,6 +68,9 @@ def test_every_write_reads_back_whole_and_appends_only_what_changed(tmp_path) ->
         n = len(state["configs"])
         state["configs"].append({"config_id": f"c{n}", "rank": 8})
         state["measurements"]["steps"].append({"s": n})
+        state["status"][f"c{n}"] = "queued"
+        state["progress"][rng.choice(sorted(state["progress"]))] += 1
+        state["early_stop"]["asha"]["records"][json.dumps([0, 1, f"c{n - 1}"])] = rng.random()
         if turn % 7 == 3:
             state["results"].pop(next(iter(state["results"])))
         store.write_state(state)
@@ -67,6 +81,11 @@ def test_every_write_reads_back_whole_and_appends_only_what_changed(tmp_path) ->
             assert 0 < grown[next(k for k in grown if k.startswith("configs."))] < 60
             assert 0 < grown[next(k for k in grown if k.startswith("results."))] < 120
             assert grown[next(k for k in grown if k.startswith("job_rows."))] == 0
+            assert 0 < grown[next(k for k in grown if k.startswith("progress."))] < 40
+            assert grown[next(k for k in grown if k.startswith("early_stop.known."))] == 0
+    head = json.loads((tmp_path / "state.json").read_text())  # what stays in the head: small
+    assert {"status", "progress", "configs", "results"}.isdisjoint(head)
+    assert set(head["early_stop"]) == {"asha"} and "records" not in head["early_stop"]["asha"]
 
 
 def test_logs_are_compacted_and_replaced_logs_deleted(tmp_path) -> None:
@@ -77,7 +96,8 @@ def test_logs_are_compacted_and_replaced_logs_deleted(tmp_path) -> None:
         state["results"]["c0"] = {"loss": float(i), "pad": "x" * 40}
         store.write_state(state)
     logs = sorted(p.name.split(".")[0] for p in (tmp_path / PARTS_DIR).iterdir())
-    assert logs == ["configs", "job_rows", "measurements", "results"]
+    assert logs == ["configs", "early_stop", "early_stop", "early_stop", "early_stop", "job_rows",
+                    "measurements", "progress", "results", "status"]  # fmt: skip
     live = len(json.dumps(state["results"]))
     results_log = next((tmp_path / PARTS_DIR).glob("results.*"))
     assert results_log.stat().st_size <= COMPACT_FACTOR * live * 2 + (1 << 16) + 200
@@ -128,3 +148,25 @@ def test_a_new_directory_renamed_into_place_keeps_its_logs(tmp_path) -> None:
     state["configs"].append({"config_id": "c6", "rank": 8})
     store.write_state(state)
     assert read_back(SweepStore(tmp_path / "sweep")) == as_json(state)
+
+
+def test_a_reader_whose_head_went_stale_reads_the_new_one(tmp_path) -> None:
+    """A writer's compaction deletes the log the head read just before named: the reader reads
+    the head again (``plora status`` on a live sweep), and a damaged log still raises."""
+    from plora.sweepdir.state_parts import assemble_live
+
+    store = SweepStore(tmp_path)
+    state = a_state(10, random.Random(6))
+    store.write_state(state)
+    stale = json.loads((tmp_path / "state.json").read_text())
+    for i in range(1500):  # churn until the results log is written anew and the old deleted
+        state["results"]["c0"] = {"loss": float(i), "pad": "x" * 40}
+        store.write_state(state)
+    current = json.loads((tmp_path / "state.json").read_text())
+    assert stale["parts"]["results"]["file"] != current["parts"]["results"]["file"]
+    whole = assemble_live(
+        tmp_path, stale, lambda: json.loads((tmp_path / "state.json").read_text())
+    )
+    assert {**whole, "sweepdir_version": 0} == {**as_json(state), "sweepdir_version": 0}
+    with pytest.raises(ValueError, match="state log"):
+        assemble_live(tmp_path, stale, lambda: stale)
