@@ -88,7 +88,7 @@ class AdapterEarlyStopper:
                 "asha": asha}  # fmt: skip
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        self._known = set(state["known"])  # a list in sweep directories before version 3
+        self._known = set(state["known"])  # a list in sweep directories before version 4
         self.stopped = {str(c): int(s) for c, s in state["stopped"].items()}
         asha = dict(state["asha"])
         if "records" in asha:

@@ -86,7 +86,7 @@ def test_saved_state_decides_exactly_as_the_uninterrupted_stopper() -> None:
     restored.set_state(json.loads(json.dumps(first.get_state())))  # through state.json
     after = _feed(restored, LOSSES, range(6, 13))
     assert reference and before + after == reference
-    # a sweep directory of before version 3 saved the rungs nested and the known configs listed
+    # a sweep directory of before version 4 saved the rungs nested and the known configs listed
     old = AdapterEarlyStopper(config)
     saved = {"known": sorted(first._known), "stopped": dict(first.stopped),
              "asha": inner_state(first.asha)}  # fmt: skip
