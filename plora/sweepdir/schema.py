@@ -70,8 +70,9 @@ class JobStatus(StrEnum):
 #: Version of this layout; bump it when a file or column changes meaning. 2: ``metrics.parquet``
 #: is a directory of parts (1: one file; read as it is, and made a directory on ``--resume``).
 #: 3: ``state.json``'s growing sections are logs in ``state.parts/`` (2 and 1: read as they are).
-#: 4: so are the configs' status and progress and the early stopper's, whose ASHA rungs are saved
-#: as one record per (bracket, rung, config) (3 and before: read as they are).
+#: 4: one log holds every section, the configs' status and progress and the early stopper's too,
+#: whose ASHA rungs are saved as one record per (bracket, rung, config) (3 and before: read as
+#: they are).
 SCHEMA_VERSION = 4
 
 SWEEP_YAML = "sweep.yaml"

@@ -1,20 +1,23 @@
-"""``state.json`` in parts: the sections that grow with the sweep as append-only logs.
+"""``state.json`` in parts: the sections that grow with the sweep in one append-only log.
 
 ``state.json`` (the *head*) is replaced atomically at every write, as before, but the sections
 that grow with the sweep -- :data:`SECTIONS`: the configs, their status, progress and results,
-the job attempts' rows, the step measurements and the early stopper's records -- live in ``DIR/state.parts/<section>.<token>.jsonl``, one JSON
-line per record (``[key, value]``, or ``[key]`` for a deleted key; the last line of a key wins),
-appended with only the records that changed since the last write. Rewriting the whole state at
-every driver-loop turn made a sweep's state writes quadratic in its size (99 -> 244 ms a write at
-2,000 configs, 6.3 MB: ``benchmarks/control_plane.py``).
+the job attempts' rows, the step measurements and the early stopper's records -- live in one
+log, ``DIR/state.parts/state.<token>.jsonl``: one JSON line per record (``[section, key,
+value]``, or ``[section, key]`` for a deleted key; the last line of a key wins), appended with
+only the records that changed since the last write and made durable with one ``fsync``.
+Rewriting the whole state at every driver-loop turn made a sweep's state writes quadratic in its
+size (99 -> 244 ms a write at 2,000 configs, 6.3 MB: ``benchmarks/control_plane.py``); a log
+per section paid an ``fsync`` per changed section.
 
-The head names each section's log and how many of its bytes count (``"parts"``); a reader takes
-the head, then that many bytes of each log, so lines appended after the last head (a driver
-killed between the two) are not seen, and a half-written line never is. A writer starts a new
-log (its records once each, under a new token, written atomically) at its first write and when
-a log holds more than :data:`COMPACT_FACTOR` times its live bytes; the head switches to it
-atomically and the logs it replaced are deleted after. A head without ``"parts"`` (a sweep
-directory written before) is the whole state.
+The head names the log, how many of its bytes count and which sections it holds (``"parts"``); a
+reader takes the head, then that many bytes of the log, so lines appended after the last head (a
+driver killed between the two) are not seen, and a half-written line never is. A writer starts a
+new log (its records once each, under a new token, written atomically) at its first write and
+when the log holds more than :data:`COMPACT_FACTOR` times its live bytes; the head switches to
+it atomically and the log it replaced is deleted after. A head without ``"parts"`` (a sweep
+directory written before) is the whole state; one whose parts name a log per section (layout
+version 3) is read as such.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 from plora.utils import atomic_write_text
 
-#: The sections kept as logs: a top-level key, or a key inside a top-level mapping.
+#: The sections kept in the log: a top-level key, or a key inside top-level mappings.
 SECTIONS: tuple[tuple[str, ...], ...] = (
     ("configs",),
     ("results",),
@@ -45,7 +48,7 @@ SECTIONS: tuple[tuple[str, ...], ...] = (
 
 PARTS_DIR = "state.parts"
 
-#: A log is written anew once it holds this many times the bytes of its live records.
+#: The log is written anew once it holds this many times the bytes of its live records.
 COMPACT_FACTOR = 3
 
 _MISSING = object()
@@ -65,28 +68,38 @@ def _holder(head: dict[str, Any], outer: tuple[str, ...]) -> dict[str, Any] | No
     return holder
 
 
-def _line(key: Any, *value: Any) -> str:
-    return json.dumps([key, *value], separators=(",", ":"), default=str) + "\n"
+def _line(*record: Any) -> str:
+    return json.dumps(list(record), separators=(",", ":"), default=str) + "\n"
+
+
+def _items(value: list[Any] | Mapping[str, Any]) -> list[tuple[Any, Any]]:
+    return list(enumerate(value)) if isinstance(value, list) else list(value.items())
 
 
 class _Log:
-    """One section's log as this writer last wrote it."""
+    """The log as this writer last wrote it."""
 
-    def __init__(self, file: str, kind: str) -> None:
+    def __init__(self, file: str) -> None:
         self.file = file  # its name in PARTS_DIR (the directory may be renamed: see root)
-        self.kind = kind  # "list" (keys are indices) or "dict"
         self.size = 0
-        self.live: dict[Any, int] = {}  # bytes of each key's last line
-        self.seen: dict[Any, Any] = {}  # a copy of each key's value as written
+        self.kinds: dict[str, str] = {}  # section -> "list" (keys are indices) or "dict"
+        self.live: dict[str, dict[Any, int]] = {}  # section -> bytes of each key's last line
+        self.seen: dict[str, dict[Any, Any]] = {}  # section -> a copy of each key's value
+
+    def record(self, name: str, key: Any, value: Any) -> str:
+        text = _line(name, key, value)
+        self.live.setdefault(name, {})[key] = len(text.encode())
+        self.seen.setdefault(name, {})[key] = copy.deepcopy(value)
+        return text
 
 
 class StateParts:
-    """Splits the state into the head and the section logs of one sweep directory."""
+    """Splits the state into the head and the log of one sweep directory."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         """The sweep directory now (the store sets it: a new directory is renamed into place)."""
-        self._logs: dict[str, _Log] = {}
+        self._log: _Log | None = None
         self._stale: set[str] = set()
 
     @property
@@ -94,49 +107,45 @@ class StateParts:
         return self.root / PARTS_DIR
 
     def split(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        """Append each section's changes to its log (durable on return) and return the head
-        to write: ``state`` without the sections, with ``"parts"`` naming the logs."""
+        """Append the sections' changes to the log (durable on return) and return the head to
+        write: ``state`` without the sections, with ``"parts"`` naming the log."""
         head = dict(state)
-        parts: dict[str, Any] = {}
+        sections: dict[str, list[Any] | Mapping[str, Any]] = {}
         for path in SECTIONS:
             holder = _holder(head, path[:-1])
-            if holder is None or not isinstance(holder.get(path[-1]), (list, Mapping)):
-                continue
-            name = ".".join(path)
-            parts[name] = self._write(name, holder.pop(path[-1]))
-        if parts:
-            head["parts"] = parts
+            if holder is not None and isinstance(holder.get(path[-1]), (list, Mapping)):
+                sections[".".join(path)] = holder.pop(path[-1])
+        if sections:
+            head["parts"] = self._write(sections)
         return head
 
     def written(self) -> None:
-        """The head naming the current logs is on disk: delete the logs it replaced."""
+        """The head naming the current log is on disk: delete the logs it replaced."""
         for file in self._stale:
             (self.dir / file).unlink(missing_ok=True)
         self._stale.clear()
 
-    def _write(self, name: str, value: list[Any] | Mapping[str, Any]) -> dict[str, Any]:
-        kind = "list" if isinstance(value, list) else "dict"
-        items = list(enumerate(value)) if isinstance(value, list) else list(value.items())
-        log = self._logs.get(name)
+    def _write(self, sections: Mapping[str, list[Any] | Mapping[str, Any]]) -> dict[str, Any]:
+        kinds = {n: "list" if isinstance(v, list) else "dict" for n, v in sections.items()}
+        log = self._log
+        live = 0 if log is None else sum(sum(b.values()) for b in log.live.values())
         if (
             log is None
-            or log.kind != kind
-            or log.size > COMPACT_FACTOR * sum(log.live.values()) + (1 << 16)
+            or any(log.kinds.get(n, k) != k for n, k in kinds.items())
+            or log.size > COMPACT_FACTOR * live + (1 << 16)
         ):
-            log = self._fresh(name, kind, items)
+            log = self._fresh(sections)
         else:
             lines = []
-            for key, v in items:
-                if log.seen.get(key, _MISSING) != v:
-                    text = _line(key, v)
-                    lines.append(text)
-                    log.live[key] = len(text.encode())
-                    log.seen[key] = copy.deepcopy(v)
-            keep = {k for k, _ in items}
-            for key in [k for k in log.seen if k not in keep]:
-                del log.seen[key], log.live[key]
-                if kind == "dict":
-                    lines.append(_line(key))
+            for name, value in sections.items():
+                items = _items(value)
+                seen = log.seen.setdefault(name, {})
+                lines += [log.record(name, k, v) for k, v in items if seen.get(k, _MISSING) != v]
+                keep = {k for k, _ in items}
+                for key in [k for k in seen if k not in keep]:
+                    del seen[key], log.live[name][key]
+                    lines.append(_line(name, key))
+            log.kinds.update(kinds)
             if lines:
                 data = "".join(lines).encode()
                 with open(self.dir / log.file, "ab") as f:
@@ -144,67 +153,75 @@ class StateParts:
                     f.flush()
                     os.fsync(f.fileno())
                 log.size += len(data)
-        out: dict[str, Any] = {"file": f"{PARTS_DIR}/{log.file}", "bytes": log.size}
-        if kind == "list":
-            out["count"] = len(items)
-        return out
+        held = {n: {"count": len(v)} if isinstance(v, list) else {} for n, v in sections.items()}
+        return {"file": f"{PARTS_DIR}/{log.file}", "bytes": log.size, "sections": held}
 
-    def _fresh(self, name: str, kind: str, items: list[tuple[Any, Any]]) -> _Log:
-        """A new log holding ``items`` once each (written atomically)."""
+    def _fresh(self, sections: Mapping[str, list[Any] | Mapping[str, Any]]) -> _Log:
+        """A new log holding the sections' records once each (written atomically)."""
         self.dir.mkdir(exist_ok=True)
-        old = self._logs.get(name)
-        if old is not None:
-            self._stale.add(old.file)
-        else:  # this writer's first: every log of the section left by an earlier writer goes
-            self._stale.update(p.name for p in self.dir.glob(f"{name}.*.jsonl"))
-        log = _Log(f"{name}.{secrets.token_hex(4)}.jsonl", kind)
-        lines = []
-        for key, v in items:
-            text = _line(key, v)
-            lines.append(text)
-            log.live[key] = len(text.encode())
-            log.seen[key] = copy.deepcopy(v)
-        text = "".join(lines)
+        if self._log is not None:
+            self._stale.add(self._log.file)
+        else:  # this writer's first: every log left by an earlier writer goes
+            self._stale.update(p.name for p in self.dir.glob("*.jsonl"))
+        log = _Log(f"state.{secrets.token_hex(4)}.jsonl")
+        text = "".join(
+            log.record(name, k, v) for name, value in sections.items() for k, v in _items(value)
+        )
+        log.kinds = {n: "list" if isinstance(v, list) else "dict" for n, v in sections.items()}
         atomic_write_text(self.dir / log.file, text)
         log.size = len(text.encode())
         self._stale.discard(log.file)
-        self._logs[name] = log
+        self._log = log
         return log
 
 
 def assemble(root: Path, head: Mapping[str, Any]) -> dict[str, Any]:
-    """The whole state from its head and the logs it names (a head without ``"parts"`` is
-    the whole state). ValueError when a log is missing or shorter than the head says."""
+    """The whole state from its head and the log it names (a head without ``"parts"`` is the
+    whole state; layout version 3 named a log per section). ValueError when a log is missing
+    or shorter than the head says."""
     state = dict(head)
     parts = state.pop("parts", None)
     if not parts:
         return state
-    for name, ref in parts.items():
-        path = Path(root) / ref["file"]
-        try:
-            with open(path, "rb") as f:
-                data = f.read(int(ref["bytes"]))
-        except OSError as e:
-            raise ValueError(f"{path}: state log unreadable ({e})") from None
-        if len(data) != int(ref["bytes"]):
-            raise ValueError(
-                f"{path}: state log holds {len(data)} bytes, state.json names {ref['bytes']}"
-            )
-        records: dict[Any, Any] = {}
-        for line in data.decode().splitlines():
-            rec = json.loads(line)
-            if len(rec) == 1:
-                records.pop(rec[0], None)
-            else:
-                records[rec[0]] = rec[1]
-        value: Any
-        value = [records[i] for i in range(int(ref["count"]))] if "count" in ref else records
+    if "file" in parts:  # one log, its lines [section, key, value?]
+        sections = parts["sections"]
+        found = _read_log(Path(root) / parts["file"], int(parts["bytes"]), tagged=True)
+    else:  # layout version 3: a log per section, its lines [key, value?]
+        sections, found = parts, {}
+        for name, ref in parts.items():
+            log = _read_log(Path(root) / ref["file"], int(ref["bytes"]), tagged=False)
+            found[name] = log.get("", {})
+    for name, ref in sections.items():
+        records = found.get(name, {})
+        count = ref.get("count")
+        value = [records[i] for i in range(int(count))] if count is not None else records
         *outer, last = name.split(".")
         holder = state
         for key in outer:
             holder[key] = holder = dict(holder.get(key) or {})
         holder[last] = value
     return state
+
+
+def _read_log(path: Path, size: int, *, tagged: bool) -> dict[str, dict[Any, Any]]:
+    """The first ``size`` bytes of a log as records by section (untagged lines: section "")."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(size)
+    except OSError as e:
+        raise ValueError(f"{path}: state log unreadable ({e})") from None
+    if len(data) != size:
+        raise ValueError(f"{path}: state log holds {len(data)} bytes, state.json names {size}")
+    out: dict[str, dict[Any, Any]] = {}
+    for line in data.decode().splitlines():
+        rec = json.loads(line)
+        name, rec = (rec[0], rec[1:]) if tagged else ("", rec)
+        records = out.setdefault(name, {})
+        if len(rec) == 1:
+            records.pop(rec[0], None)
+        else:
+            records[rec[0]] = rec[1]
+    return out
 
 
 def assemble_live(

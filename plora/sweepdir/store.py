@@ -56,6 +56,7 @@ class SweepStore:
         self._state_parts = StateParts(self.root)
         self._metrics_buffer: list[dict[str, Any]] = []
         self._tables: dict[str, list[dict[str, Any]]] = {}  # jobs / results as last written
+        self._stored_rows: dict[Any, tuple[Path, dict[str, Any], dict[str, Any]]] = {}
         self.curves: RowFeed | None = None
         """The live curves (``DIR/tensorboard/``, MLflow, W&B: :mod:`plora.curves`): told every
         metric and result row written here; None: none."""
@@ -186,7 +187,7 @@ class SweepStore:
         again."""
         import pandas as pd
 
-        stored = self._changed("results", (self._paths(r, stored=True) for r in rows))
+        stored = self._changed("results", (self._stored_row(r.get("config_id"), r) for r in rows))
         if stored is None:
             return
         _write_parquet(self.results_parquet, pd.DataFrame(stored))
@@ -222,12 +223,24 @@ class SweepStore:
             results = state["results"]
             state = {
                 **state,
-                "results": {c: self._paths(r, stored=True) for c, r in results.items()},
+                "results": {c: self._stored_row(c, r) for c, r in results.items()},
             }
         self._state_parts.root = self.root  # a new directory is renamed into place
         head = self._state_parts.split(state)  # the growing sections: appended to their logs
         atomic_write_json(self.state_json, {**head, "sweepdir_version": schema.SCHEMA_VERSION})
         self._state_parts.written()
+
+    def _stored_row(self, key: Any, row: Mapping[str, Any]) -> dict[str, Any]:
+        """``row`` with its paths stored relative (:meth:`_paths`), converted once per change:
+        each state write holds every result, and converting them all again each time was most
+        of a write at 2,000 configs."""
+        hit = self._stored_rows.get(key)
+        if hit is not None and hit[0] == self.root and hit[1] == row:
+            return hit[2]
+        stored = self._paths(row, stored=True)
+        if key is not None:
+            self._stored_rows[key] = (self.root, copy.deepcopy(dict(row)), stored)
+        return stored
 
     def _paths(self, row: Mapping[str, Any], *, stored: bool) -> dict[str, Any]:
         """``row`` with its paths inside the directory as stored (relative) or resolved."""
