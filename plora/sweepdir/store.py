@@ -200,10 +200,10 @@ class SweepStore:
         """``rows`` as a list, or None when equal to the ``table`` rows this store last wrote:
         the driver persists at each metrics flush, and most flushes change neither table, whose
         rewrite grew with the sweep (``benchmarks/control_plane.py``)."""
-        new = [dict(r) for r in rows]
+        new = [_row_copy(r) for r in rows]
         if self._tables.get(table) == new:
             return None
-        self._tables[table] = copy.deepcopy(new)
+        self._tables[table] = new
         return new
 
     def close_curves(self) -> None:
@@ -320,6 +320,12 @@ class SweepStore:
         if not self.plan_json.is_file():
             return None
         return json.loads(self.plan_json.read_text())
+
+
+def _row_copy(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` copied so that later changes to the caller's row (nested lists too) do not
+    change it; scalars are shared (a deep copy of each row was most of a write)."""
+    return {k: copy.deepcopy(v) if isinstance(v, (list, dict)) else v for k, v in row.items()}
 
 
 def _write_parquet(path: Path, df: pd.DataFrame) -> None:

@@ -52,6 +52,7 @@ class AdapterEarlyStopper:
             stop_last_trials=False,
         )
         self._known: set[str] = set()
+        self._keys: dict[tuple[int, int, str], str] = {}
         self.stopped: dict[str, int] = {}
         """Config id -> the step at which it was stopped."""
 
@@ -79,13 +80,22 @@ class AdapterEarlyStopper:
             brackets = asha.pop("rungs")
             asha["milestones"] = [[m for m, _ in rungs] for rungs in brackets]
             asha["records"] = {
-                json.dumps([b, i, t]): v
+                self._record_key(b, i, t): v
                 for b, rungs in enumerate(brackets)
                 for i, (_, rec) in enumerate(rungs)
                 for t, v in rec.items()
             }
         return {"known": dict.fromkeys(self._known, 1), "stopped": dict(self.stopped),
                 "asha": asha}  # fmt: skip
+
+    def _record_key(self, bracket: int, rung: int, trial: str) -> str:
+        """A record's key in the saved state, ``[bracket, rung, trial]`` as JSON (made once:
+        the state is saved at every write of the sweep directory)."""
+        key = (bracket, rung, trial)
+        text = self._keys.get(key)
+        if text is None:
+            text = self._keys[key] = json.dumps(list(key))
+        return text
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         self._known = set(state["known"])  # a list in sweep directories before version 4

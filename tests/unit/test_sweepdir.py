@@ -146,3 +146,29 @@ def test_a_copied_sweep_dir_names_its_own_adapters(tmp_path) -> None:
     state = SweepStore(copy).read_state()  # what --resume continues from
     assert {c: r["adapter_path"] for c, r in state["results"].items()} == paths
     assert SweepStore(copy).read_results()["adapter_path"].tolist() == list(paths.values())
+
+
+def test_results_and_jobs_are_written_again_only_when_their_rows_changed(tmp_path, monkeypatch):
+    """Most persists are metric flushes that change neither table; a changed row (a nested
+    value changed in place too) is written, and reads back as given."""
+    import pandas as pd
+
+    import plora.sweepdir.store as store_mod
+
+    writes: list[str] = []
+    real = store_mod._write_parquet
+    monkeypatch.setattr(store_mod, "_write_parquet",
+                        lambda path, df: (writes.append(path.name), real(path, df)))  # fmt: skip
+    store = SweepStore(tmp_path)
+    row = {"config_id": "c0", "status": "done", "eval_loss": 0.5, "tags": ["a"]}
+    job = {"job_id": "j0", "attempt": 0, "start": 0.0}
+    for _ in range(3):
+        store.write_results([row])
+        store.write_jobs([job])
+    assert writes == ["results.parquet", "jobs.parquet"]
+    row["tags"].append("b")  # changed in place: seen
+    store.write_results([row])
+    job["status"] = "done"
+    store.write_jobs([job])
+    assert writes[2:] == ["results.parquet", "jobs.parquet"]
+    assert pd.read_parquet(tmp_path / "results.parquet")["tags"][0].tolist() == ["a", "b"]
