@@ -38,7 +38,10 @@ def within_capacity(used: float, capacity: float) -> bool:
 class CostModel(Protocol):
     """What the planner needs to know about a job ``(pack, d, strategy)``.
 
-    All memory in bytes *per GPU*; all times in seconds.
+    All memory in bytes *per GPU*; all times in seconds. Optional: ``price_key(config)``, a
+    hashable that equal configs share when every method prices them alike (None: price this
+    one on its own); the planner then prices one config per key
+    (:func:`plora.planner.ilp.build_classes`).
     """
 
     def base_memory(self, d: int, strategy: Strategy) -> float:
