@@ -134,7 +134,7 @@ class StateParts:
             or any(log.kinds.get(n, k) != k for n, k in kinds.items())
             or log.size > COMPACT_FACTOR * live + (1 << 16)
         ):
-            log = self._fresh(sections)
+            log = self._fresh(sections, kinds)
         else:
             lines = []
             for name, value in sections.items():
@@ -156,8 +156,11 @@ class StateParts:
         held = {n: {"count": len(v)} if isinstance(v, list) else {} for n, v in sections.items()}
         return {"file": f"{PARTS_DIR}/{log.file}", "bytes": log.size, "sections": held}
 
-    def _fresh(self, sections: Mapping[str, list[Any] | Mapping[str, Any]]) -> _Log:
-        """A new log holding the sections' records once each (written atomically)."""
+    def _fresh(
+        self, sections: Mapping[str, list[Any] | Mapping[str, Any]], kinds: dict[str, str]
+    ) -> _Log:
+        """A new log holding the sections' records once each (written atomically); ``kinds``:
+        each section's, as :meth:`_write` found them."""
         self.dir.mkdir(exist_ok=True)
         if self._log is not None:
             self._stale.add(self._log.file)
@@ -167,7 +170,7 @@ class StateParts:
         text = "".join(
             log.record(name, k, v) for name, value in sections.items() for k, v in _items(value)
         )
-        log.kinds = {n: "list" if isinstance(v, list) else "dict" for n, v in sections.items()}
+        log.kinds = kinds
         atomic_write_text(self.dir / log.file, text)
         log.size = len(text.encode())
         self._stale.discard(log.file)

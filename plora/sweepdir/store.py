@@ -239,7 +239,7 @@ class SweepStore:
             return hit[2]
         stored = self._paths(row, stored=True)
         if key is not None:
-            self._stored_rows[key] = (self.root, copy.deepcopy(dict(row)), stored)
+            self._stored_rows[key] = (self.root, _row_copy(row), stored)
         return stored
 
     def _paths(self, row: Mapping[str, Any], *, stored: bool) -> dict[str, Any]:
