@@ -16,7 +16,7 @@ from plora.config.fused import FusedKernels
 from plora.config.hardware import SUPPORTED_STRATEGIES, Strategy
 from plora.config.validate import as_bool, as_choice, as_float, as_int, as_switch
 
-#: Knapsack backends of the planner (``plora.planner.ilp.SOLVERS``).
+#: Knapsack backends of the planner (``plora.planner.solver.SOLVERS``).
 PLANNER_SOLVERS: tuple[str, ...] = ("auto", "bnb", "highs", "cvxpy", "gurobi")
 #: The environment variable that turns ``training.cuda_graphs: auto`` off (``0``/``off``/``false``/``no``).
 CUDA_GRAPHS_ENV = "PLORA_CUDA_GRAPHS"

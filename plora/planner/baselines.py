@@ -38,12 +38,12 @@ from plora.planner.groups import Groups
 from plora.planner.ilp import (
     ClassTable,
     DegreeCosts,
-    KnapsackSolver,
     Pack,
     build_classes,
     make_pack,
     solve_pack,
 )
+from plora.planner.solver import KnapsackSolver
 from plora.planner.timeline import Start, check_feasible, to_jobs
 from plora.planner.types import Baseline, Objective, Plan
 

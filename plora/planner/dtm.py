@@ -41,7 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from plora.cost import within_capacity
-from plora.planner.ilp import ClassTable, DegreeCosts, KnapsackSolver, Pack, make_pack, solve_pack
+from plora.planner.ilp import ClassTable, DegreeCosts, Pack, make_pack, solve_pack
+from plora.planner.solver import KnapsackSolver
 
 _TOL = 1e-12
 _UNPRICED = object()  # a pack not yet in DTM._made

@@ -47,9 +47,10 @@ from plora.planner.baselines import min_gpu_starts
 from plora.planner.bounds import lower_bound, ratio_bound
 from plora.planner.dtm import DTM
 from plora.planner.groups import Groups
-from plora.planner.ilp import ClassTable, KnapsackSolver, build_classes
+from plora.planner.ilp import ClassTable, build_classes
 from plora.planner.micro import consolidated
 from plora.planner.offload import offload_note
+from plora.planner.solver import KnapsackSolver
 from plora.planner.timeline import Start, check_feasible, rebalance, to_jobs
 from plora.planner.types import Job, Objective, Plan
 

@@ -146,7 +146,7 @@ def test_planner_options_strategies() -> None:
     assert opts.strategies == (Strategy.TP, Strategy.FSDP)
     assert "strategies='tp'" in error_of(PlannerOptions, strategies="tp")
     assert "solver='cplex'" in error_of(PlannerOptions, solver="cplex")
-    from plora.planner.ilp import SOLVERS
+    from plora.planner.solver import SOLVERS
 
     assert set(PLANNER_SOLVERS) == set(SOLVERS)
 

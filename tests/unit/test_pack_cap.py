@@ -21,8 +21,8 @@ from plora.cost import Strategy
 from plora.planner import Baseline, baseline_plan, plan_sweep, replan
 from plora.planner import knapsack as kn
 from plora.planner import knapsack_milp as milp
-from plora.planner.ilp import KnapsackSolver
 from plora.planner.options import SweepPlanner
+from plora.planner.solver import KnapsackSolver
 from plora.planner.synthetic import AffineCostModel
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.records import Decision

@@ -24,7 +24,8 @@ from plora.planner import plan_sweep, replan
 from plora.planner.baselines import min_gpu_starts
 from plora.planner.dtm import DTM
 from plora.planner.groups import Groups
-from plora.planner.ilp import KnapsackSolver, build_classes
+from plora.planner.ilp import build_classes
+from plora.planner.solver import KnapsackSolver
 from plora.planner.synthetic import AffineCostModel
 from plora.planner.timeline import Start
 

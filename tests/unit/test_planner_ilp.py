@@ -18,7 +18,8 @@ from plora.cost import Strategy
 from plora.planner import Objective, plan_sweep
 from plora.planner import knapsack as kn
 from plora.planner import knapsack_milp as milp
-from plora.planner.ilp import KnapsackSolver, build_classes, solve_pack
+from plora.planner.ilp import build_classes, solve_pack
+from plora.planner.solver import KnapsackSolver
 from plora.planner.synthetic import AffineCostModel
 from plora.planner.types import MEM_RTOL, call_strategy
 

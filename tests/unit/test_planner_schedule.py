@@ -16,7 +16,8 @@ from plora.cost import Strategy
 from plora.planner import Baseline, Job, NoFeasibleJobError, Plan, baseline_plan, plan_sweep, replan
 from plora.planner.bounds import ratio_bound
 from plora.planner.dtm import DTM
-from plora.planner.ilp import KnapsackSolver, build_classes
+from plora.planner.ilp import build_classes
+from plora.planner.solver import KnapsackSolver
 from plora.planner.synthetic import AffineCostModel
 from plora.planner.types import call_strategy
 
