@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from plora.config import ConfigError
 from plora.engine import pause
 from plora.engine.api import (
     AdapterStatus,
@@ -37,6 +38,7 @@ from plora.engine.api import (
 )
 from plora.engine.checkpoint import TRAIN_STATE, save_train_state
 from plora.engine.reports import StepMetrics, StepProfile
+from plora.sweepdir.store import SweepStore
 from plora.utils import atomic_write_json
 
 LOADS = 0
@@ -172,18 +174,33 @@ class PackFnEngine:
 
     def _hold(self, hooks: PackHooks, request: PackRequest, state: dict, cfgs: dict) -> None:
         """Wait at step ``hold_at`` (obeying control) until a config joins the pack, or another
-        pack paused a config while this one paused none, or every config here has left, or
-        ``hold_s`` passed: a test that needs a pack alive when the coordinator refills the slot
-        of a paused config waits for those events, not for a step time."""
+        pack paused a config while this one paused none, or every config here has left, or no
+        config of the sweep is queued (no refill can come), or ``hold_s`` passed: a test that
+        needs a pack alive when the coordinator refills the slot of a paused config waits for
+        those events, not for a step time."""
         deadline = time.monotonic() + self.hold_s
         paused = Path(request.out_dir) / pause.PAUSED_DIR
+        queue_checked = 0.0
         while time.monotonic() < deadline and any(s["status"] == "running" for s in state.values()):
             if self._obey(hooks, request, state, cfgs):
                 return
             mine = any(s["status"] == "paused" for s in state.values())
             if not mine and paused.is_dir() and any(paused.iterdir()):
                 return
+            if time.monotonic() - queue_checked > 0.2:
+                queue_checked = time.monotonic()
+                if _queue_empty(request.out_dir):
+                    return
             time.sleep(0.01)
+
+
+def _queue_empty(root: str) -> bool:
+    """Whether the sweep directory ``root`` says no config is queued (False while unreadable)."""
+    try:
+        status = SweepStore(root).read_state().get("status", {})
+    except ConfigError:  # not written yet: no answer, keep waiting
+        return False
+    return bool(status) and "queued" not in status.values()
 
 
 def _claim(path: str, job_id: str) -> bool:
@@ -207,8 +224,11 @@ def _start(c, out_dir: str) -> dict:
 
 
 class RefillingEngine(PackFnEngine):
-    """Packs wait at step 8 for a refill (see ``PackFnEngine._hold``; up to 120 s): a config
-    paused while others are queued has its slot refilled before its pack could end without it."""
+    """Packs wait at step 16 for a refill (see ``PackFnEngine._hold``; up to 300 s, a guard: the
+    hold ends at an event): a config paused while others are queued has its slot refilled
+    before its pack could end without it, however late Tune's pause arrives. Step 16 is the
+    first milestone of the test's HyperBand (max_t 64, reduction factor 4): a hold short of
+    it waits for a pause that cannot come until the pack steps on."""
 
-    hold_at = 8
-    hold_s = 120.0
+    hold_at = 16
+    hold_s = 300.0
