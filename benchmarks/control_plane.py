@@ -69,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="simulated milliseconds of one step of one median config")  # fmt: skip
     p.add_argument("--kill-at", type=float, default=0.3,
                    help="kill a worker node once this fraction of configs finished (0: never)")  # fmt: skip
+    p.add_argument("--object-store-mb", type=int, default=0,
+                   help="each node's object store in MiB (0: Ray's default, 30%% of memory a "
+                        "node: many nodes on one machine need a small one)")  # fmt: skip
+    p.add_argument("--snapshot-s", type=float, default=0.0,
+                   help="also write the report so far to JSON.partial this often (a run cut "
+                        "short by a time limit still tells what it measured; 0: never)")  # fmt: skip
     p.add_argument("--no-early-stop", action="store_true", help="train every config to the end")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="sweep directory (default: a temp dir)")
@@ -141,7 +147,7 @@ def start_cluster(args: argparse.Namespace, scale: float) -> Any:
     import ray
     from ray.cluster_utils import Cluster
 
-    node = {"num_cpus": args.cpus_per_node, "num_gpus": args.gpus_per_node}
+    node = node_args(args)
     cluster = Cluster(initialize_head=True, head_node_args=node)
     try:
         forget_address(cluster)
@@ -156,6 +162,25 @@ def start_cluster(args: argparse.Namespace, scale: float) -> Any:
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": env})  # fmt: skip
     return cluster
+
+
+def node_args(args: argparse.Namespace) -> dict[str, Any]:
+    """One node's resources (``Cluster.add_node``'s keywords)."""
+    node: dict[str, Any] = {"num_cpus": args.cpus_per_node, "num_gpus": args.gpus_per_node}
+    if args.object_store_mb:
+        node["object_store_memory"] = args.object_store_mb * 2**20
+    return node
+
+
+def snapshots(probe: Any, path: Path, every_s: float) -> None:
+    """Write ``probe``'s report so far to ``path`` every ``every_s`` seconds until the sweep
+    ends (atomically: a reader never sees half a file)."""
+    while not probe.done.wait(every_s):
+        report = {"title": TITLE, "partial": True, "elapsed_s": probe.elapsed(),
+                  "finished": probe.finished(), **probe.report()}  # fmt: skip
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1))
+        os.replace(tmp, path)
 
 
 def run_with_killer(
@@ -186,7 +211,7 @@ def run_with_killer(
             killed["node"] = node.node_id[:12]
             cluster.remove_node(node, allow_graceful=False)
             time.sleep(5.0)
-            cluster.add_node(num_cpus=args.cpus_per_node, num_gpus=args.gpus_per_node)
+            cluster.add_node(**node_args(args))
             killed["replaced_at_s"] = probe.elapsed()
     if "error" in box:
         raise box["error"]
@@ -306,6 +331,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cluster = start_cluster(args, scale)
     probe = Probe(total=len(configs))
     probe.install()
+    if args.snapshot_s > 0 and args.json is not None:
+        partial = args.json.with_name(args.json.name + ".partial")
+        threading.Thread(
+            target=snapshots, args=(probe, partial, args.snapshot_s), daemon=True
+        ).start()
     options = RunOptions(engine=SimEngine, record_profile=False, checkpoint_every=20)
     try:
         summary, killed = run_with_killer(cluster, probe, args, lambda: run_sweep(
