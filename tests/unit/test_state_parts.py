@@ -92,6 +92,38 @@ def test_every_write_reads_back_whole_and_appends_only_what_changed(tmp_path) ->
     assert set(head["early_stop"]) == {"asha"} and "records" not in head["early_stop"]["asha"]
 
 
+def test_a_change_made_in_place_is_never_missed(tmp_path) -> None:
+    """The same state object, changed in place between writes (a nested value, a key deleted, a
+    list cut short, a record replaced by an equal one): each write reads back as the state."""
+    rng = random.Random(2)
+    store = SweepStore(tmp_path)
+    state = a_state(40, rng)
+    changes = [
+        lambda s: s["results"]["c4"].update(loss=0.25),
+        lambda s: s["configs"][7].update(rank=64),
+        lambda s: s["configs"][3].setdefault("targets", []).append("q_proj"),
+        lambda s: s["configs"][3]["targets"].append("v_proj"),
+        lambda s: s["status"].pop("c9"),
+        lambda s: s["progress"].update(c1=s["progress"]["c1"] + 1, c2=0),
+        lambda s: s["job_rows"].pop(),
+        lambda s: s["job_rows"].pop(0),
+        lambda s: s["measurements"]["steps"].clear(),
+        lambda s: s["measurements"]["steps"].append({"s": 0}),
+        lambda s: s["results"].update(c6=dict(s["results"]["c6"])),  # equal: nothing to write
+        lambda s: s["early_stop"]["asha"]["records"].clear(),
+        lambda s: s["early_stop"]["stopped"].update(c1=11),
+        lambda s: s["results"].pop("c0"),
+        lambda s: s["results"].update(c0={"loss": 0.5}),  # back: written again
+    ]
+    store.write_state(state)
+    for i, change in enumerate(changes):
+        change(state)
+        store.write_state(state)
+        assert read_back(store) == as_json(state), i
+        log = store._state_parts._log
+        assert log is not None and log.live_bytes == sum(sum(b.values()) for b in log.live.values())
+
+
 def test_logs_are_compacted_and_replaced_logs_deleted(tmp_path) -> None:
     """Churn on one record compacts its log (bounded size); only the current logs remain."""
     store = SweepStore(tmp_path)

@@ -172,3 +172,46 @@ def test_results_and_jobs_are_written_again_only_when_their_rows_changed(tmp_pat
     store.write_jobs([job])
     assert writes[2:] == ["results.parquet", "jobs.parquet"]
     assert pd.read_parquet(tmp_path / "results.parquet")["tags"][0].tolist() == ["a", "b"]
+
+
+def test_results_are_rewritten_amortized_and_whole_at_a_flush(tmp_path, monkeypatch):
+    """``results.parquet`` is rewritten once an eighth of its rows changed (or its last write
+    went stale); the rows in between are in ``state.json`` at once, and a flush (the sweep's
+    end) writes the table whole. A row changed in place, one gone and one new all count."""
+    import plora.sweepdir.store as store_mod
+
+    writes: list[int] = []
+    real = store_mod._write_parquet
+    monkeypatch.setattr(store_mod, "_write_parquet",
+                        lambda path, df: (writes.append(len(df)), real(path, df)))  # fmt: skip
+    store = SweepStore(tmp_path)
+    rows = [{"config_id": f"c{i}", "status": "done", "tags": ["a"]} for i in range(16)]
+    store.write_results(rows)
+    assert writes == [16]
+    rows[3]["tags"].append("b")  # 1 of 16 changed: the table waits
+    store.write_results(rows)
+    store.write_state({"results": {r["config_id"]: r for r in rows}})
+    assert writes == [16]
+    assert store.read_state()["results"]["c3"]["tags"] == ["a", "b"]
+    rows.pop(0)  # 2 of 16: an eighth, written
+    store.write_results(rows)
+    assert writes == [16, 15]
+    rows.append({"config_id": "c16", "status": "running", "tags": []})
+    store.write_results(rows)
+    store.write_results(rows)
+    store.flush_results()
+    store.flush_results()  # nothing changed since: not written again
+    assert writes == [16, 15, 16]
+    assert store.read_results().set_index("config_id").loc["c16", "status"] == "running"
+    rows[0]["status"] = "failed"
+    store.write_results(rows)
+    store.flush_results(force=False)  # not due yet
+    assert writes == [16, 15, 16]
+    monkeypatch.setattr(store_mod, "RESULTS_STALE_S", 0.0)  # the last write is stale: written
+    monkeypatch.setattr(store_mod, "RESULTS_STALE_FACTOR", 0)
+    store.flush_results(force=False)
+    assert writes == [16, 15, 16, 16]
+    assert store.read_results().set_index("config_id").loc["c1", "status"] == "failed"
+    rows[1]["status"] = "failed"
+    store.write_results(rows)
+    assert writes == [16, 15, 16, 16, 16]

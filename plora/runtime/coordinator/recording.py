@@ -9,12 +9,14 @@ memory (``decisions``, ``job_rows``).
   appends a :class:`~plora.runtime.records.DecisionRecord` to ``decisions`` and
   ``decisions.jsonl``;
 * :func:`record_metrics` buffers ``metrics.parquet`` rows and flushes them -- with a fresh
-  ``state.json`` -- at most every ``metrics_flush_s``; :func:`flush_metrics` flushes now;
+  ``state.json``, and ``results.parquet`` if its write is due -- at most every
+  ``metrics_flush_s``; :func:`flush_metrics` flushes now;
 * :func:`note_redone` logs the steps an attempt trains again (their rows replace the earlier
   attempt's in ``metrics.parquet``);
 * :func:`record_job` replaces or adds a job attempt's ``jobs.parquet`` row;
 * :func:`persist` writes everything: metrics, jobs, results, state -- once, when the events of
-  a :func:`batched` block are handled.
+  a :func:`batched` block are handled (``results.parquet`` amortized, whole when the sweep is
+  done: :meth:`~plora.sweepdir.store.SweepStore.write_results`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def record_metrics(state: CoordinatorState, rows: list[dict[str, Any]], *, now: 
     if now - journal.last_flush >= journal.flush_s:
         journal.store.flush_metrics()
         journal.store.write_state(state.get_state())
+        journal.store.flush_results(force=False)  # results.parquet: when its write is due
         journal.last_flush = now
 
 
@@ -102,7 +105,8 @@ def persist(state: CoordinatorState) -> None:
     journal.store.flush_metrics()
     journal.last_flush = state.now()
     journal.store.write_jobs(journal.job_rows)
-    journal.store.write_results([results[c] for c in state.configs.by_id if c in results])
+    rows = [results[c] for c in state.configs.by_id if c in results]
+    journal.store.write_results(rows, flush=state.is_done())  # the whole table at the end
     journal.store.write_state(state.get_state())
 
 
