@@ -13,7 +13,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from runtime_fakes import AffineCost, Clock, finish, lora, make, outcome, report
+from runtime_fakes import AffineCost, Clock, finish, lora, make, outcome, report, run_to_end
 
 from plora.runtime.coordinator import Coordinator
 from plora.runtime.coordinator.costs import describe_cost
@@ -229,3 +229,49 @@ def test_the_replan_guard_property_saw_both_choices() -> None:
     if not CHOICES:
         test_replan_never_adopts_a_schedule_it_predicts_slower()
     assert sorted(CHOICES) == ["candidate", "current"]
+
+
+def test_a_slow_replan_is_paced_and_the_plan_in_force_keeps_the_gpus_busy(monkeypatch) -> None:
+    """A re-plan of REPLAN_HOLD_S or more waits REPLAN_SPACING times its length after the
+    last one (jobs of the plan in force start meanwhile), then runs with the trigger that made
+    it due; every config is still trained once."""
+    from plora.runtime.coordinator import scheduling
+
+    mono = Clock()  # the driver's own time, which plans are paced by
+    monkeypatch.setattr(scheduling.time, "monotonic", lambda: mono.t)
+    coord, clock = make([lora(i, rank=64) for i in range(8)], gpus=2)  # one config per job
+    planner = coord.state.planner
+    plan_sweep, replan = planner.plan_sweep, planner.replan
+
+    def slow(fn):
+        def run(*a, **k):
+            mono.t += 2.0  # each plan takes 2 s
+            return fn(*a, **k)
+
+        return run
+
+    monkeypatch.setattr(planner, "plan_sweep", slow(plan_sweep))
+    monkeypatch.setattr(planner, "replan", slow(replan))
+    launches = coord.start()
+    assert len(launches) == 2 and coord.state.plans.spent_s == 2.0
+    (nxt,) = finish(coord, launches[0])  # due, held: the plan in force starts its next job
+    assert coord.plan_held() and nxt.gpu_ids == launches[0].gpu_ids
+    assert not any(d.kind is Decision.REPLAN for d in coord.decisions)
+    mono.t += 7.0  # 7 s after the last plan ended: less than 4 x 2 s
+    assert coord.tick() == [] and coord.plan_held()
+    mono.t += 1.0
+    more = coord.tick()
+    (replan_record,) = [d for d in coord.decisions if d.kind is Decision.REPLAN]
+    assert replan_record.inputs["trigger"] == f"job {launches[0].job_id} done"
+    assert not coord.plan_held()
+    every = [*launches[:1], *run_to_end(coord, clock, [launches[1], nxt, *more])]
+    trained = [c for s in every for c in s.config_ids]
+    assert sorted(trained) == sorted(coord.configs) and coord.is_done()
+
+
+def test_a_fast_replan_runs_at_every_job_end() -> None:
+    coord, _ = make([lora(i, rank=64) for i in range(6)], gpus=2)
+    launches = coord.start()
+    finish(coord, launches[0])
+    assert not coord.plan_held()
+    assert sum(d.kind is Decision.REPLAN for d in coord.decisions) == 1

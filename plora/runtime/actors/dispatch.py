@@ -138,7 +138,11 @@ class Dispatcher:
                 launches += self._finish(refs[ref])
             # configs registered from outside (Tune proxy trials) are asked while jobs run, too
             outside = getattr(self.coord.source, "has_waiting", None)
-            if (not refs and not ready) or (callable(outside) and outside()):
+            if (
+                (not refs and not ready)
+                or (callable(outside) and outside())
+                or self.coord.plan_held()  # a paced re-plan: due once its wait is over
+            ):
                 launches += self.coord.tick()  # a waiting searcher may have configs now
                 if (not launches and not self.coord.running and not self.coord.is_done()
                         and not callable(outside)):  # fmt: skip

@@ -219,8 +219,14 @@ class Coordinator:
         return self._schedule(trigger="start")
 
     def tick(self) -> list[JobSpec]:
-        """Nothing ended, nothing runs: ask a waiting searcher again and launch what it gives."""
+        """Nothing ended, nothing runs (or a re-plan was held back): ask a waiting searcher
+        again, plan if due, and launch what comes of it."""
         return self._schedule(trigger="tick")
+
+    def plan_held(self) -> bool:
+        """Whether a due re-plan is held back (:func:`.scheduling.plan_held`): the driver calls
+        :meth:`tick` while jobs run, and it plans once the wait is over."""
+        return bool(self.state.plans.held)
 
     def on_job_started(self, job_id: str, *, node: str | None = None) -> None:
         """The driver placed the job's workers (``node``: where, for jobs.parquet)."""
@@ -367,8 +373,11 @@ class Coordinator:
         st = self.state
         intake.ask(st)
         pause.settle(st)
-        if st.plans.due:
-            scheduling.plan(st, trigger)
+        if st.plans.due and scheduling.plan_held(st):
+            st.plans.held = st.plans.held or trigger
+        elif st.plans.due:
+            scheduling.plan(st, st.plans.held or trigger)
+            st.plans.held = ""
         launches = scheduling.dispatch(st)
         if st.is_done() and not st.journal.done_logged:
             st.journal.done_logged = True

@@ -19,6 +19,7 @@ Each decision is logged as a :class:`~plora.runtime.records.DecisionRecord`.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from plora.planner.guard import PlanChoice, PlanChoiceKind, choose_plan, continue_plan
@@ -36,6 +37,30 @@ from plora.runtime.coordinator.refill import choose_refills
 from plora.runtime.coordinator.state import CoordinatorState, RunningJob
 from plora.runtime.records import ConfigStatus, Decision, JobSpec, JobStatus
 
+REPLAN_HOLD_S = 1.0
+"""A re-plan that takes at least this long is paced (:func:`plan_held`); a shorter one runs at
+every event that makes it due."""
+
+REPLAN_SPACING = 4.0
+"""A paced re-plan waits until this many times the last plan's seconds have passed since it
+ended: the planner takes at most a fifth of the driver's time."""
+
+
+def plan_held(state: CoordinatorState) -> bool:
+    """Whether a due re-plan waits: the last plan took :data:`REPLAN_HOLD_S` or more, it ended
+    less than :data:`REPLAN_SPACING` times that ago, and the plan in force still has jobs to
+    start on the GPUs that free up meanwhile. At 10,000 queued configs on 256 GPUs a re-plan
+    takes about 10 s and a job ends every second or two: re-planning at each job end kept the
+    driver re-planning (12 s a job end, 45 configs finished in the first 390 s:
+    ``benchmarks/control_plane.py``, RESULTS.md)."""
+    p = state.plans
+    return (
+        p.count > 0
+        and bool(state.jobs.pending)
+        and p.spent_s >= REPLAN_HOLD_S
+        and time.monotonic() - p.ended_at < REPLAN_SPACING * p.spent_s
+    )
+
 
 def plan(state: CoordinatorState, trigger: str) -> None:
     """Plan the queued configs (those of no forced job) and make that plan the one in force.
@@ -44,6 +69,15 @@ def plan(state: CoordinatorState, trigger: str) -> None:
     GPUs beside the running jobs and the groups still starting, adopted only when it beats the
     plan in force re-timed under the current cost model (a kept plan keeps its job ids). The
     plan goes to the sweep directory and the decision log with its trigger."""
+    started = time.monotonic()
+    try:
+        _plan(state, trigger)
+    finally:
+        state.plans.ended_at = time.monotonic()
+        state.plans.spent_s = state.plans.ended_at - started
+
+
+def _plan(state: CoordinatorState, trigger: str) -> None:
     state.plans.due = False
     book, jobs = state.configs, state.jobs
     in_forced = jobs.forced_config_ids()
@@ -339,4 +373,15 @@ def retime_running(state: CoordinatorState) -> None:
         run.plan_job = dataclasses.replace(run.plan_job, end_s=begin + left)
 
 
-__all__ = ["dispatch", "launch", "plan", "planned_terms", "refill", "refit", "retime_running"]
+__all__ = [
+    "REPLAN_HOLD_S",
+    "REPLAN_SPACING",
+    "dispatch",
+    "launch",
+    "plan",
+    "plan_held",
+    "planned_terms",
+    "refill",
+    "refit",
+    "retime_running",
+]

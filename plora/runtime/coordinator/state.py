@@ -194,6 +194,13 @@ class PlanState:
     """What caused the last plan."""
     due: bool = False
     """Something changed (configs came, GPUs were freed, the cost model was refit): plan again."""
+    spent_s: float = 0.0
+    """Seconds the last plan took (``time.monotonic``: the driver's own time, not the sweep's
+    clock)."""
+    ended_at: float = 0.0
+    """``time.monotonic()`` when the last plan ended."""
+    held: str = ""
+    """The trigger of a due plan held back (:func:`.scheduling.plan_held`); "" when none is."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
