@@ -232,13 +232,13 @@ def test_the_replan_guard_property_saw_both_choices() -> None:
 
 
 def test_a_slow_replan_is_paced_and_the_plan_in_force_keeps_the_gpus_busy(monkeypatch) -> None:
-    """A re-plan of REPLAN_HOLD_S or more waits REPLAN_SPACING times its length after the
+    """A re-plan of PACED_FROM_S or more waits PACE_SPACING times its length after the
     last one (jobs of the plan in force start meanwhile), then runs with the trigger that made
     it due; every config is still trained once."""
-    from plora.runtime.coordinator import scheduling
+    from plora.runtime.coordinator import state as coordinator_state
 
     mono = Clock()  # the driver's own time, which plans are paced by
-    monkeypatch.setattr(scheduling.time, "monotonic", lambda: mono.t)
+    monkeypatch.setattr(coordinator_state.time, "monotonic", lambda: mono.t)
     coord, clock = make([lora(i, rank=64) for i in range(8)], gpus=2)  # one config per job
     planner = coord.state.planner
     plan_sweep, replan = planner.plan_sweep, planner.replan
@@ -253,7 +253,7 @@ def test_a_slow_replan_is_paced_and_the_plan_in_force_keeps_the_gpus_busy(monkey
     monkeypatch.setattr(planner, "plan_sweep", slow(plan_sweep))
     monkeypatch.setattr(planner, "replan", slow(replan))
     launches = coord.start()
-    assert len(launches) == 2 and coord.state.plans.spent_s == 2.0
+    assert len(launches) == 2 and coord.state.plans.pace.spent_s == 2.0
     (nxt,) = finish(coord, launches[0])  # due, held: the plan in force starts its next job
     assert coord.plan_held() and nxt.gpu_ids == launches[0].gpu_ids
     assert not any(d.kind is Decision.REPLAN for d in coord.decisions)
@@ -275,3 +275,33 @@ def test_a_fast_replan_runs_at_every_job_end() -> None:
     finish(coord, launches[0])
     assert not coord.plan_held()
     assert sum(d.kind is Decision.REPLAN for d in coord.decisions) == 1
+
+
+def test_a_slow_refit_at_a_job_end_waits_its_turn(monkeypatch) -> None:
+    from plora.runtime.coordinator import scheduling
+    from plora.runtime.coordinator import state as coordinator_state
+
+    mono = Clock()
+    monkeypatch.setattr(coordinator_state.time, "monotonic", lambda: mono.t)
+    refit_cost = scheduling.refit_cost
+
+    def slow(*a, **k):
+        mono.t += 2.0  # each refit takes 2 s
+        return refit_cost(*a, **k)
+
+    monkeypatch.setattr(scheduling, "refit_cost", slow)
+    coord, _ = make([lora(i, rank=64) for i in range(6)], gpus=3, calibration_steps=0)
+    launches = coord.start()
+
+    def refits() -> int:
+        return sum(d.kind is Decision.REFIT for d in coord.decisions)
+
+    finish(coord, launches[0])
+    assert refits() == 1
+    finish(coord, launches[1])  # at once: 2 s of refit ended 0 s ago
+    assert refits() == 1
+    mono.t += 8.0
+    finish(coord, launches[2])  # every measurement so far
+    assert refits() == 2
+    last = [d for d in coord.decisions if d.kind is Decision.REFIT][-1]
+    assert last.inputs["measured_jobs"] == 3

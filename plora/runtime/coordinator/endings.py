@@ -58,7 +58,7 @@ def job_finished(state: CoordinatorState, job_id: str, outcome: PackOutcome) -> 
         metric=getattr(state.cost, "eval_metric", EvalMetric.NONE),
         eval_s_per_row=float(getattr(overheads, "eval_s_per_row", 0.0)),
     )
-    scheduling.refit(state, job_id=job_id, trigger="job done")
+    scheduling.refit(state, job_id=job_id, trigger="job done", paced=True)
     state.plans.due = True  # GPUs were freed: re-plan the remaining configs
 
 

@@ -19,7 +19,6 @@ Each decision is logged as a :class:`~plora.runtime.records.DecisionRecord`.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 from plora.planner.guard import PlanChoice, PlanChoiceKind, choose_plan, continue_plan
@@ -37,29 +36,11 @@ from plora.runtime.coordinator.refill import choose_refills
 from plora.runtime.coordinator.state import CoordinatorState, RunningJob
 from plora.runtime.records import ConfigStatus, Decision, JobSpec, JobStatus
 
-REPLAN_HOLD_S = 1.0
-"""A re-plan that takes at least this long is paced (:func:`plan_held`); a shorter one runs at
-every event that makes it due."""
-
-REPLAN_SPACING = 4.0
-"""A paced re-plan waits until this many times the last plan's seconds have passed since it
-ended: the planner takes at most a fifth of the driver's time."""
-
 
 def plan_held(state: CoordinatorState) -> bool:
-    """Whether a due re-plan waits: the last plan took :data:`REPLAN_HOLD_S` or more, it ended
-    less than :data:`REPLAN_SPACING` times that ago, and the plan in force still has jobs to
-    start on the GPUs that free up meanwhile. At 10,000 queued configs on 256 GPUs a re-plan
-    takes about 10 s and a job ends every second or two: re-planning at each job end kept the
-    driver re-planning (12 s a job end, 45 configs finished in the first 390 s:
-    ``benchmarks/control_plane.py``, RESULTS.md)."""
-    p = state.plans
-    return (
-        p.count > 0
-        and bool(state.jobs.pending)
-        and p.spent_s >= REPLAN_HOLD_S
-        and time.monotonic() - p.ended_at < REPLAN_SPACING * p.spent_s
-    )
+    """Whether a due re-plan waits (:meth:`~.state.Pace.waits`) while the plan in force still
+    has jobs to start on the GPUs that free up meanwhile."""
+    return state.plans.count > 0 and bool(state.jobs.pending) and state.plans.pace.waits()
 
 
 def plan(state: CoordinatorState, trigger: str) -> None:
@@ -69,12 +50,8 @@ def plan(state: CoordinatorState, trigger: str) -> None:
     GPUs beside the running jobs and the groups still starting, adopted only when it beats the
     plan in force re-timed under the current cost model (a kept plan keeps its job ids). The
     plan goes to the sweep directory and the decision log with its trigger."""
-    started = time.monotonic()
-    try:
+    with state.plans.pace.timed():
         _plan(state, trigger)
-    finally:
-        state.plans.ended_at = time.monotonic()
-        state.plans.spent_s = state.plans.ended_at - started
 
 
 def _plan(state: CoordinatorState, trigger: str) -> None:
@@ -329,13 +306,19 @@ def refill(state: CoordinatorState, run: RunningJob) -> None:
         recording.persist(state)
 
 
-def refit(state: CoordinatorState, *, job_id: str, trigger: str) -> None:
-    """Refit the cost model from every measurement so far (steps, then overheads)."""
+def refit(state: CoordinatorState, *, job_id: str, trigger: str, paced: bool = False) -> None:
+    """Refit the cost model from every measurement so far (steps, then overheads); ``paced``
+    (a job end): not while the last refit's pace says wait (:class:`~.state.Pace`) -- it reads
+    every measurement, so it grows with the jobs done, and a later job end refits from them
+    all."""
+    if paced and state.refit_pace.waits():
+        return
     before = describe_cost(state.cost)
-    new, report = refit_cost(state.cost, state.measure.steps, state.configs.by_id)
-    refit_overheads = getattr(new if new is not None else state.cost, "refit_overheads", None)
-    if callable(refit_overheads) and state.measure.overheads:
-        new = refit_overheads(state.measure.overheads)
+    with state.refit_pace.timed():
+        new, report = refit_cost(state.cost, state.measure.steps, state.configs.by_id)
+        refit_overheads = getattr(new if new is not None else state.cost, "refit_overheads", None)
+        if callable(refit_overheads) and state.measure.overheads:
+            new = refit_overheads(state.measure.overheads)
     if new is None:
         return
     state.cost = new
@@ -344,7 +327,7 @@ def refit(state: CoordinatorState, *, job_id: str, trigger: str) -> None:
         Decision.REFIT,
         job_id=job_id,
         trigger=trigger,
-        measured_jobs=sorted({m["job_id"] for m in state.measure.steps}),
+        measured_jobs=len({m["job_id"] for m in state.measure.steps}),  # ids: O(jobs) a refit
         report=report,
         cost_before=before,
         cost_after=describe_cost(state.cost),
@@ -374,8 +357,6 @@ def retime_running(state: CoordinatorState) -> None:
 
 
 __all__ = [
-    "REPLAN_HOLD_S",
-    "REPLAN_SPACING",
     "dispatch",
     "launch",
     "plan",

@@ -20,8 +20,10 @@ measurements (:class:`~plora.runtime.coordinator.measure.Measurements`) keep the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from plora.config import LoRAConfig
@@ -184,6 +186,45 @@ class JobBook:
         return next((j for j, r in self.running.items() if config_id in r.config_ids), None)
 
 
+PACED_FROM_S = 1.0
+"""Slow work of the driver (a re-plan, a refit) that took at least this long is paced
+(:meth:`Pace.waits`); shorter work runs at every event that asks for it."""
+
+PACE_SPACING = 4.0
+"""Paced work waits until this many times its last seconds have passed since it ended: it takes
+at most a fifth of the driver's time."""
+
+
+@dataclasses.dataclass(slots=True)
+class Pace:
+    """How long one kind of the driver's slow work took last, and when it ended
+    (``time.monotonic``: the driver's own time, not the sweep's clock). At 10,000 queued configs
+    on 256 GPUs a re-plan takes about 10 s and a job ends every second or two: re-planning and
+    refitting at each job end kept the driver busy with them (12 s a job end, 45 configs
+    finished in the first 390 s: ``benchmarks/control_plane.py``, RESULTS.md)."""
+
+    spent_s: float = 0.0
+    ended_at: float = 0.0
+
+    def waits(self) -> bool:
+        """Whether the work should wait: it took :data:`PACED_FROM_S` or more, and ended less
+        than :data:`PACE_SPACING` times that ago."""
+        return (
+            self.spent_s >= PACED_FROM_S
+            and time.monotonic() - self.ended_at < PACE_SPACING * self.spent_s
+        )
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """Time the work of the ``with`` block."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.ended_at = time.monotonic()
+            self.spent_s = self.ended_at - started
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class PlanState:
     """The plans made so far."""
@@ -194,11 +235,8 @@ class PlanState:
     """What caused the last plan."""
     due: bool = False
     """Something changed (configs came, GPUs were freed, the cost model was refit): plan again."""
-    spent_s: float = 0.0
-    """Seconds the last plan took (``time.monotonic``: the driver's own time, not the sweep's
-    clock)."""
-    ended_at: float = 0.0
-    """``time.monotonic()`` when the last plan ended."""
+    pace: Pace = dataclasses.field(default_factory=Pace)
+    """The last plan's seconds (:func:`.scheduling.plan_held`)."""
     held: str = ""
     """The trigger of a due plan held back (:func:`.scheduling.plan_held`); "" when none is."""
 
@@ -328,6 +366,9 @@ class CoordinatorState:
     """Resident worker groups (warm GPUs) and groups still starting."""
     pauses: PauseBook = dataclasses.field(default_factory=PauseBook)
     """Pauses in flight (:mod:`plora.runtime.coordinator.pause`)."""
+    refit_pace: Pace = dataclasses.field(default_factory=Pace)
+    """The last refit's seconds: a slow refit at a job end waits its turn
+    (:func:`.scheduling.refit`)."""
 
     def now(self) -> float:
         """Seconds since the sweep started (continues across ``--resume``)."""
@@ -416,10 +457,13 @@ class CoordinatorState:
 
 __all__ = [
     "FINISHED",
+    "PACED_FROM_S",
+    "PACE_SPACING",
     "ConfigBook",
     "CoordinatorState",
     "JobBook",
     "Journal",
+    "Pace",
     "PauseBook",
     "PlanState",
     "Planner",
