@@ -20,7 +20,9 @@ import psutil
 from plora.runtime.coordinator import Coordinator, scheduling
 from plora.sweepdir.store import SweepStore
 
-EVENTS = ("on_reports", "on_job_finished", "on_job_failed", "poll", "stop_config", "tick")
+EVENTS = ("on_reports", "on_job_finished", "on_job_failed", "_poll", "stop_config", "tick")
+"""The coordinator's methods timed, one call an event (``_poll``: one job's poll, reported as
+``poll``; the driver polls its jobs through ``poll_all``)."""
 WRITES = ("flush_metrics", "write_results", "write_jobs", "write_state")
 BINS = 10
 """The sweep in tenths, by configs finished: per-event work is reported per tenth."""
@@ -87,7 +89,7 @@ class Probe:
                 try:
                     return old(coord, *a, **k)
                 finally:
-                    rec = self.events[(name, tenth)]
+                    rec = self.events[(name.lstrip("_"), tenth)]
                     rec[0] += 1
                     rec[1] += time.perf_counter() - t
                     if name == "on_reports":

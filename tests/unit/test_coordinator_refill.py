@@ -79,6 +79,63 @@ def test_choose_refills_table(active_steps, queued, slots, want) -> None:
         assert p.memory_bytes <= p.capacity_bytes and p.steps <= p.steps_left
 
 
+class _KeyedCost(AffineCost):
+    """AffineCost with a ``price_key`` (rank and steps: all its answers read) that counts the
+    configs it prices for memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.priced: list[str] = []
+
+    def price_key(self, config):  # type: ignore[no-untyped-def]
+        return (config.rank, self.steps(config))
+
+    def config_memory(self, config, d, strategy):  # type: ignore[no-untyped-def]
+        self.priced.append(config.config_id)
+        return super().config_memory(config, d, strategy)
+
+
+def test_choose_refills_prices_a_key_once_when_it_does_not_fit() -> None:
+    """A pack nothing fits costs one pricing per key, not per queued config (a queue of 10,000
+    read at each poll), and a fitting config behind them is still found, as without keys."""
+    from plora.runtime.coordinator.refill import choose_refills
+
+    active = [lora(0, rank=10, steps=100)]  # 10 of 30 rank units
+    too_big = [lora(10 + i, rank=25, steps=50) for i in range(200)]  # 35 > 30: none fits
+    fits = lora(999, rank=10, steps=50)
+    picks = {}
+    for cost in (_KeyedCost(), AffineCost()):
+        priced_before = len(getattr(cost, "priced", []))
+        got = choose_refills(active=active, queued=[*too_big, fits], slots=3, progress={},
+                             cost=cost, gpus=1, strategy=None)  # fmt: skip
+        picks[type(cost).__name__] = [p.config_id for p in got]
+        if isinstance(cost, _KeyedCost):  # the pack's own config and one of each key
+            candidates = [c for c in cost.priced[priced_before:] if c != "c00"]
+            assert candidates == ["c10", "c999"], candidates
+    assert picks["_KeyedCost"] == picks["AffineCost"] == ["c999"]
+
+
+def test_poll_all_controls_equal_one_poll_at_a_time() -> None:
+    """The driver's round (:meth:`Coordinator.poll_all`, the refill queue built once) gives each
+    job the control that polling them one by one gives, refills included."""
+
+    def run(round_: bool) -> list[tuple[str, tuple[str, ...]]]:
+        configs = [lora(i, rank=10, steps=5 if i % 3 == 1 else 100) for i in range(12)]
+        coord, _ = make(configs, gpus=2)
+        specs = coord.start()
+        out = []
+        for spec in specs:
+            done = [c for c in spec.config_ids if c in {"c01", "c04", "c07", "c10"}]
+            coord.on_reports(spec.job_id, [report(*({"config_id": c, "step": 5} for c in done))])
+        jids = list(coord.running)
+        controls = coord.poll_all(jids) if round_ else [(j, coord.poll(j)) for j in jids]
+        out = [(j, tuple(c.config_id for c in ctl.add)) for j, ctl in controls]
+        assert sum(len(a) for _, a in out) > 0  # some refill happened
+        return out
+
+    assert run(True) == run(False)
+
+
 def test_config_missing_from_a_job_result_is_planned_again() -> None:
     """A refill the worker never picked up (the pack ended first) goes back to the queue and
     gets its own job, even when the job reported no profile (no refit)."""

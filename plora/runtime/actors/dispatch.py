@@ -156,7 +156,7 @@ class Dispatcher:
         self._launch(launches)
         self._resolve_groups()
         with self.coord.batched_writes():
-            controls = [(jid, self.coord.poll(jid)) for jid in list(self.jobs)]
+            controls = self.coord.poll_all(list(self.jobs))
         for jid, ctl in controls:
             if ctl.stop or ctl.add or ctl.pause:
                 self.relay.post_control.remote(jid, ctl)

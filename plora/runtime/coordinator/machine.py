@@ -272,6 +272,23 @@ class Coordinator:
     def poll(self, job_id: str) -> Control:
         """Control for a running job, asked by its worker between steps (each stop and add is
         delivered once; ``abort`` for a job the coordinator no longer runs)."""
+        return self._poll(job_id, None)
+
+    def poll_all(self, job_ids: Sequence[str]) -> list[tuple[str, Control]]:
+        """:meth:`poll` for each of ``job_ids`` in turn (the driver's round over its running
+        jobs), with the refill queue's order built once for the round."""
+        queue: list[scheduling.RefillQueue] = []
+
+        def shared() -> scheduling.RefillQueue:
+            if not queue:
+                queue.append(scheduling.RefillQueue.build(self.state))
+            return queue[0]
+
+        return [(jid, self._poll(jid, shared)) for jid in job_ids]
+
+    def _poll(
+        self, job_id: str, queue: Callable[[], scheduling.RefillQueue] | None
+    ) -> Control:
         st = self.state
         run = st.jobs.running.get(job_id)
         if run is None:
@@ -282,7 +299,7 @@ class Coordinator:
             scheduling.retime_running(st)
         paused = pause.deliver(st, run) if run.spec.gpus == 1 else frozenset()
         if st.refill:
-            scheduling.refill(st, run)
+            scheduling.refill(st, run, queue)
         add = tuple(st.configs.by_id[c] for c in run.add_pending)
         run.add_pending.clear()
         return Control(stop=frozenset(stop), add=add, pause=paused)

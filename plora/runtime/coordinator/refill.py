@@ -3,7 +3,7 @@ job, how an out-of-memory pack is split."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ class Refill:
 def choose_refills(
     *,
     active: Sequence[LoRAConfig],
-    queued: Sequence[LoRAConfig],
+    queued: Iterable[LoRAConfig],
     slots: int,
     progress: Mapping[str, int],
     cost: Any,
@@ -46,6 +46,11 @@ def choose_refills(
     config has left, so the refill does not make the job end later than a job of its own would;
     with ``may_extend`` (no GPU idle: the config would only wait) the job runs on for it -- on a
     resident worker that is the same as a next job on that GPU, minus the wait.
+
+    ``queued`` is read only as far as needed. Its configs are priced alike when the cost model's
+    ``price_key`` says so: once one of a key did not fit, the others of that key are not priced
+    (the pack only grows), so a pack that nothing fits costs one pricing per key, not per queued
+    config.
 
     Args:
         active: The job's configs still training.
@@ -63,12 +68,21 @@ def choose_refills(
     pack = list(active)
     left = max(cost.steps(c) - progress.get(c.config_id, 0) for c in active)
     out: list[Refill] = []
+    price_key = getattr(cost, "price_key", None)
+    too_big: set[Hashable] = set()
     for cand in queued:
         if len(pack) >= slots:
             break
-        used, cap = job_memory(cost, [*pack, cand], gpus, strategy)
         steps = int(cost.steps(cand))
-        if not within_capacity(used, cap) or (steps > left and not may_extend):
+        if steps > left and not may_extend:
+            continue
+        key = price_key(cand) if price_key is not None else None
+        if key is not None and key in too_big:
+            continue
+        used, cap = job_memory(cost, [*pack, cand], gpus, strategy)
+        if not within_capacity(used, cap):
+            if key is not None:
+                too_big.add(key)
             continue
         pack.append(cand)
         out.append(

@@ -19,8 +19,10 @@ Each decision is logged as a :class:`~plora.runtime.records.DecisionRecord`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from plora.config import LoRAConfig
 from plora.planner.guard import PlanChoice, PlanChoiceKind, choose_plan, continue_plan
 from plora.planner.types import Job, Plan
 from plora.runtime.coordinator import recording
@@ -242,13 +244,53 @@ def planned_terms(state: CoordinatorState, spec: JobSpec) -> dict[str, float]:
     return {f.name: round(float(getattr(terms, f.name)), 4) for f in dataclasses.fields(terms)}
 
 
-def refill(state: CoordinatorState, run: RunningJob) -> None:
+@dataclasses.dataclass(slots=True)
+class RefillQueue:
+    """The queued configs of no forced job in the order refills take them: the plan's pending
+    jobs' configs first, then the rest in arrival order.
+
+    Built once for a round of polls (:meth:`Coordinator.poll_all`): building it is linear in the
+    configs, and at 10,000 queued configs polled by 256 jobs each turn, building it at each poll
+    with a free slot cost ~1.7 ms a poll (``benchmarks/control_plane.py`` on the H200 host,
+    RESULTS.md). During the round configs only leave the queue (refills take them), so
+    :meth:`configs` skips the ones no longer queued; ``head`` moves past those at the front."""
+
+    order: list[str]
+    forced: set[str]
+    head: int = 0
+
+    @classmethod
+    def build(cls, state: CoordinatorState) -> RefillQueue:
+        book, jobs = state.configs, state.jobs
+        forced = jobs.forced_config_ids()
+        queued = {c for c in book.queued_ids() if c not in forced}
+        planned = [c for job in jobs.pending for c in job.config_ids if c in queued]
+        seen = set(planned)
+        rest = [c for c in book.status if c in queued and c not in seen]
+        return cls(order=planned + rest, forced=forced)
+
+    def configs(self, state: CoordinatorState) -> Iterator[LoRAConfig]:
+        """The configs still queued, in order (lazily: a refill takes the first that fit)."""
+        book, order = state.configs, self.order
+
+        def waiting(c: str) -> bool:
+            return book.status.get(c) is ConfigStatus.QUEUED and c not in self.forced
+
+        while self.head < len(order) and not waiting(order[self.head]):
+            self.head += 1
+        for i in range(self.head, len(order)):
+            if waiting(order[i]):
+                yield book.by_id[order[i]]
+
+
+def refill(
+    state: CoordinatorState, run: RunningJob, queue: Callable[[], RefillQueue] | None = None
+) -> None:
     """Fill slots finished configs left with queued configs that fit and end no later; a job
     never holds more than the pack it started with, nor more than ``planner.max_pack_size``.
 
     Asked at every poll of every running job: a full pack returns before the queue is looked
-    at, and the queue's order is built in time linear in the configs (a sweep of 10,000 queued
-    configs polled by 256 jobs, ``benchmarks/control_plane.py``)."""
+    at; ``queue`` gives the round's :class:`RefillQueue` (built here when None)."""
     book, jobs = state.configs, state.jobs
     active = [
         book.by_id[c]
@@ -262,14 +304,10 @@ def refill(state: CoordinatorState, run: RunningJob) -> None:
     )
     if not active or len(active) >= slots:  # no free slot (choose_refills' own test)
         return
-    queued_ids = book.queued_ids()
-    queued = set(queued_ids) - jobs.forced_config_ids()
-    planned = [c for job in jobs.pending for c in job.config_ids if c in queued]
-    seen = set(planned)
-    order = planned + [c for c in queued_ids if c in queued and c not in seen]
+    order = queue() if queue is not None else RefillQueue.build(state)
     picks = choose_refills(
         active=active,
-        queued=[book.by_id[c] for c in order],  # in the plan's order
+        queued=order.configs(state),  # in the plan's order
         slots=slots,
         progress=book.progress,
         cost=state.cost,
@@ -357,6 +395,7 @@ def retime_running(state: CoordinatorState) -> None:
 
 
 __all__ = [
+    "RefillQueue",
     "dispatch",
     "launch",
     "plan",
