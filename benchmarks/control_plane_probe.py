@@ -20,9 +20,15 @@ import psutil
 from plora.runtime.coordinator import Coordinator, scheduling
 from plora.sweepdir.store import SweepStore
 
-EVENTS = ("on_reports", "on_job_finished", "on_job_failed", "_poll", "stop_config", "tick")
-"""The coordinator's methods timed, one call an event (``_poll``: one job's poll, reported as
-``poll``; the driver polls its jobs through ``poll_all``)."""
+EVENTS = {
+    "on_reports": "on_reports",
+    "on_job_finished": "on_job_finished",
+    "on_job_failed": "on_job_failed",
+    "_poll": "poll",  # one job's poll (the driver polls its jobs in a round: poll_all)
+    "stop_config": "stop_config",
+    "tick": "tick",
+}
+"""The coordinator's methods timed, one call an event, by the name the report gives them."""
 WRITES = ("flush_metrics", "write_results", "write_jobs", "write_state")
 BINS = 10
 """The sweep in tenths, by configs finished: per-event work is reported per tenth."""
@@ -62,8 +68,8 @@ class Probe:
 
     # -- wrappers -------------------------------------------------------------------------
     def install(self) -> None:
-        for name in EVENTS:
-            self._wrap(Coordinator, name, self._event(name))
+        for attr, name in EVENTS.items():
+            self._wrap(Coordinator, attr, self._event(name))
         self._wrap(scheduling, "plan", self._plan)
         for name in WRITES:
             self._wrap(SweepStore, name, self._write(name))
@@ -89,7 +95,7 @@ class Probe:
                 try:
                     return old(coord, *a, **k)
                 finally:
-                    rec = self.events[(name.lstrip("_"), tenth)]
+                    rec = self.events[(name, tenth)]
                     rec[0] += 1
                     rec[1] += time.perf_counter() - t
                     if name == "on_reports":
@@ -167,7 +173,7 @@ class Probe:
     def _per_tenth(self) -> dict[str, list[float | None]]:
         """Mean microseconds per event (per metric row for ``on_reports``) in each tenth."""
         out: dict[str, list[float | None]] = {}
-        for name in EVENTS:
+        for name in EVENTS.values():
             row: list[float | None] = []
             for b in range(BINS):
                 n, s, rows = self.events.get((name, b), (0, 0.0, 0))
