@@ -107,6 +107,7 @@ class Dispatcher:
             while not self.coord.is_done():
                 self._turn()
         finally:
+            self.store.flush_decisions()
             self.store.flush_metrics()
 
     def close(self) -> None:

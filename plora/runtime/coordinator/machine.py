@@ -286,9 +286,7 @@ class Coordinator:
 
         return [(jid, self._poll(jid, shared)) for jid in job_ids]
 
-    def _poll(
-        self, job_id: str, queue: Callable[[], scheduling.RefillQueue] | None
-    ) -> Control:
+    def _poll(self, job_id: str, queue: Callable[[], scheduling.RefillQueue] | None) -> Control:
         st = self.state
         run = st.jobs.running.get(job_id)
         if run is None:
@@ -296,7 +294,7 @@ class Coordinator:
         stop = set(run.config_ids) & st.configs.stop_requests - run.stop_sent
         run.stop_sent.update(stop)
         if stop:  # the job's predicted end (the ETA, the next re-plan) without the stopped
-            scheduling.retime_running(st)
+            scheduling.retime_running(st, [run])
         paused = pause.deliver(st, run) if run.spec.gpus == 1 else frozenset()
         if st.refill:
             scheduling.refill(st, run, queue)
@@ -329,8 +327,11 @@ class Coordinator:
         ``load_parts``; ``build_s`` of it went to a built-in model's one-time build and is no
         start-up sample)."""
         self.state.residency.ready(gpu_ids)
-        if self.state.jobs.running:  # running jobs' predicted ends had the start-up left in them
-            scheduling.retime_running(self.state)
+        on_group = [
+            r for r in self.state.jobs.running.values() if set(r.spec.gpu_ids) & set(gpu_ids)
+        ]
+        if on_group:  # their predicted ends had the group's start-up left in them
+            scheduling.retime_running(self.state, on_group)
         self.state.measure.add_group_ready(ready_s=max(0.0, ready_s - build_s), load_s=load_s)
         self.state.decide(Decision.WORKERS_READY, gpu_ids=list(gpu_ids), ready_s=ready_s,
                           load_s=load_s, build_s=build_s, node=node,

@@ -56,7 +56,9 @@ class ConfigRequest:
 def deliver(state: CoordinatorState, run: RunningJob) -> frozenset[str]:
     """The pauses to send to ``run``'s job now (each once); they are ``paused`` from here, and
     waiting resumes whose state is now written are queued."""
-    state.pauses.asked -= state.configs.stop_requests  # stopped before its pause came: a stop
+    if state.pauses.asked:  # stopped before its pause came: a stop (the asked are few; the
+        stops = state.configs.stop_requests  # stops grow with the sweep: not iterated per poll)
+        state.pauses.asked = {c for c in state.pauses.asked if c not in stops}
     out = frozenset(state.pauses.asked.intersection(run.config_ids))
     state.pauses.asked -= out
     for cid in out:

@@ -102,6 +102,7 @@ def persist(state: CoordinatorState) -> None:
     if journal.write_batch:
         journal.unwritten = True
         return
+    journal.store.flush_decisions()
     journal.store.flush_metrics()
     journal.last_flush = state.now()
     journal.store.write_jobs(journal.job_rows)
@@ -118,7 +119,8 @@ def batched(state: CoordinatorState) -> Iterator[None]:
     event (a stop, a refill, a job's end) made a sweep's writes quadratic in its configs
     (``benchmarks/control_plane.py``). The driver wraps each turn of its loop in this block and
     posts control to the workers and launches jobs after it, so whatever a worker obeys or runs
-    is on disk first, as when each event wrote at once.
+    is on disk first, as when each event wrote at once. Its decisions are made durable at its
+    end too (one ``fsync``).
     """
     journal = state.journal
     journal.write_batch += 1
@@ -129,6 +131,8 @@ def batched(state: CoordinatorState) -> Iterator[None]:
         if not journal.write_batch and journal.unwritten:
             journal.unwritten = False
             persist(state)
+        elif not journal.write_batch and journal.store is not None:
+            journal.store.flush_decisions()  # the batch's decisions, one fsync
 
 
 __all__ = ["batched", "flush_metrics", "note_redone", "persist", "record_job", "record_metrics"]

@@ -19,7 +19,7 @@ Each decision is logged as a :class:`~plora.runtime.records.DecisionRecord`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from plora.config import LoRAConfig
@@ -373,12 +373,12 @@ def refit(state: CoordinatorState, *, job_id: str, trigger: str, paced: bool = F
     state.plans.due = True
 
 
-def retime_running(state: CoordinatorState) -> None:
-    """Predicted ends of the running jobs from the current cost model and their progress
-    (what the re-plan and the ETA build on)."""
+def retime_running(state: CoordinatorState, runs: Iterable[RunningJob] | None = None) -> None:
+    """Predicted ends of the running jobs (``runs``: only these, whose end alone changed) from
+    the current cost model and their progress (what the re-plan and the ETA build on)."""
     now = state.now()
     book = state.configs
-    for run in state.jobs.running.values():
+    for run in state.jobs.running.values() if runs is None else runs:
         if run.plan_job is None:
             continue
         live = [

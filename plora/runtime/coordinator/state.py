@@ -277,8 +277,8 @@ class Journal:
             kind=kind, time_s=time_s, job_id=job_id, config_ids=tuple(config_ids), inputs=inputs
         )
         self.decisions.append(rec)
-        if self.store is not None:
-            self.store.append_decision(rec.to_json_dict())
+        if self.store is not None:  # inside a batch: durable when the batch ends
+            self.store.append_decision(rec.to_json_dict(), flush=not self.write_batch)
         return rec
 
 
