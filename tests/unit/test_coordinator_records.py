@@ -39,6 +39,28 @@ def test_store_files_follow_decisions(tmp_path) -> None:
     assert set(jobs["status"]) == {"done"} and (jobs["end"] >= jobs["start"]).all()
 
 
+def test_decisions_of_a_batch_are_durable_when_it_ends(tmp_path) -> None:
+    """Inside the driver's batch of events decisions wait for its end (one fsync), and are on
+    disk, in order, once it ends; outside a batch each is on disk at once."""
+    store = SweepStore(tmp_path)
+    configs = [lora(i, rank=8, steps=50) for i in range(6)]
+    coord, _ = make(configs, gpus=1, store=store)
+
+    def on_disk() -> list[str]:
+        if not store.decisions_jsonl.is_file():
+            return []
+        return [json.loads(x)["kind"] for x in store.decisions_jsonl.read_text().splitlines()]
+
+    (spec,) = coord.start()
+    assert on_disk() == [str(d.kind) for d in coord.decisions]  # no batch: written at once
+    before = len(coord.decisions)
+    with coord.batched_writes():
+        coord.stop_config(spec.config_ids[0], reason="test")
+        assert len(coord.decisions) == before + 1 and len(on_disk()) == before
+    assert on_disk() == [str(d.kind) for d in coord.decisions]
+    assert store.read_decisions()[-1]["kind"] == "stop_config"
+
+
 class LimitedSource:
     """An adaptive-searcher stand-in: at most ``limit`` configs outstanding (ConcurrencyLimiter)."""
 
