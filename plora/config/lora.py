@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
@@ -153,8 +153,10 @@ class LoRAConfig:
 
     def hparams(self) -> dict[str, Any]:
         """The hyperparameters as plain JSON-able values, without ``config_id``."""
-        d = asdict(self)
-        d.pop("config_id")
+        # fields read as they are: each is a scalar, an enum or a tuple of str (immutable), so
+        # dataclasses.asdict's deep copy only cost time (the driver writes every config's dict
+        # into state.json's log at each write: 45 % of its time at 10,000 configs)
+        d = {name: getattr(self, name) for name in _HPARAMS}
         d["target_modules"] = list(self.target_modules)
         d["schedule"] = str(self.schedule)
         return d
@@ -175,6 +177,9 @@ class LoRAConfig:
         if "target_modules" in data:
             data["target_modules"] = tuple(data["target_modules"])
         return cls(**data)
+
+
+_HPARAMS = tuple(f.name for f in fields(LoRAConfig) if f.name != "config_id")
 
 
 __all__ = ["PROJECTIONS", "PROJECTION_ALIASES", "LoRAConfig", "Schedule", "normalize_targets"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -286,4 +288,22 @@ def test_unknown_gpu_plans_with_its_peak(tmp_path: Path) -> None:
     assert sweep.hardware.peak_tflops == 1307.0
     assert build_cost_model(sweep, use_profile=False).capacity(1) == pytest.approx(
         0.9 * 192 * 2**30
+    )
+
+
+def test_lora_to_dict_is_every_field_as_asdict_gives_it() -> None:
+    """``to_dict`` reads the fields without ``dataclasses.asdict``'s deep copy: the same dict
+    (keys in field order, tuples as lists, the schedule as str) for a config with no default
+    left, and the same ``config_id`` hash as before (it hashes these values)."""
+    c = LoRAConfig(rank=8, alpha=16.0, lr=3e-4, batch_size=4, target_modules=("q_proj", "o_proj"),
+                   dropout=0.1, max_steps=50, warmup_steps=5, schedule="cosine",
+                   weight_decay=0.01, max_grad_norm=None, use_rslora=True, seed=7)  # fmt: skip
+    ref = dataclasses.asdict(c)
+    ref["target_modules"], ref["schedule"] = list(ref["target_modules"]), str(ref["schedule"])
+    assert c.to_dict() == ref and list(c.to_dict()) == list(ref)
+    assert LoRAConfig.from_dict(c.to_dict()) == c
+    hparams = {k: v for k, v in ref.items() if k != "config_id"}
+    blob = json.dumps(hparams, sort_keys=True, default=str).encode()
+    assert LoRAConfig(**{**dataclasses.asdict(c), "config_id": ""}).config_id == (
+        "c" + hashlib.sha1(blob).hexdigest()[:10]
     )

@@ -136,6 +136,43 @@ def test_poll_all_controls_equal_one_poll_at_a_time() -> None:
     assert run(True) == run(False)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_refill_queue_by_key_picks_as_the_queue_read_in_order(seed: int) -> None:
+    """The round's queue merges its keys' groups and drops a rejected key unread; the picks are
+    those of reading every queued config in order, for packs of every fill (random queues of
+    a few keys, some configs taken between reads, as refills in a round take them)."""
+    import random
+
+    from plora.runtime.coordinator.refill import choose_refills
+    from plora.runtime.coordinator.scheduling import RefillQueue
+
+    rng = random.Random(seed)
+    queued = [lora(10 + i, rank=rng.choice([2, 5, 10, 25]), steps=rng.choice([20, 60, 120]))
+              for i in range(60)]  # fmt: skip
+    cost = _KeyedCost()
+    coord, _ = make(queued, gpus=1, cost=cost)
+    coord.start()  # one job on the one GPU; the rest wait
+    st = coord.state
+    queue = RefillQueue.build(st)
+    assert len(queue.position) > 40
+    order = [c for g in sorted(queue.groups, key=lambda g: queue.position[g[0]]) for c in g]
+    order.sort(key=queue.position.__getitem__)
+    picked = 0
+    for _ in range(8):
+        active = [lora(0, rank=rng.choice([1, 10, 20]), steps=rng.choice([50, 100]))]
+        kw = dict(active=active, slots=rng.choice([2, 3, 5]), progress={}, cost=cost, gpus=1,
+                  strategy=None, may_extend=rng.random() < 0.5)  # fmt: skip
+        waiting = [st.configs.by_id[c] for c in order if st.configs.status[c].value == "queued"]
+        want = choose_refills(queued=waiting, **kw)
+        rejected: set = set()
+        got = choose_refills(queued=queue.configs(st, rejected), rejected_keys=rejected, **kw)
+        assert [p.config_id for p in got] == [p.config_id for p in want]
+        picked += len(got)
+        for p in got:  # taken, as a refill takes them
+            st.configs.status[p.config_id] = ConfigStatus.RUNNING
+    assert picked > 0
+
+
 def test_config_missing_from_a_job_result_is_planned_again() -> None:
     """A refill the worker never picked up (the pack ended first) goes back to the queue and
     gets its own job, even when the job reported no profile (no refit)."""

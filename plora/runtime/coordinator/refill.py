@@ -37,6 +37,7 @@ def choose_refills(
     gpus: int,
     strategy: str | None,
     may_extend: bool = False,
+    rejected_keys: set[Hashable] | None = None,
 ) -> list[Refill]:
     """Queued configs that may join a running job now, in queue order.
 
@@ -48,9 +49,10 @@ def choose_refills(
     resident worker that is the same as a next job on that GPU, minus the wait.
 
     ``queued`` is read only as far as needed. Its configs are priced alike when the cost model's
-    ``price_key`` says so: once one of a key did not fit, the others of that key are not priced
-    (the pack only grows), so a pack that nothing fits costs one pricing per key, not per queued
-    config.
+    ``price_key`` says so: once one of a key did not fit (its memory, or its steps), the others of
+    that key are not priced (the pack only grows), so a pack that nothing fits costs one pricing
+    per key, not per queued config; the keys go to ``rejected_keys`` as they are found (a
+    :class:`~.scheduling.RefillQueue` reading them skips their configs unread).
 
     Args:
         active: The job's configs still training.
@@ -62,6 +64,8 @@ def choose_refills(
         gpus: The job's d.
         strategy: The job's strategy (None for d = 1).
         may_extend: Let a refill need more steps than the job has left.
+        rejected_keys: Where the price keys found not to fit go (a set the caller shares with
+            its queue), or None.
     """
     if not active or len(active) >= slots:
         return []
@@ -69,20 +73,22 @@ def choose_refills(
     left = max(cost.steps(c) - progress.get(c.config_id, 0) for c in active)
     out: list[Refill] = []
     price_key = getattr(cost, "price_key", None)
-    too_big: set[Hashable] = set()
+    rejected = set() if rejected_keys is None else rejected_keys
     for cand in queued:
         if len(pack) >= slots:
             break
+        key = price_key(cand) if price_key is not None else None
+        if key is not None and key in rejected:
+            continue
         steps = int(cost.steps(cand))
         if steps > left and not may_extend:
-            continue
-        key = price_key(cand) if price_key is not None else None
-        if key is not None and key in too_big:
+            if key is not None:
+                rejected.add(key)
             continue
         used, cap = job_memory(cost, [*pack, cand], gpus, strategy)
         if not within_capacity(used, cap):
             if key is not None:
-                too_big.add(key)
+                rejected.add(key)
             continue
         pack.append(cand)
         out.append(
