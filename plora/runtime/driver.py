@@ -277,7 +277,7 @@ def _drive(
             concurrent.futures.wait([prepared])  # never leave it running into a shut-down Ray
         if dispatcher is not None:
             dispatcher.close()
-        if store is not None:  # results.parquet is written amortized: whole on the way out too
+        if store is not None:  # results and jobs tables are written amortized: whole on the way out
             with contextlib.suppress(OSError):  # (state.json holds the rows: --resume has them)
                 store.flush_results()
         _close_curves(store, sinks)

@@ -174,6 +174,41 @@ def test_results_and_jobs_are_written_again_only_when_their_rows_changed(tmp_pat
     assert pd.read_parquet(tmp_path / "results.parquet")["tags"][0].tolist() == ["a", "b"]
 
 
+def test_jobs_are_rewritten_amortized_and_whole_at_a_flush(tmp_path, monkeypatch):
+    """``jobs.parquet`` as ``results.parquet``: rewritten once an eighth of its rows (job
+    attempts) changed, in place or new, or at a flush; a retry (same job, next attempt) is a row
+    of its own."""
+    import plora.sweepdir.store as store_mod
+
+    writes: list[int] = []
+    real = store_mod._write_parquet
+    monkeypatch.setattr(store_mod, "_write_parquet",
+                        lambda path, df: (writes.append(len(df)), real(path, df)))  # fmt: skip
+    store = SweepStore(tmp_path)
+    rows = [{"job_id": f"j{i}", "attempt": 0, "status": "running", "config_ids": ["a"]}
+            for i in range(16)]  # fmt: skip
+    store.write_jobs(rows)
+    assert writes == [16]
+    rows[0]["status"] = "done"  # 1 of 16 changed in place: waits
+    store.write_jobs(rows)
+    assert writes == [16]
+    rows.append({"job_id": "j0", "attempt": 1, "status": "running", "config_ids": ["a"]})
+    rows[1]["status"] = "done"
+    store.write_jobs(rows)  # 3 of 17: an eighth
+    assert writes == [16, 17]
+    rows[5]["config_ids"].append("b")
+    store.write_jobs(rows)
+    store.flush_results(force=False)  # not due
+    assert writes == [16, 17]
+    store.flush_results()
+    store.flush_results()
+    assert writes == [16, 17, 17]
+    jobs = store.read_jobs().set_index(["job_id", "attempt"])
+    assert list(jobs.loc[("j5", 0), "config_ids"]) == ["a", "b"]
+    assert jobs.loc[("j0", 0), "status"] == "done" and jobs.loc[("j0", 1), "status"] == "running"
+    assert list(store.read_jobs().columns) == list(store_mod.JOB_COLUMNS)
+
+
 def test_results_are_rewritten_amortized_and_whole_at_a_flush(tmp_path, monkeypatch):
     """``results.parquet`` is rewritten once an eighth of its rows changed (or its last write
     went stale); the rows in between are in ``state.json`` at once, and a flush (the sweep's

@@ -40,7 +40,7 @@ def record_metrics(state: CoordinatorState, rows: list[dict[str, Any]], *, now: 
     if now - journal.last_flush >= journal.flush_s:
         journal.store.flush_metrics()
         journal.store.write_state(state.get_state())
-        journal.store.flush_results(force=False)  # results.parquet: when its write is due
+        journal.store.flush_results(force=False)  # results and jobs tables: when due
         journal.last_flush = now
 
 
@@ -105,9 +105,10 @@ def persist(state: CoordinatorState) -> None:
     journal.store.flush_decisions()
     journal.store.flush_metrics()
     journal.last_flush = state.now()
-    journal.store.write_jobs(journal.job_rows)
+    done = state.is_done()  # the whole tables at the end
+    journal.store.write_jobs(journal.job_rows, flush=done)
     rows = [results[c] for c in state.configs.by_id if c in results]
-    journal.store.write_results(rows, flush=state.is_done())  # the whole table at the end
+    journal.store.write_results(rows, flush=done)
     journal.store.write_state(state.get_state())
 
 
