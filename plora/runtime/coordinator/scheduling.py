@@ -295,18 +295,20 @@ class RefillQueue:
         book, position = state.configs, self.position
         rejected = set() if rejected is None else rejected
 
-        def first_waiting(g: int) -> int:
-            ids, i = self.groups[g], self.heads[g]
-            while i < len(ids) and (
-                book.status.get(ids[i]) is not ConfigStatus.QUEUED or ids[i] in self.forced
-            ):
+        def waiting(c: str) -> bool:
+            return book.status.get(c) is ConfigStatus.QUEUED and c not in self.forced
+
+        def next_waiting(ids: list[str], i: int) -> int:
+            """The index of the first config of ``ids`` from ``i`` on still queued."""
+            while i < len(ids) and not waiting(ids[i]):
                 i += 1
-            self.heads[g] = i  # configs only leave the queue in a round: skipped for good
             return i
 
         heap = []
         for g, ids in enumerate(self.groups):
-            if (i := first_waiting(g)) < len(ids):
+            # configs only leave the queue in a round: the ones skipped are skipped for good
+            self.heads[g] = i = next_waiting(ids, self.heads[g])
+            if i < len(ids):
                 heap.append((position[ids[i]], g, i))
         heapq.heapify(heap)
         while heap:
@@ -314,14 +316,9 @@ class RefillQueue:
             if self.keys[g] in rejected:
                 continue
             ids = self.groups[g]
-            if book.status.get(ids[i]) is ConfigStatus.QUEUED and ids[i] not in self.forced:
+            if waiting(ids[i]):  # not taken since it was pushed
                 yield book.by_id[ids[i]]
-            j = i + 1  # the group's next config still queued (it may have been taken)
-            while j < len(ids) and (
-                book.status.get(ids[j]) is not ConfigStatus.QUEUED or ids[j] in self.forced
-            ):
-                j += 1
-            if j < len(ids):
+            if (j := next_waiting(ids, i + 1)) < len(ids):
                 heapq.heappush(heap, (position[ids[j]], g, j))
 
 
