@@ -32,6 +32,7 @@ from operator import ne
 from pathlib import Path
 from typing import Any
 
+from plora.sweepdir.tracked import Tracked
 from plora.utils import atomic_write_text
 
 #: The sections kept in the log: a top-level key, or a key inside top-level mappings.
@@ -40,6 +41,7 @@ SECTIONS: tuple[tuple[str, ...], ...] = (
     ("results",),
     ("job_rows",),
     ("measurements", "steps"),
+    ("measurements", "overheads"),
     ("status",),
     ("progress",),
     ("early_stop", "known"),
@@ -98,6 +100,7 @@ class _Log:
         self.live: dict[str, dict[Any, int]] = {}  # section -> bytes of each key's last line
         self.live_bytes = 0  # their sum
         self.seen: dict[str, dict[Any, Any]] = {}  # section -> a copy of each key's value
+        self.marks: dict[str, tuple[object, int]] = {}  # section -> (tracker, version) written
 
     def record(self, name: str, key: Any, value: Any) -> str:
         text = _line(name, key, value)
@@ -157,15 +160,7 @@ class StateParts:
         else:
             lines = []
             for name, value in sections.items():
-                seen = log.seen.setdefault(name, {})
-                changed = _changes(seen, value)
-                lines += [log.record(name, k, value[k]) for k in changed]
-                if len(seen) > len(value):  # every key of value is in seen now: some went
-                    if isinstance(value, list):
-                        gone: list[Any] = list(range(len(value), len(seen)))
-                    else:
-                        gone = [k for k in seen if k not in value]
-                    lines += [log.delete(name, k) for k in gone]
+                lines += self._section_lines(log, name, value)
             log.kinds.update(kinds)
             if lines:
                 data = "".join(lines).encode()
@@ -174,8 +169,45 @@ class StateParts:
                     f.flush()
                     os.fsync(f.fileno())
                 log.size += len(data)
+        log.marks = {
+            n: (v.tracker, v.version) for n, v in sections.items() if isinstance(v, Tracked)
+        }
         held = {n: {"count": len(v)} if isinstance(v, list) else {} for n, v in sections.items()}
         return {"file": f"{PARTS_DIR}/{log.file}", "bytes": log.size, "sections": held}
+
+    @staticmethod
+    def _section_lines(log: _Log, name: str, value: list[Any] | Mapping[str, Any]) -> list[str]:
+        """The log lines of ``value``'s records changed since ``log`` last wrote the section:
+        those its tracker names (:mod:`plora.sweepdir.tracked`) when it is the one last written,
+        else every record compared with its last copy."""
+        seen = log.seen.setdefault(name, {})
+        keys = None
+        mark = log.marks.get(name)
+        if mark is not None and isinstance(value, Tracked) and value.tracker is mark[0]:
+            keys = value.changed_since(mark[1])
+        if keys is None:
+            changed = _changes(seen, value)
+            lines = [log.record(name, k, value[k]) for k in changed]
+            if len(seen) > len(value):  # every key of value is in seen now: some went
+                if isinstance(value, list):
+                    gone: list[Any] = list(range(len(value), len(seen)))
+                else:
+                    gone = [k for k in seen if k not in value]
+                lines += [log.delete(name, k) for k in gone]
+            return lines
+        lines = []
+        size = len(value)
+        for k in keys:
+            present = k < size if isinstance(value, list) else k in value
+            if present:
+                v = value[k]
+                if seen.get(k, _MISSING) != v:
+                    lines.append(log.record(name, k, v))
+            elif k in seen:
+                lines.append(log.delete(name, k))
+        if isinstance(value, list) and len(seen) > size:  # a list cut short says so (unknown)
+            lines += [log.delete(name, k) for k in range(size, len(seen))]
+        return lines
 
     def _fresh(
         self, sections: Mapping[str, list[Any] | Mapping[str, Any]], kinds: dict[str, str]

@@ -31,6 +31,7 @@ from plora.sweepdir.lock import SweepLock, check_not_locked
 from plora.sweepdir.parts import PartTable, read_table
 from plora.sweepdir.schema import JOB_COLUMNS, METRIC_COLUMNS, METRIC_DTYPES
 from plora.sweepdir.state_parts import StateParts, assemble_live
+from plora.sweepdir.tracked import MappedView, TrackedDict, TrackedList
 from plora.utils import atomic_path, atomic_write_json, atomic_write_text
 
 if TYPE_CHECKING:  # pandas (and pyarrow) load on the first table written or read, not with the
@@ -193,29 +194,25 @@ class SweepStore:
         :meth:`write_results` does its table: now or later (amortized, whole at ``flush``; a
         rewrite at each changed row grew from 14 to 40 ms a write over the first 2,700 configs of
         a 10,000-config sweep, ``benchmarks/control_plane.py``). ``state.json`` holds every row
-        in between."""
+        in between. A :class:`~plora.sweepdir.tracked.TrackedList` of rows costs its changes;
+        other rows are compared with the copies last given."""
+        if self._jobs is None:
+            self._jobs = _AmortizedTable(columns=list(JOB_COLUMNS))
         table = self._jobs
-        last = {} if table is None else table.seen
-        seen: dict[Any, dict[str, Any]] = {}
-        new, changed = [], 0
-        for r in rows:  # rows change in place: compared with the copy last given
-            key = (r.get("job_id"), r.get("attempt"))
-            old = last.get(key)
-            row = old if old is not None and old == r else _row_copy(r)
-            changed += row is not old
-            seen[key] = row
-            new.append(row)
-        changed += len(last.keys() - seen.keys())
-        if table is None:
-            table = self._jobs = _AmortizedTable(columns=list(JOB_COLUMNS))
-        elif not changed and not flush:
-            return
-        table.seen, table.rows = seen, new
-        table.unwritten += changed
-        if table.due(force=flush):
-            table.write(self.jobs_parquet)
+        if isinstance(rows, TrackedList):
+            changed = table.take_tracked(rows, lambda: list(rows))
+        else:
+            changed = table.take_rows(rows, key=_job_key, convert=_changed_copy)
+        if changed or flush:
+            table.write_if_due(self.jobs_parquet, force=flush)
 
-    def write_results(self, rows: Iterable[Mapping[str, Any]], *, flush: bool = False) -> None:
+    def write_results(
+        self,
+        rows: Iterable[Mapping[str, Any]] | TrackedDict[str, Any],
+        *,
+        order: Iterable[str] | None = None,
+        flush: bool = False,
+    ) -> None:
         """Replace ``results.parquet`` with ``rows`` (one per config; paths inside the directory
         stored relative to it) -- now, or later: the table is rewritten whole, and a rewrite at
         each changed row made a sweep's writes quadratic in its configs (7.2 s at 2,000, the
@@ -227,30 +224,37 @@ class SweepStore:
         rewrites take at most a 20th of the driver's time; :meth:`flush_results` checks this
         between calls); and when ``flush`` (the sweep's end). Nothing is lost in between: ``state.json`` holds every
         result, and ``--resume`` reads them there and writes the table again. The curves are
-        told the rows at each change."""
+        told the rows changed.
+
+        Args:
+            rows: The rows; or the coordinator's :class:`~plora.sweepdir.tracked.TrackedDict`
+                of them by config id, whose changes alone are read (each call of the other kind
+                passes over every row: linear per call, 4 -> 48 ms over a 10,000-config sweep).
+            order: With a tracked mapping, the config ids in the table's order (read when the
+                table is written; default: the mapping's).
+            flush: Write the table now if any row changed since its last write.
+        """
         self._reroot()
+        if self._results is None:
+            self._results = _AmortizedTable()
         table = self._results
-        stored = []
-        seen: dict[Any, dict[str, Any]] = {}
-        changed = 0
-        last = {} if table is None else table.seen
-        for r in rows:  # a row unchanged since the last call is the same object (_stored_row)
-            key = r.get("config_id")
-            row = self._stored_row(key, r)
-            changed += last.get(key) is not row
-            seen[key] = row
-            stored.append(row)
-        changed += len(last.keys() - seen.keys())  # rows gone
-        if table is None:
-            table = self._results = _AmortizedTable()
-        elif not changed and not flush:
-            return
-        table.seen, table.rows = seen, stored
-        table.unwritten += changed
-        if self.curves is not None and changed:
-            self.curves.add_results(stored)
-        if table.due(force=flush):
-            table.write(self.results_parquet)
+        if isinstance(rows, TrackedDict):
+            tracked = rows
+
+            def current() -> list[dict[str, Any]]:
+                ids = tracked if order is None else order
+                return [self._stored_row(c, tracked[c]) for c in ids if c in tracked]
+
+            changed = table.take_tracked(tracked, current)
+            fresh = [self._stored_row(c, tracked[c]) for c in changed if c in tracked]
+        else:
+            changed = table.take_rows(rows, key=lambda r: r.get("config_id"),
+                                      convert=lambda old, r: self._stored_row(r.get("config_id"), r))  # fmt: skip
+            fresh = [table.seen[k] for k in changed if k in table.seen]
+        if self.curves is not None and fresh:
+            self.curves.add_results(fresh)
+        if changed or flush:
+            table.write_if_due(self.results_parquet, force=flush)
 
     def flush_results(self, *, force: bool = True) -> None:
         """Write ``results.parquet`` and ``jobs.parquet`` if rows changed since their last write:
@@ -258,8 +262,8 @@ class SweepStore:
         metric flushes call it between its writes of the tables, so that a reader is not a job's
         time behind)."""
         for table, path in ((self._results, self.results_parquet), (self._jobs, self.jobs_parquet)):
-            if table is not None and table.due(force=force):
-                table.write(path)
+            if table is not None:
+                table.write_if_due(path, force=force)
 
     def close_curves(self) -> None:
         """Write the curves still queued and close their sinks (the sweep's end)."""
@@ -277,10 +281,12 @@ class SweepStore:
         if "results" in state:  # adapter paths relative to the directory
             self._reroot()
             results = state["results"]
-            state = {
-                **state,
-                "results": {c: self._stored_row(c, r) for c, r in results.items()},
-            }
+            stored: Mapping[str, Any]
+            if isinstance(results, TrackedDict):  # converted as the log reads a changed one
+                stored = MappedView(results, self._stored_row)
+            else:
+                stored = {c: self._stored_row(c, r) for c, r in results.items()}
+            state = {**state, "results": stored}
         self._state_parts.root = self.root  # a new directory is renamed into place
         head = self._state_parts.split(state)  # the growing sections: appended to their logs
         atomic_write_json(self.state_json, {**head, "sweepdir_version": schema.SCHEMA_VERSION})
@@ -408,33 +414,82 @@ class _AmortizedTable:
 
     def __init__(self, columns: list[str] | None = None) -> None:
         self.columns = columns  # None: those of the rows
-        self.rows: list[dict[str, Any]] = []
-        self.seen: dict[Any, dict[str, Any]] = {}  # key (config id; job id, attempt) -> its row
+        self.current: Callable[[], list[dict[str, Any]]] = list  # the rows to write now
+        self.rows = 0  # how many there are
+        self.seen: dict[Any, dict[str, Any]] = {}  # rows compared in full: key -> its copy
+        self.mark: tuple[object, int] | None = None  # a tracked container: (tracker, version)
         self.unwritten = 0  # rows changed (or gone) since the last write
         self.written_at: float | None = None  # time.monotonic() of the last write
         self.took_s = 0.0  # and how long it took
 
-    def due(self, *, force: bool) -> bool:
-        """True when the rows are to be written now (see :meth:`SweepStore.write_results`)."""
-        if self.written_at is None:
-            return True
-        if not self.unwritten:
-            return False
-        age = time.monotonic() - self.written_at
-        return (
-            force
-            or self.unwritten >= RESULTS_REWRITE_SHARE * len(self.rows)
-            or age >= max(RESULTS_STALE_S, RESULTS_STALE_FACTOR * self.took_s)
-        )
+    def take_tracked(
+        self, rows: TrackedDict[Any, Any] | TrackedList[Any], current: Callable[[], list[Any]]
+    ) -> list[Any]:
+        """Take a tracked container's rows (``current()``: them, as written); returns the keys
+        changed since the last call (every key when the container is not the last one)."""
+        keys = None
+        if self.mark is not None and self.mark[0] is rows.tracker:
+            keys = rows.changed_since(self.mark[1])
+        if keys is None:
+            keys = list(range(len(rows))) if isinstance(rows, list) else list(rows)
+            keys += [k for k in self.seen if k not in keys] if self.seen else []
+        self.mark = (rows.tracker, rows.version)
+        self.seen, self.current, self.rows = {}, current, len(rows)
+        self.unwritten += len(keys)
+        return keys
 
-    def write(self, path: Path) -> None:
+    def take_rows(
+        self,
+        rows: Iterable[Mapping[str, Any]],
+        *,
+        key: Callable[[Mapping[str, Any]], Any],
+        convert: Callable[[dict[str, Any] | None, Mapping[str, Any]], dict[str, Any]],
+    ) -> list[Any]:
+        """Take ``rows`` compared with the copies last given (``convert(old, row)``: the copy to
+        keep, ``old`` itself while equal); returns the keys changed or gone."""
+        last, seen, changed = self.seen, {}, []
+        for r in rows:
+            k = key(r)
+            old = last.get(k)
+            row = convert(old, r)
+            if row is not old:
+                changed.append(k)
+            seen[k] = row
+        changed += [k for k in last.keys() - seen.keys()]  # rows gone
+        stored = list(seen.values())
+        self.mark, self.seen, self.rows = None, seen, len(stored)
+        self.current = lambda: stored
+        self.unwritten += len(changed)
+        return changed
+
+    def write_if_due(self, path: Path, *, force: bool) -> None:
+        """Write the rows when due (see :meth:`SweepStore.write_results`)."""
+        if self.written_at is not None:
+            if not self.unwritten:
+                return
+            age = time.monotonic() - self.written_at
+            if not (
+                force
+                or self.unwritten >= RESULTS_REWRITE_SHARE * self.rows
+                or age >= max(RESULTS_STALE_S, RESULTS_STALE_FACTOR * self.took_s)
+            ):
+                return
         import pandas as pd
 
         start = time.monotonic()
-        _write_parquet(path, pd.DataFrame(self.rows, columns=self.columns))
+        _write_parquet(path, pd.DataFrame(self.current(), columns=self.columns))
         self.written_at = time.monotonic()
         self.took_s = self.written_at - start
         self.unwritten = 0
+
+
+def _job_key(row: Mapping[str, Any]) -> Any:
+    return (row.get("job_id"), row.get("attempt"))
+
+
+def _changed_copy(old: dict[str, Any] | None, row: Mapping[str, Any]) -> dict[str, Any]:
+    """``old`` while ``row`` equals it, else a copy of ``row`` (rows change in place)."""
+    return old if old is not None and old == row else _row_copy(row)
 
 
 def _write_parquet(path: Path, df: pd.DataFrame) -> None:

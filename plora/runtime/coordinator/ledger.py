@@ -7,13 +7,14 @@ per-config status to :class:`ConfigStatus` and what the searcher is told about a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from plora.config import LoRAConfig
 from plora.engine.api import StepReport
 from plora.runtime.records import ConfigStatus, JobSpec, JobStatus
 from plora.sweepdir.schema import JOB_TIMINGS
+from plora.sweepdir.tracked import TrackedList
 
 
 def metric_rows(
@@ -102,14 +103,31 @@ def job_row(
     }
 
 
-def upsert_job_row(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
-    """Replace the row of the same attempt (job id, attempt, start) or append ``row``."""
-    key = (row["job_id"], row["attempt"], row["start"])
-    for i, old in enumerate(rows):
-        if (old["job_id"], old["attempt"], old["start"]) == key:
-            rows[i] = row
-            return
-    rows.append(row)
+class JobRows(TrackedList[dict[str, Any]]):
+    """``jobs.parquet``'s rows, one per job attempt, with each attempt's place: an upsert found
+    its row by scanning every row (quadratic over a sweep). Tracked
+    (:mod:`plora.sweepdir.tracked`): the writers read only the rows changed."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = ()) -> None:
+        super().__init__(rows)
+        self._at = {_attempt(r): i for i, r in enumerate(self)}
+
+    def upsert(self, row: dict[str, Any]) -> None:
+        """Replace the row of the same attempt (job id, attempt, start) or append ``row``."""
+        key = _attempt(row)
+        i = self._at.get(key)
+        if i is None or i >= len(self) or _attempt(self[i]) != key:  # moved: find it again
+            self._at = {_attempt(r): i for i, r in enumerate(self)}
+            i = self._at.get(key)
+        if i is None:
+            self._at[key] = len(self)
+            self.append(row)
+        else:
+            self[i] = row
+
+
+def _attempt(row: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    return (row["job_id"], row["attempt"], row["start"])
 
 
 def config_status(value: Any, *, stopped: bool) -> ConfigStatus:
@@ -160,11 +178,11 @@ def _f(x: Any) -> float | None:
 
 
 __all__ = [
+    "JobRows",
     "config_status",
     "job_row",
     "metric_rows",
     "result_row",
     "spec_state",
     "tell_metrics",
-    "upsert_job_row",
 ]

@@ -27,6 +27,7 @@ from typing import Any
 
 from plora.cost.overheads import EvalMetric, OverheadKind, OverheadSample
 from plora.engine.api import PackOutcome, StepReport
+from plora.sweepdir.tracked import TrackedList
 
 
 class Measurements:
@@ -41,8 +42,9 @@ class Measurements:
     def __init__(self, *, calibration_steps: int = 3, max_steps_per_pack: int = 16) -> None:
         self.calibration_steps = calibration_steps
         self.max_steps_per_pack = max_steps_per_pack
-        self.steps: list[dict[str, Any]] = []
+        self.steps: TrackedList[dict[str, Any]] = TrackedList()
         self.overheads: list[OverheadSample] = []
+        self._overhead_rows: TrackedList[dict[str, Any]] = TrackedList()  # them, as saved
         self.calibrated = calibration_steps <= 0
         self._seen: dict[str, int] = {}
         self._index: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -78,7 +80,8 @@ class Measurements:
                         "steps": [],
                     }
                 )
-            entry = self.steps[self._index[key]]
+            index = self._index[key]
+            entry = self.steps[index]
             if len(entry["steps"]) < self.max_steps_per_pack:
                 p = report.profile
                 entry["steps"].append(
@@ -88,6 +91,7 @@ class Measurements:
                         "peak_memory_bytes": int(p.peak_memory_bytes),
                     }
                 )
+                self.steps.touch(index)  # changed in place: the state's writer is told
         if not self.calibrated and self.num_steps >= self.calibration_steps:
             self.calibrated = True
             return True
@@ -136,12 +140,17 @@ class Measurements:
             self._add(OverheadKind.CHECKPOINT, t.checkpoint_s, count=t.checkpoints)
 
     def _add(self, kind: OverheadKind, seconds: float, *, count: int = 1) -> None:
-        self.overheads.append(OverheadSample(kind=kind, seconds=float(seconds), count=count))
+        sample = OverheadSample(kind=kind, seconds=float(seconds), count=count)
+        self.overheads.append(sample)
+        self._overhead_rows.append(sample.to_dict())
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self, *, live: bool = False) -> dict[str, Any]:
+        """JSON-able state; ``live``: the growing lists themselves (tracked, for the state's
+        writer: :meth:`plora.runtime.coordinator.state.CoordinatorState.get_state`), else
+        copies."""
         return {
-            "steps": self.steps,
-            "overheads": [o.to_dict() for o in self.overheads],
+            "steps": self.steps if live else list(self.steps),
+            "overheads": self._overhead_rows if live else list(self._overhead_rows),
             "calibrated": self.calibrated,
             "pending_starts": list(self._pending_starts),
             "first_steps": {k: list(v) for k, v in self._first_steps.items()},
@@ -150,8 +159,9 @@ class Measurements:
     def set_state(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         if not isinstance(state, Mapping):  # sweeps saved before overheads were measured
             state = {"steps": state, "calibrated": True}
-        self.steps = [dict(m) for m in state.get("steps", ())]
+        self.steps = TrackedList(dict(m) for m in state.get("steps", ()))
         self.overheads = [OverheadSample.from_dict(o) for o in state.get("overheads", ())]
+        self._overhead_rows = TrackedList(o.to_dict() for o in self.overheads)
         self.calibrated = bool(state.get("calibrated", self.calibrated))
         self._index = {(m["job_id"], tuple(m["config_ids"])): i for i, m in enumerate(self.steps)}
         self._seen = {}

@@ -25,7 +25,7 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from plora.runtime.coordinator.ledger import job_row, upsert_job_row
+from plora.runtime.coordinator.ledger import job_row
 from plora.runtime.coordinator.state import CoordinatorState, RunningJob
 from plora.runtime.records import Decision, JobStatus
 
@@ -39,7 +39,7 @@ def record_metrics(state: CoordinatorState, rows: list[dict[str, Any]], *, now: 
     journal.store.append_metrics(rows)
     if now - journal.last_flush >= journal.flush_s:
         journal.store.flush_metrics()
-        journal.store.write_state(state.get_state())
+        journal.store.write_state(state.get_state(live=True))
         journal.store.flush_results(force=False)  # results and jobs tables: when due
         journal.last_flush = now
 
@@ -90,7 +90,7 @@ def record_job(
         status=status,
         timings=timings,
     )
-    upsert_job_row(state.journal.job_rows, row)
+    state.journal.job_rows.upsert(row)
 
 
 def persist(state: CoordinatorState) -> None:
@@ -107,9 +107,8 @@ def persist(state: CoordinatorState) -> None:
     journal.last_flush = state.now()
     done = state.is_done()  # the whole tables at the end
     journal.store.write_jobs(journal.job_rows, flush=done)
-    rows = [results[c] for c in state.configs.by_id if c in results]
-    journal.store.write_results(rows, flush=done)
-    journal.store.write_state(state.get_state())
+    journal.store.write_results(results, order=state.configs.by_id, flush=done)
+    journal.store.write_state(state.get_state(live=True))
 
 
 @contextlib.contextmanager

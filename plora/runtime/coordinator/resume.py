@@ -15,6 +15,7 @@ from typing import Any
 from plora.config import LoRAConfig
 from plora.config.diff import changes_space
 from plora.runtime.coordinator import pause
+from plora.runtime.coordinator.ledger import JobRows
 from plora.runtime.coordinator.state import FINISHED, CoordinatorState
 from plora.runtime.records import (
     ConfigStatus,
@@ -63,7 +64,7 @@ def restore_state(
         aliases={k: list(v) for k, v in saved.get("aliases", {}).items()},
     )
     state.measure.set_state(saved["measurements"])
-    state.journal.job_rows = [
+    state.journal.job_rows = JobRows(
         {
             **r,
             "status": str(JobStatus.INTERRUPTED),
@@ -72,7 +73,7 @@ def restore_state(
         if r["status"] == JobStatus.RUNNING
         else r
         for r in saved["job_rows"]
-    ]
+    )
     new_space = changes_space(list(changed))
     if not new_space:
         state.source.set_state(decode_state(saved["source"]))

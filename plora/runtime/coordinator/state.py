@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from plora.config import LoRAConfig
 from plora.cost import CostModel
 from plora.planner.types import Job, Plan
-from plora.runtime.coordinator.ledger import result_row, spec_state
+from plora.runtime.coordinator.ledger import JobRows, result_row, spec_state
 from plora.runtime.coordinator.measure import Measurements
 from plora.runtime.coordinator.residency import Residency
 from plora.runtime.records import (
@@ -41,6 +41,12 @@ from plora.runtime.records import (
     encode_state,
 )
 from plora.sweepdir.store import SweepStore
+from plora.sweepdir.tracked import MappedView, TrackedDict, TrackedList
+
+
+def _text(_config_id: str, status: ConfigStatus) -> str:
+    return str(status)
+
 
 #: Statuses a config ends in.
 FINISHED = (ConfigStatus.DONE, ConfigStatus.STOPPED, ConfigStatus.FAILED)
@@ -85,11 +91,15 @@ class ConfigBook:
     """Every config the source gave, where it stands and how it ended."""
 
     by_id: dict[str, LoRAConfig] = dataclasses.field(default_factory=dict)
-    status: dict[str, ConfigStatus] = dataclasses.field(default_factory=dict)
-    progress: dict[str, int] = dataclasses.field(default_factory=dict)
+    status: TrackedDict[str, ConfigStatus] = dataclasses.field(default_factory=TrackedDict)
+    progress: TrackedDict[str, int] = dataclasses.field(default_factory=TrackedDict)
     """Config id -> its last reported step."""
-    results: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    """Config id -> its ``results.parquet`` row."""
+    results: TrackedDict[str, dict[str, Any]] = dataclasses.field(default_factory=TrackedDict)
+    """Config id -> its ``results.parquet`` row (a row is replaced, never changed in place)."""
+    rows: TrackedList[dict[str, Any]] = dataclasses.field(default_factory=TrackedList)
+    """Each config of :attr:`by_id` as ``state.json`` holds it (``LoRAConfig.to_dict``), in
+    the same order: made once, when the config comes. The books above are tracked
+    (:mod:`plora.sweepdir.tracked`): a write of ``state.json`` reads only what changed."""
     stop_requests: set[str] = dataclasses.field(default_factory=set)
     """Running configs asked to stop (their job stops them at its next poll)."""
     by_hparams: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -118,6 +128,7 @@ class ConfigBook:
             return first
         self.by_hparams[config.fingerprint()] = config.config_id
         self.by_id[config.config_id] = config
+        self.rows.append(config.to_dict())
         self.status[config.config_id] = ConfigStatus.QUEUED
         return None
 
@@ -137,7 +148,9 @@ class ConfigBook:
     ) -> None:
         """Replace everything with a saved sweep's books (``--resume``)."""
         self.by_id = {c.config_id: c for c in configs}
-        self.status, self.progress, self.results = status, progress, results
+        self.rows = TrackedList(c.to_dict() for c in self.by_id.values())
+        self.status, self.progress = TrackedDict(status), TrackedDict(progress)
+        self.results = TrackedDict(results)
         self.stop_requests = set(stop_requests)
         self.by_hparams = {c.fingerprint(): cid for cid, c in self.by_id.items()}
         self.aliases = aliases
@@ -252,7 +265,7 @@ class Journal:
 
     store: SweepStore | None = None
     decisions: list[DecisionRecord] = dataclasses.field(default_factory=list)
-    job_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    job_rows: JobRows = dataclasses.field(default_factory=JobRows)
     flush_s: float = 5.0
     last_flush: float = -1e9
     reporter: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
@@ -374,30 +387,45 @@ class CoordinatorState:
         """Seconds since the sweep started (continues across ``--resume``)."""
         return self.clock.now()
 
-    def get_state(self) -> dict[str, Any]:
-        """JSON-able state for ``--resume`` (:func:`.resume.restore_state` restores it)."""
+    def get_state(self, *, live: bool = False) -> dict[str, Any]:
+        """JSON-able state for ``--resume`` (:func:`.resume.restore_state` restores it).
+
+        Args:
+            live: The sections that grow with the sweep as the tracked books themselves (or
+                views of them: :mod:`plora.sweepdir.tracked`), not copies -- for
+                :meth:`SweepStore.write_state <plora.sweepdir.store.SweepStore.write_state>`,
+                which then reads only what changed since its last write. Building every
+                section again at each write was linear in the sweep (the early stopper's
+                records alone: 7.8 s of 50 at 4,000 configs, ``benchmarks/state_writes.py``).
+        """
         # a running job's configs as they are now: refilled ones are in its checkpoint too
-        by_id = self.configs.by_id
+        by_id, book = self.configs.by_id, self.configs
         running = [
             dataclasses.replace(r.spec, configs=tuple(by_id[c] for c in r.config_ids))
             for r in self.jobs.running.values()
         ]
+        early_stop = None
+        if self.early_stop is not None:
+            live_state = getattr(self.early_stop, "live_state", None) if live else None
+            early_stop = live_state() if live_state is not None else self.early_stop.get_state()
         return {
             "version": 1,
             "elapsed_s": self.now(),
             "next_job": self.jobs.next_job,
             "plans": self.plans.count,
-            "configs": [c.to_dict() for c in by_id.values()],
-            "status": {c: str(s) for c, s in self.configs.status.items()},
-            "progress": self.configs.progress,
-            "results": self.configs.results,
-            "stop_requests": sorted(self.configs.stop_requests),
+            "configs": book.rows if live else list(book.rows),
+            "status": MappedView(book.status, _text)
+            if live
+            else {c: str(s) for c, s in book.status.items()},
+            "progress": book.progress if live else dict(book.progress),
+            "results": book.results if live else dict(book.results),
+            "stop_requests": sorted(book.stop_requests),
             "interrupted": [spec_state(s) for s in [*running, *self.jobs.forced]],
-            "measurements": self.measure.get_state(),
-            "job_rows": self.journal.job_rows,
+            "measurements": self.measure.get_state(live=live),
+            "job_rows": self.journal.job_rows if live else list(self.journal.job_rows),
             "source": encode_state(self.source.get_state()),
-            "aliases": self.configs.aliases,
-            "early_stop": None if self.early_stop is None else self.early_stop.get_state(),
+            "aliases": book.aliases,
+            "early_stop": early_stop,
         }
 
     def decide(
