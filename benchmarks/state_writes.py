@@ -7,7 +7,8 @@ state's rungs), and the config that arrived 20 turns before ends with a result (
 stopped); then the
 coordinator's state is written with ``SweepStore.write_state`` and the results with
 ``write_results``, as ``plora.runtime.coordinator.recording.persist`` does. The shape of the
-state is the coordinator's (``CoordinatorState.get_state``); its numbers are made up.
+state is the coordinator's (``CoordinatorState.get_state(live=True)``: tracked books where the
+tree has them, ``plora.sweepdir.tracked``); its numbers are made up.
 
 Usage::
 
@@ -39,13 +40,19 @@ def measure(configs: int) -> dict:
     from plora.sweepdir.store import SweepStore
     from plora.tune.adapter_stopper import AdapterEarlyStopper
 
+    try:  # the coordinator's books are tracked (what changed is told, not found by comparing)
+        from plora.sweepdir.tracked import TrackedDict, TrackedList
+    except ImportError:  # a tree from before: plain containers, compared in full at each write
+        TrackedDict, TrackedList = dict, list  # type: ignore[misc,assignment]  # noqa: N806
+    tracked = TrackedDict is not dict
     rng = random.Random(0)
     stopper = AdapterEarlyStopper(EarlyStopConfig(grace_steps=10, reduction_factor=2))
     ids: list[str] = []
-    status: dict[str, str] = {}
-    progress: dict[str, int] = {}
-    results: dict[str, dict] = {}
-    rows: dict[str, list] = {"configs": [], "job_rows": [], "steps": []}
+    status: dict[str, str] = TrackedDict()
+    progress: dict[str, int] = TrackedDict()
+    results: dict[str, dict] = TrackedDict()
+    rows: dict[str, list] = {"configs": TrackedList(), "job_rows": TrackedList(),
+                             "steps": TrackedList()}  # fmt: skip
     state_ms: list[float] = []
     results_ms: list[float] = []
     with tempfile.TemporaryDirectory() as d:
@@ -75,12 +82,15 @@ def measure(configs: int) -> dict:
                 "version": 1, "elapsed_s": float(turn), "configs": rows["configs"],
                 "status": status, "progress": progress, "results": results,
                 "job_rows": rows["job_rows"], "measurements": {"steps": rows["steps"]},
-                "early_stop": stopper.get_state(),
+                "early_stop": stopper.live_state() if tracked else stopper.get_state(),
             }  # fmt: skip
             t = time.perf_counter()
             store.write_state(state)
             t1 = time.perf_counter()
-            store.write_results([results[c] for c in ids if c in results])
+            if tracked:  # as the coordinator hands them over: the mapping, and its order
+                store.write_results(results, order=ids)
+            else:
+                store.write_results([results[c] for c in ids if c in results])
             t2 = time.perf_counter()
             state_ms.append(1000 * (t1 - t))
             results_ms.append(1000 * (t2 - t1))
