@@ -223,7 +223,7 @@ def status_text(root: str) -> str:
 
     path = reader.check_sweep_dir(root)
     missing: dict[str, str] = {}
-    state = reader.read_state(path, missing)
+    state = reader.read_state(path, missing, sections=("status",))  # not the other sections
     if int(state.get("sweepdir_version", 1)) > schema.SCHEMA_VERSION:
         raise ConfigError(
             f"{path}: sweep directory version {state['sweepdir_version']} is newer than this "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,12 +117,20 @@ def read_plan(path: Path, missing: Missing = None) -> dict[str, Any]:
     return _read_json(path / schema.PLAN_JSON, missing)
 
 
-def read_state(path: Path, missing: Missing = None) -> dict[str, Any]:
+def read_state(
+    path: Path, missing: Missing = None, *, sections: Collection[str] | None = None
+) -> dict[str, Any]:
     """``state.json`` with the section logs it names (:mod:`.state_parts`), the driver's
-    state (``{}`` when absent)."""
+    state (``{}`` when absent); ``sections``: only these logged sections (e.g. ``("status",)``;
+    the others are left out and their lines not decoded)."""
     head = _read_json(path / schema.STATE_JSON, missing)
     try:
-        return assemble_live(path, head, lambda: _read_json(path / schema.STATE_JSON, missing))
+        return assemble_live(
+            path,
+            head,
+            lambda: _read_json(path / schema.STATE_JSON, missing),
+            sections=sections,
+        )
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         _damaged(path / schema.STATE_JSON, exc, missing, "the sweep dir is damaged")
         return {}
