@@ -63,7 +63,7 @@ def plan_check(out: str | os.PathLike[str]) -> PlanCheck:
         ValueError: the first run has no plan or did not finish (no ``sweep_done`` decision).
     """
     store = SweepStore(out)
-    decisions = store.read_decisions()
+    decisions = store.read_decisions()  # parsed once per version: ``plora status`` read it too
     resumed = next((i for i, d in enumerate(decisions) if d["kind"] == "resume"), None)
     decisions = decisions[:resumed]  # the first run's (a resumed run has a clock of its own)
     plan = next((d for d in decisions if d["kind"] == "plan"), None)

@@ -231,14 +231,14 @@ def status_text(root: str) -> str:
         )
     jobs = reader.read_jobs(path, missing)
     results = reader.read_results(path, missing)
-    decisions = reader.read_decisions(path, missing)
+    decisions = reader.read_decision_records(path, missing)  # parsed once: the plan check too
     counts: dict[str, int] = {}
     statuses = state.get("status")
     if not isinstance(statuses, dict):  # no state.json: the results table knows the ended ones
         statuses = dict(zip(results.get("config_id", []), results.get("status", []), strict=True))
     for s in statuses.values():
         counts[str(s)] = counts.get(str(s), 0) + 1
-    kinds = decisions["kind"] if len(decisions) else []
+    kinds = [d.get("kind") for d in decisions]
     kinds = [k for k in kinds if k != "timeline"]  # the driver's last record, after sweep_done
     done = len(kinds) > 0 and kinds[-1] == "sweep_done"
     elapsed = state.get("elapsed_s")
@@ -270,7 +270,7 @@ def status_text(root: str) -> str:
                 )
     sweep = read_sweep(path)
     with contextlib.suppress(ConfigError, TypeError, ValueError):  # a partial or odd sweep.yaml
-        note = samples_line(decisions.to_dict("records"), search=str(sweep.get("search", "grid")),
+        note = samples_line(decisions, search=str(sweep.get("search", "grid")),
                             asked=SweepConfig.from_dict(sweep).num_configs, finished=done)  # fmt: skip
         if note:
             lines.append(note)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from plora.config import ConfigError
 from plora.sweepdir import schema
+from plora.sweepdir.decisions import read_records
 from plora.sweepdir.parts import read_table
 from plora.sweepdir.state_parts import assemble_live
 
@@ -153,6 +154,23 @@ def read_decisions(path: Path, missing: Missing = None) -> pd.DataFrame:
     return _read_decisions(path, missing)
 
 
+def read_decision_records(path: Path, missing: Missing = None) -> list[dict[str, Any]]:
+    """``decisions.jsonl``'s records as dicts, in order (``[]`` when absent); a torn line is
+    skipped. Parsed once per version of the file in a process
+    (:func:`plora.sweepdir.decisions.read_records`: shared dicts, do not change them).
+    ``decisions.parquet`` is read in its place when present."""
+    if (path / "decisions.parquet").exists():
+        return _read_parquet(path / "decisions.parquet", (), missing).to_dict("records")
+    jl = path / schema.DECISIONS_JSONL
+    if _absent(jl, missing):
+        return []
+    try:
+        return read_records(jl)
+    except OSError as exc:
+        _damaged(jl, exc, missing, "the sweep dir is damaged")
+        return []
+
+
 #: Sweep metrics (``SweepConfig.metric``) whose ``results.parquet`` column has another name.
 METRIC_COLUMN = {"train_loss": "final_train_loss"}
 
@@ -246,16 +264,7 @@ def _read_decisions(path: Path, missing: Missing = None) -> pd.DataFrame:
 
     if (path / "decisions.parquet").exists():
         return _read_parquet(path / "decisions.parquet", (), missing)
-    jl = path / schema.DECISIONS_JSONL
-    if _absent(jl, missing):
-        return pd.DataFrame()
-    rows = []
-    for line in jl.read_text(errors="replace").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line: the driver was killed mid-write
-            continue
-    return pd.DataFrame([r for r in rows if isinstance(r, dict)])
+    return pd.DataFrame(read_decision_records(path, missing))
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -361,6 +370,7 @@ __all__ = [
     "missing_note",
     "objective",
     "read_data_report",
+    "read_decision_records",
     "read_decisions",
     "read_jobs",
     "read_metrics",

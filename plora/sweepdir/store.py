@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from plora.config import ConfigError
 from plora.sweepdir import schema
+from plora.sweepdir.decisions import read_records
 from plora.sweepdir.lock import SweepLock, check_not_locked
 from plora.sweepdir.parts import PartTable, read_table
 from plora.sweepdir.schema import JOB_COLUMNS, METRIC_COLUMNS, METRIC_DTYPES
@@ -370,15 +371,14 @@ class SweepStore:
         return schema.resolve_paths(pd.read_parquet(self.results_parquet), self.root)
 
     def read_decisions(self) -> list[dict[str, Any]]:
-        """Decision records in order; a torn last line (driver killed mid-write) is skipped."""
+        """Decision records in order; a torn last line (driver killed mid-write) is skipped.
+
+        Parsed once per version of the file (:func:`plora.sweepdir.decisions.read_records`:
+        the record dicts are shared, do not change them)."""
         self.flush_decisions()
         if not self.decisions_jsonl.is_file():
             return []
-        out = []
-        for line in self.decisions_jsonl.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                out.append(json.loads(line))
-        return out
+        return read_records(self.decisions_jsonl)
 
     def read_plan(self) -> dict[str, Any] | None:
         if not self.plan_json.is_file():
