@@ -9,6 +9,7 @@ module is the one place that says what is in it. Layout (``DIR`` is ``plora swee
     DIR/base_model/         built-in tiny base model saved as a HF dir (adapters reload on it)
     DIR/base_model.json     the base-model reference ({"name_or_path", "dtype", "quantization", "local_dir"})
     DIR/plan.json           the latest plan; DIR/plans/plan-NNN.json every plan in order
+                            (:func:`plan_file` names one)
     DIR/decisions.jsonl     one JSON line per coordinator decision (append-only)
     DIR/jobs.parquet        one row per job attempt (:data:`JOB_COLUMNS`)
     DIR/metrics.parquet/    one row per (config, step) (:data:`METRIC_COLUMNS`): a directory of
@@ -90,6 +91,13 @@ STATE_JSON = "state.json"
 DATA_JSON = "data.json"
 TENSORBOARD_DIR = "tensorboard"
 LOG_FILE = "plora.log"  # the driver's log (plora.sweepdir.logfile)
+
+
+def plan_file(index: int) -> str:
+    """The plan of index ``index`` (0: the sweep's first), relative to the sweep directory:
+    ``plans/plan-NNN.json``."""
+    return f"{PLANS_DIR}/plan-{index:03d}.json"
+
 
 #: Hyperparameter columns of ``results.parquet`` (``LoRAConfig.hparams()``), in the order
 #: tables and plots show them.
@@ -253,6 +261,7 @@ __all__ = [
     "TENSORBOARD_DIR",
     "ConfigStatus",
     "JobStatus",
+    "plan_file",
     "resolve_paths",
     "resolved_path",
     "stored_path",
