@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -14,7 +15,7 @@ from plora.sweepdir.reader import objective, read_sweep
 
 
 def _fmt_s(s: float | None) -> str:
-    if s is None:
+    if s is None or not math.isfinite(s):  # e.g. a plan with an infinite lower bound
         return "?"
     s = round(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
