@@ -4,7 +4,8 @@
 * :mod:`plora.sweepdir.store` -- :class:`SweepStore`, the atomic writer (and ``--resume``'s reader);
 * :mod:`plora.sweepdir.lock` -- one writer per sweep directory (the lock ``plora sweep`` holds);
 * :mod:`plora.sweepdir.reader` -- tolerant readers into DataFrames (:mod:`plora.analysis` uses them);
-* :mod:`plora.sweepdir.decisions` -- ``decisions.jsonl`` parsed once per version.
+* :mod:`plora.sweepdir.decisions` -- ``decisions.jsonl`` parsed once per version, a plan
+  decision's jobs (listed, or in the plan file it names).
 
 The schema imports nothing heavy; the reader and the store (pandas) load on first use.
 """
@@ -22,6 +23,7 @@ _LAZY = {
     "check_sweep_dir": "plora.sweepdir.reader",
     "read_decision_records": "plora.sweepdir.reader",
     "read_decisions": "plora.sweepdir.reader",
+    "decision_jobs": "plora.sweepdir.decisions",
     "read_jobs": "plora.sweepdir.reader",
     "read_metrics": "plora.sweepdir.reader",
     "read_plan": "plora.sweepdir.reader",

@@ -1,4 +1,4 @@
-"""``decisions.jsonl`` read once per version of the file.
+"""``decisions.jsonl`` read once per version, and a plan decision's jobs wherever they are kept.
 
 The coordinator's decision log is the largest file a sweep directory's readers parse: about
 150,000 records at 10,000 configs, which ``plora status`` read twice (the status text and the
@@ -6,6 +6,11 @@ plan check), 7 s of ``json.loads`` between them (``benchmarks/RESULTS.md``, issu
 :func:`read_records` parses a given version of the file once per process: it keeps the records
 of each file it read keyed on the file's size, modification time and inode, so a second reader
 of the same version gets them at once and a grown file (the driver appends) is read again.
+
+A ``replan`` decision names its plan file (``plan_file``: ``plans/plan-NNN.json``, which holds
+the plan's jobs) and counts its configs and jobs instead of listing them (layout version 5,
+:data:`plora.sweepdir.schema.SCHEMA_VERSION`); directories written before list them in every
+plan decision. :func:`decision_jobs` gives a plan decision's jobs either way.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,4 +70,32 @@ def _parse(data: bytes) -> list[dict[str, Any]]:
     return records
 
 
-__all__ = ["CACHED_FILES", "read_records"]
+def decision_jobs(root: str | os.PathLike[str], record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The jobs of a ``plan`` / ``replan`` decision of the sweep directory ``root``.
+
+    Those the record lists (``inputs.jobs``: the first plan's, and every plan's in a directory
+    written before layout version 5), else those of the plan file it names (``inputs.plan_file``,
+    relative to ``root``; each job has ``job_id``, ``config_ids``, ``gpus``, ``micro_batches``
+    and ``max_rows`` either way, the plan file's times and memory too).
+
+    Raises:
+        ValueError: the record neither lists jobs nor names a plan file (it is no plan
+            decision, or it was logged without a sweep directory).
+        FileNotFoundError: the plan file it names is gone.
+    """
+    inputs = record.get("inputs")
+    inputs = inputs if isinstance(inputs, Mapping) else {}
+    jobs = inputs.get("jobs")
+    if isinstance(jobs, list):
+        return jobs
+    name = inputs.get("plan_file")
+    if not name:
+        raise ValueError(
+            f"decision {record.get('kind')!r} at {record.get('time_s')} s lists no jobs and names "
+            "no plan file; pass a plan or replan decision of a sweep directory"
+        )
+    plan = json.loads((Path(root) / str(name)).read_text())
+    return list(plan["jobs"])
+
+
+__all__ = ["CACHED_FILES", "decision_jobs", "read_records"]

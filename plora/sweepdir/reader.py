@@ -150,7 +150,10 @@ def read_data_report(path: Path, missing: Missing = None) -> dict[str, Any] | No
 
 
 def read_decisions(path: Path, missing: Missing = None) -> pd.DataFrame:
-    """Coordinator decisions, one row each (empty when absent); a torn line is skipped."""
+    """Coordinator decisions, one row each (empty when absent); a torn line is skipped.
+
+    A ``replan`` row names its plan file instead of listing its jobs (layout version 5):
+    :func:`plora.sweepdir.decisions.decision_jobs` gives them."""
     return _read_decisions(path, missing)
 
 
