@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from plora.sweepdir.decisions import decision_jobs
 from plora.sweepdir.store import SweepStore
 
 #: Job terms compared (``plora.cost.jobterms.JobTimeTerms`` and ``jobs.parquet`` columns).
@@ -63,7 +64,7 @@ def plan_check(out: str | os.PathLike[str]) -> PlanCheck:
         ValueError: the first run has no plan or did not finish (no ``sweep_done`` decision).
     """
     store = SweepStore(out)
-    decisions = store.read_decisions()
+    decisions = store.read_decisions()  # parsed once per version: ``plora status`` read it too
     resumed = next((i for i, d in enumerate(decisions) if d["kind"] == "resume"), None)
     decisions = decisions[:resumed]  # the first run's (a resumed run has a clock of its own)
     plan = next((d for d in decisions if d["kind"] == "plan"), None)
@@ -76,7 +77,7 @@ def plan_check(out: str | os.PathLike[str]) -> PlanCheck:
             "sweep that ran to its end in one go"
         )
     t0 = plan["time_s"]
-    first_jobs = {job["job_id"] for job in plan["inputs"].get("jobs", [])}
+    first_jobs = {job["job_id"] for job in decision_jobs(store.root, plan)}
     starting = next((d for d in decisions if d["kind"] == "start_workers"), None)
     ready = next((d for d in decisions if d["kind"] == "workers_ready"), None)
     planned_ready = (

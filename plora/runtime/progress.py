@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -14,7 +15,7 @@ from plora.sweepdir.reader import objective, read_sweep
 
 
 def _fmt_s(s: float | None) -> str:
-    if s is None:
+    if s is None or not math.isfinite(s):  # e.g. a plan with an infinite lower bound
         return "?"
     s = round(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -223,7 +224,7 @@ def status_text(root: str) -> str:
 
     path = reader.check_sweep_dir(root)
     missing: dict[str, str] = {}
-    state = reader.read_state(path, missing)
+    state = reader.read_state(path, missing, sections=("status",))  # not the other sections
     if int(state.get("sweepdir_version", 1)) > schema.SCHEMA_VERSION:
         raise ConfigError(
             f"{path}: sweep directory version {state['sweepdir_version']} is newer than this "
@@ -231,14 +232,14 @@ def status_text(root: str) -> str:
         )
     jobs = reader.read_jobs(path, missing)
     results = reader.read_results(path, missing)
-    decisions = reader.read_decisions(path, missing)
+    decisions = reader.read_decision_records(path, missing)  # parsed once: the plan check too
     counts: dict[str, int] = {}
     statuses = state.get("status")
     if not isinstance(statuses, dict):  # no state.json: the results table knows the ended ones
         statuses = dict(zip(results.get("config_id", []), results.get("status", []), strict=True))
     for s in statuses.values():
         counts[str(s)] = counts.get(str(s), 0) + 1
-    kinds = decisions["kind"] if len(decisions) else []
+    kinds = [d.get("kind") for d in decisions]
     kinds = [k for k in kinds if k != "timeline"]  # the driver's last record, after sweep_done
     done = len(kinds) > 0 and kinds[-1] == "sweep_done"
     elapsed = state.get("elapsed_s")
@@ -270,7 +271,7 @@ def status_text(root: str) -> str:
                 )
     sweep = read_sweep(path)
     with contextlib.suppress(ConfigError, TypeError, ValueError):  # a partial or odd sweep.yaml
-        note = samples_line(decisions.to_dict("records"), search=str(sweep.get("search", "grid")),
+        note = samples_line(decisions, search=str(sweep.get("search", "grid")),
                             asked=SweepConfig.from_dict(sweep).num_configs, finished=done)  # fmt: skip
         if note:
             lines.append(note)

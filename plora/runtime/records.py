@@ -24,9 +24,14 @@ class Decision(StrEnum):
     ASK = "ask"
     """New configs came from the searcher."""
     PLAN = "plan"
-    """The first plan of the sweep."""
+    """The first plan of the sweep. Its inputs name its plan file (``plan_file``:
+    ``plans/plan-NNN.json``), count its queued configs and jobs (``num_configs``, ``num_jobs``)
+    and list them too (``config_ids``, ``jobs``: the plan check reads them)."""
     REPLAN = "replan"
-    """A re-plan of the remaining configs (after a job ended or configs arrived)."""
+    """A re-plan of the remaining configs (after a job ended or configs arrived). Its inputs
+    name its plan file and count its configs and jobs, as :attr:`PLAN`'s; they list them only
+    without a sweep directory (:func:`plora.sweepdir.decisions.decision_jobs` reads them from
+    either)."""
     REFIT = "refit"
     """The cost model was refit from measured steps, memory and overheads (old vs new inside);
     the first one, a few steps into the first job, is the calibration."""

@@ -3,7 +3,9 @@
 * :mod:`plora.sweepdir.schema` -- files, table columns and dtypes, statuses, the layout version;
 * :mod:`plora.sweepdir.store` -- :class:`SweepStore`, the atomic writer (and ``--resume``'s reader);
 * :mod:`plora.sweepdir.lock` -- one writer per sweep directory (the lock ``plora sweep`` holds);
-* :mod:`plora.sweepdir.reader` -- tolerant readers into DataFrames (:mod:`plora.analysis` uses them).
+* :mod:`plora.sweepdir.reader` -- tolerant readers into DataFrames (:mod:`plora.analysis` uses them);
+* :mod:`plora.sweepdir.decisions` -- ``decisions.jsonl`` parsed once per version, a plan
+  decision's jobs (listed, or in the plan file it names).
 
 The schema imports nothing heavy; the reader and the store (pandas) load on first use.
 """
@@ -19,7 +21,9 @@ _LAZY = {
     "SUCCESS_STATUSES": "plora.sweepdir.reader",
     "SWEEP_FILES": "plora.sweepdir.reader",
     "check_sweep_dir": "plora.sweepdir.reader",
+    "read_decision_records": "plora.sweepdir.reader",
     "read_decisions": "plora.sweepdir.reader",
+    "decision_jobs": "plora.sweepdir.decisions",
     "read_jobs": "plora.sweepdir.reader",
     "read_metrics": "plora.sweepdir.reader",
     "read_plan": "plora.sweepdir.reader",

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from plora.config import ConfigError
 from plora.sweepdir import schema
+from plora.sweepdir.decisions import read_records
 from plora.sweepdir.parts import read_table
 from plora.sweepdir.state_parts import assemble_live
 
@@ -116,12 +118,20 @@ def read_plan(path: Path, missing: Missing = None) -> dict[str, Any]:
     return _read_json(path / schema.PLAN_JSON, missing)
 
 
-def read_state(path: Path, missing: Missing = None) -> dict[str, Any]:
+def read_state(
+    path: Path, missing: Missing = None, *, sections: Collection[str] | None = None
+) -> dict[str, Any]:
     """``state.json`` with the section logs it names (:mod:`.state_parts`), the driver's
-    state (``{}`` when absent)."""
+    state (``{}`` when absent); ``sections``: only these logged sections (e.g. ``("status",)``;
+    the others are left out and their lines not decoded)."""
     head = _read_json(path / schema.STATE_JSON, missing)
     try:
-        return assemble_live(path, head, lambda: _read_json(path / schema.STATE_JSON, missing))
+        return assemble_live(
+            path,
+            head,
+            lambda: _read_json(path / schema.STATE_JSON, missing),
+            sections=sections,
+        )
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         _damaged(path / schema.STATE_JSON, exc, missing, "the sweep dir is damaged")
         return {}
@@ -140,8 +150,28 @@ def read_data_report(path: Path, missing: Missing = None) -> dict[str, Any] | No
 
 
 def read_decisions(path: Path, missing: Missing = None) -> pd.DataFrame:
-    """Coordinator decisions, one row each (empty when absent); a torn line is skipped."""
+    """Coordinator decisions, one row each (empty when absent); a torn line is skipped.
+
+    A ``replan`` row names its plan file instead of listing its jobs (layout version 5):
+    :func:`plora.sweepdir.decisions.decision_jobs` gives them."""
     return _read_decisions(path, missing)
+
+
+def read_decision_records(path: Path, missing: Missing = None) -> list[dict[str, Any]]:
+    """``decisions.jsonl``'s records as dicts, in order (``[]`` when absent); a torn line is
+    skipped. Parsed once per version of the file in a process
+    (:func:`plora.sweepdir.decisions.read_records`: shared dicts, do not change them).
+    ``decisions.parquet`` is read in its place when present."""
+    if (path / "decisions.parquet").exists():
+        return _read_parquet(path / "decisions.parquet", (), missing).to_dict("records")
+    jl = path / schema.DECISIONS_JSONL
+    if _absent(jl, missing):
+        return []
+    try:
+        return read_records(jl)
+    except OSError as exc:
+        _damaged(jl, exc, missing, "the sweep dir is damaged")
+        return []
 
 
 #: Sweep metrics (``SweepConfig.metric``) whose ``results.parquet`` column has another name.
@@ -237,16 +267,7 @@ def _read_decisions(path: Path, missing: Missing = None) -> pd.DataFrame:
 
     if (path / "decisions.parquet").exists():
         return _read_parquet(path / "decisions.parquet", (), missing)
-    jl = path / schema.DECISIONS_JSONL
-    if _absent(jl, missing):
-        return pd.DataFrame()
-    rows = []
-    for line in jl.read_text(errors="replace").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line: the driver was killed mid-write
-            continue
-    return pd.DataFrame([r for r in rows if isinstance(r, dict)])
+    return pd.DataFrame(read_decision_records(path, missing))
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
@@ -352,6 +373,7 @@ __all__ = [
     "missing_note",
     "objective",
     "read_data_report",
+    "read_decision_records",
     "read_decisions",
     "read_jobs",
     "read_metrics",

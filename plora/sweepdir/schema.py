@@ -9,7 +9,11 @@ module is the one place that says what is in it. Layout (``DIR`` is ``plora swee
     DIR/base_model/         built-in tiny base model saved as a HF dir (adapters reload on it)
     DIR/base_model.json     the base-model reference ({"name_or_path", "dtype", "quantization", "local_dir"})
     DIR/plan.json           the latest plan; DIR/plans/plan-NNN.json every plan in order
-    DIR/decisions.jsonl     one JSON line per coordinator decision (append-only)
+                            (:func:`plan_file` names one)
+    DIR/decisions.jsonl     one JSON line per coordinator decision (append-only); a ``plan`` or
+                            ``replan`` decision names its plan file (``plan_file``) and counts
+                            its configs and jobs; only the first plan's lists them too
+                            (:mod:`plora.sweepdir.decisions` reads both)
     DIR/jobs.parquet        one row per job attempt (:data:`JOB_COLUMNS`)
     DIR/metrics.parquet/    one row per (config, step) (:data:`METRIC_COLUMNS`): a directory of
                             parts, appended without rewriting (:mod:`plora.sweepdir.parts`;
@@ -73,7 +77,13 @@ class JobStatus(StrEnum):
 #: 4: one log holds every section, the configs' status and progress and the early stopper's too,
 #: whose ASHA rungs are saved as one record per (bracket, rung, config) (3 and before: read as
 #: they are).
-SCHEMA_VERSION = 4
+#: 5: a ``replan`` decision of ``decisions.jsonl`` names its plan file (``plan_file``, the
+#: ``plans/plan-NNN.json`` that holds its jobs) and counts its queued configs and jobs
+#: (``num_configs``, ``num_jobs``) instead of listing them (its ``config_ids`` is empty):
+#: listed, they made the log quadratic in re-plans x queue (103 of 110 MB at 10,000 configs).
+#: The first ``plan`` decision lists them still. 4 and before: read as they are
+#: (:func:`plora.sweepdir.decisions.decision_jobs` reads either).
+SCHEMA_VERSION = 5
 
 SWEEP_YAML = "sweep.yaml"
 BASE_MODEL_DIR = "base_model"
@@ -90,6 +100,13 @@ STATE_JSON = "state.json"
 DATA_JSON = "data.json"
 TENSORBOARD_DIR = "tensorboard"
 LOG_FILE = "plora.log"  # the driver's log (plora.sweepdir.logfile)
+
+
+def plan_file(index: int) -> str:
+    """The plan of index ``index`` (0: the sweep's first), relative to the sweep directory:
+    ``plans/plan-NNN.json``."""
+    return f"{PLANS_DIR}/plan-{index:03d}.json"
+
 
 #: Hyperparameter columns of ``results.parquet`` (``LoRAConfig.hparams()``), in the order
 #: tables and plots show them.
@@ -253,6 +270,7 @@ __all__ = [
     "TENSORBOARD_DIR",
     "ConfigStatus",
     "JobStatus",
+    "plan_file",
     "resolve_paths",
     "resolved_path",
     "stored_path",

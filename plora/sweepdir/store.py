@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from plora.config import ConfigError
 from plora.sweepdir import schema
+from plora.sweepdir.decisions import read_records
 from plora.sweepdir.lock import SweepLock, check_not_locked
 from plora.sweepdir.parts import PartTable, read_table
 from plora.sweepdir.schema import JOB_COLUMNS, METRIC_COLUMNS, METRIC_DTYPES
@@ -58,6 +59,7 @@ class SweepStore:
         self._state_parts = StateParts(self.root)
         self._metrics_buffer: list[dict[str, Any]] = []
         self._decisions_buffer: list[str] = []
+        self._next_plan: int | None = None  # the next plans/plan-NNN.json; None: not looked yet
         self._stored_rows: dict[Any, tuple[dict[str, Any], dict[str, Any]]] = {}
         self._stored_root = self.root  # the root _stored_rows' paths are relative to
         self._results: _AmortizedTable | None = None  # None: results.parquet not written yet
@@ -136,13 +138,21 @@ class SweepStore:
     def write_plan(self, plan: Mapping[str, Any]) -> int:
         """Save ``plan`` as ``plans/plan-NNN.json`` (next free NNN) and as ``plan.json``.
 
+        The next NNN is counted here, found once from the directory (after the highest plan
+        there: a resumed sweep continues the numbering): listing ``plans/`` at every re-plan
+        was a listing of ~1,000 files each at 10,000 configs.
+
         Returns:
-            The plan's index NNN (0 for the initial plan).
+            The plan's index NNN (0 for the initial plan); :func:`schema.plan_file` names the file.
         """
-        self.plans_dir.mkdir(parents=True, exist_ok=True)
-        index = len(list(self.plans_dir.glob("plan-*.json")))
-        atomic_write_json(self.plans_dir / f"plan-{index:03d}.json", dict(plan))
-        atomic_write_json(self.plan_json, dict(plan))
+        if self._next_plan is None:
+            self.plans_dir.mkdir(parents=True, exist_ok=True)
+            self._next_plan = _next_plan_index(self.plans_dir)
+        index = self._next_plan
+        text = json.dumps(dict(plan), indent=2, default=str) + "\n"  # one dump, two files
+        atomic_write_text(self.root / schema.plan_file(index), text)
+        atomic_write_text(self.plan_json, text)
+        self._next_plan = index + 1
         return index
 
     def append_decision(self, record: Mapping[str, Any], *, flush: bool = True) -> None:
@@ -376,20 +386,29 @@ class SweepStore:
         return schema.resolve_paths(pd.read_parquet(self.results_parquet), self.root)
 
     def read_decisions(self) -> list[dict[str, Any]]:
-        """Decision records in order; a torn last line (driver killed mid-write) is skipped."""
+        """Decision records in order; a torn last line (driver killed mid-write) is skipped.
+
+        Parsed once per version of the file (:func:`plora.sweepdir.decisions.read_records`:
+        the record dicts are shared, do not change them)."""
         self.flush_decisions()
         if not self.decisions_jsonl.is_file():
             return []
-        out = []
-        for line in self.decisions_jsonl.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                out.append(json.loads(line))
-        return out
+        return read_records(self.decisions_jsonl)
 
     def read_plan(self) -> dict[str, Any] | None:
         if not self.plan_json.is_file():
             return None
         return json.loads(self.plan_json.read_text())
+
+
+def _next_plan_index(plans_dir: Path) -> int:
+    """The index after the highest ``plan-NNN.json`` in ``plans_dir`` (0 when it holds none)."""
+    indices = [
+        int(p.stem.removeprefix("plan-"))
+        for p in plans_dir.glob("plan-*.json")
+        if p.stem.removeprefix("plan-").isdigit()
+    ]
+    return max(indices, default=-1) + 1
 
 
 def _row_copy(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -127,3 +127,13 @@ def test_fewer_distinct_configs_than_asked_is_one_line(search, asked, decisions,
     plan = {"kind": "plan", "config_ids": ["x"], "inputs": {}}  # other decisions do not count
     got = samples_line([plan, *decisions], search=search, asked=asked, finished=finished)
     assert got == want
+
+
+def test_status_shows_an_infinite_plan_bound_as_unknown(tmp_path) -> None:
+    """A plan's lower bound may be infinite (a kept plan re-timed by ``continue_plan`` under the
+    unit tests' cost model has one): ``plora status`` shows it as ``?`` instead of failing."""
+    from plora.runtime.progress import status_text
+    from plora.sweepdir.store import SweepStore
+
+    SweepStore(tmp_path).write_plan({"jobs": [], "makespan_s": 70.0, "lower_bound_s": float("inf")})
+    assert "latest plan: 0 jobs, makespan 1m10s (lower bound ?)" in status_text(str(tmp_path))

@@ -177,6 +177,30 @@ def test_a_directory_of_layout_version_3_reads_as_written(tmp_path) -> None:
         json.dumps({**head, "parts": parts, "sweepdir_version": 3})
     )
     assert read_back(SweepStore(tmp_path)) == as_json(state)
+    some = reader.read_state(tmp_path, sections=("results",))
+    assert some["results"] == as_json(state)["results"] and "configs" not in some
+
+
+def test_a_reader_may_take_only_some_sections(tmp_path) -> None:
+    """``plora status`` reads only ``status``: the same values as the whole state's, with the
+    head's own keys, and no other logged section (a nested one is kept beside its head keys)."""
+    rng = random.Random(8)
+    state = a_state(12, rng)
+    store = SweepStore(tmp_path)
+    for turn in range(4):  # the log holds changes and a removal of each section
+        state = copy.deepcopy(state)
+        state["status"][f"c{turn}"] = "done"
+        state["status"].pop(f"c{turn + 6}")
+        state["early_stop"]["known"].pop(f"c{turn}")
+        store.write_state(state)
+    whole = reader.read_state(tmp_path)
+    some = reader.read_state(tmp_path, sections=("status", "early_stop.known"))
+    assert some["status"] == whole["status"] == as_json(state)["status"]
+    assert set(some["early_stop"]) == {"known", "asha"}
+    assert some["early_stop"]["known"] == whole["early_stop"]["known"]
+    assert set(some["early_stop"]["asha"]) == {"kind", "num_stopped", "milestones"}  # head keys
+    assert {"configs", "results", "progress", "job_rows"}.isdisjoint(some)
+    assert some["elapsed_s"] == whole["elapsed_s"] and "steps" not in some["measurements"]
 
 
 def test_a_short_log_is_a_damaged_directory(tmp_path) -> None:
