@@ -43,7 +43,7 @@ def measure(configs: int) -> dict:
     try:  # the coordinator's books are tracked (what changed is told, not found by comparing)
         from plora.sweepdir.tracked import TrackedDict, TrackedList
     except ImportError:  # a tree from before: plain containers, compared in full at each write
-        TrackedDict, TrackedList = dict, list  # type: ignore[misc,assignment]  # noqa: N806
+        TrackedDict, TrackedList = dict, list  # type: ignore[misc,assignment]
     tracked = TrackedDict is not dict
     rng = random.Random(0)
     stopper = AdapterEarlyStopper(EarlyStopConfig(grace_steps=10, reduction_factor=2))
