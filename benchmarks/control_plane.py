@@ -246,7 +246,10 @@ def victim(cluster: Any) -> Any:
 def timed_status(out: Path) -> tuple[float, bool]:
     """``plora status DIR`` in a fresh process: (wall seconds, exit 0)."""
     exe = Path(sys.executable).with_name("plora")
-    cmd = [str(exe), "status", str(out)] if exe.exists() else [sys.executable, "-m", "plora.cli", "status", str(out)]  # fmt: skip
+    # no console script (plora on PYTHONPATH, the device machine): the CLI's app, as the script
+    # calls it (plora.cli has no __main__: `python -m plora.cli` exits at once, not timed)
+    cli = [sys.executable, "-c", "from plora.cli import app; app()"]
+    cmd = [*([str(exe)] if exe.exists() else cli), "status", str(out)]
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return time.perf_counter() - t, proc.returncode == 0

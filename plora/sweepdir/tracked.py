@@ -103,27 +103,39 @@ class TrackedDict(_Tracks, dict[K, V]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._changes = _Changes()
+        self._placed = dict(zip(self, range(-len(self), 0), strict=True))  # see position
 
     def touch(self, key: K) -> None:
         """Record that ``key``'s value changed in place."""
         self._changes.note(key)
 
+    def position(self, key: Any) -> int:
+        """``key``'s place in the dict's order, as a number that grows with each key inserted (a
+        key deleted and set again goes last, as in the dict)."""
+        return self._placed[key]
+
+    def _gone(self, key: Any) -> None:
+        self._changes.note(key)
+        self._placed.pop(key, None)
+
     def __setitem__(self, key: K, value: V) -> None:
         super().__setitem__(key, value)
         self._changes.note(key)
+        if key not in self._placed:
+            self._placed[key] = self._changes.version
 
     def __delitem__(self, key: K) -> None:
         super().__delitem__(key)
-        self._changes.note(key)
+        self._gone(key)
 
     def pop(self, key: K, *default: Any) -> Any:
         if key in self:
-            self._changes.note(key)
+            self._gone(key)
         return super().pop(key, *default)
 
     def popitem(self) -> tuple[K, V]:
         key, value = super().popitem()
-        self._changes.note(key)
+        self._gone(key)
         return key, value
 
     def setdefault(self, key: K, default: Any = None) -> Any:
@@ -141,7 +153,7 @@ class TrackedDict(_Tracks, dict[K, V]):
 
     def clear(self) -> None:
         for key in list(self):
-            self._changes.note(key)
+            self._gone(key)
         super().clear()
 
     def __reduce__(self) -> tuple[Any, ...]:

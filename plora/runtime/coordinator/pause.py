@@ -194,7 +194,7 @@ def settle(state: CoordinatorState) -> None:
     """When nothing runs or waits and no trial will come again (the source is finished, or
     closing: the Tune experiment ended), paused configs end stopped -- nobody is left to resume
     them -- so that the sweep can end."""
-    paused = [c for c, s in state.configs.status.items() if s is ConfigStatus.PAUSED]
+    paused = state.configs.ids_in(ConfigStatus.PAUSED)
     if not paused or state.jobs.running or state.jobs.forced or state.configs.queued_ids():
         return
     if not (getattr(state.source, "closing", False) or state.source.is_finished()):

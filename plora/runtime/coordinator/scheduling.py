@@ -293,10 +293,11 @@ class RefillQueue:
     def build(cls, state: CoordinatorState) -> RefillQueue:
         book, jobs = state.configs, state.jobs
         forced = jobs.forced_config_ids()
-        queued = {c for c in book.queued_ids() if c not in forced}
+        waiting = [c for c in book.queued_ids() if c not in forced]  # in arrival order
+        queued = set(waiting)
         planned = [c for job in jobs.pending for c in job.config_ids if c in queued]
         seen = set(planned)
-        order = planned + [c for c in book.status if c in queued and c not in seen]
+        order = planned + [c for c in waiting if c not in seen]
         price_key = getattr(state.cost, "price_key", None)
         by_key: dict[Hashable, list[str]] = {}
         for c in order:

@@ -32,6 +32,7 @@ from plora.planner.types import Job, Plan
 from plora.runtime.coordinator.ledger import JobRows, result_row, spec_state
 from plora.runtime.coordinator.measure import Measurements
 from plora.runtime.coordinator.residency import Residency
+from plora.runtime.coordinator.status_index import StatusIndex
 from plora.runtime.records import (
     ConfigSource,
     ConfigStatus,
@@ -106,14 +107,25 @@ class ConfigBook:
     """Hyperparameter fingerprint -> the config id first given with it."""
     aliases: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     """Config id -> later suggestions of the same hyperparameters, not told yet."""
+    index: StatusIndex = dataclasses.field(default_factory=StatusIndex, repr=False)
+    """Each status's configs, kept from :attr:`status`'s changes."""
+
+    def ids_in(self, status: ConfigStatus) -> list[str]:
+        """Configs in ``status``, in arrival order (cost: the configs that changed status since
+        the last call, and the list returned)."""
+        return self.index.ids(self.status, status)
 
     def queued_ids(self) -> list[str]:
         """Configs waiting for a job, in arrival order."""
-        return [c for c, s in self.status.items() if s is ConfigStatus.QUEUED]
+        return self.ids_in(ConfigStatus.QUEUED)
+
+    def count(self, status: ConfigStatus) -> int:
+        """How many configs are in ``status``."""
+        return self.index.count(self.status, status)
 
     def all_finished(self) -> bool:
         """Every config is done, stopped or failed."""
-        return all(s in FINISHED for s in self.status.values())
+        return all(not self.count(s) for s in ConfigStatus if s not in FINISHED)
 
     def is_finished(self, config_id: str) -> bool:
         """The config is known and done, stopped or failed."""

@@ -17,9 +17,7 @@ from plora.runtime.records import ConfigStatus
 
 def counts(state: CoordinatorState) -> dict[str, int]:
     """Number of configs per :class:`ConfigStatus`, plus running jobs and busy GPUs."""
-    out = {str(s): 0 for s in ConfigStatus}
-    for s in state.configs.status.values():
-        out[str(s)] += 1
+    out = {str(s): state.configs.count(s) for s in ConfigStatus}
     out["jobs_running"] = len(state.jobs.running)
     out["gpus_busy"] = state.num_gpus - len(state.jobs.free_gpus)
     return out
@@ -52,8 +50,7 @@ def snapshot(state: CoordinatorState) -> dict[str, Any]:
         "done": state.is_done(),
         "failed": {
             c: state.configs.results.get(c, {}).get("error")
-            for c, s in state.configs.status.items()
-            if s is ConfigStatus.FAILED
+            for c in state.configs.ids_in(ConfigStatus.FAILED)
         },
     }
 
