@@ -45,3 +45,11 @@ def test_a_round_reads_only_the_configs_that_changed() -> None:
     before = book.status.version
     assert book.status.changed_since(before - 1) == ["c0500"]
     assert len(book.queued_ids()) == 999 and book.index._mark == (book.status, before)
+
+
+def test_a_plain_status_dict_is_read_whole() -> None:
+    book = ConfigBook()
+    book.status = {"a": ConfigStatus.DONE, "b": ConfigStatus.QUEUED}  # type: ignore[assignment]
+    assert book.queued_ids() == ["b"] and not book.all_finished()
+    book.status["b"] = ConfigStatus.DONE
+    assert book.queued_ids() == [] and book.all_finished()

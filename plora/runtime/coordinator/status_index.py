@@ -43,6 +43,8 @@ class StatusIndex:
         return len(self._by[status])
 
     def _sync(self, book: TrackedDict[str, ConfigStatus]) -> None:
+        if not isinstance(book, TrackedDict):  # a plain dict: read whole at every call
+            book = TrackedDict(book)
         keys = None
         if self._mark is not None and self._mark[0] is book.tracker:
             keys = book.changed_since(self._mark[1])
