@@ -203,10 +203,8 @@ class StateParts:
                 v = value[k]
                 if seen.get(k, _MISSING) != v:
                     lines.append(log.record(name, k, v))
-            elif k in seen:
+            elif k in seen:  # a list cut short tells no keys (None): only a dict's keys go
                 lines.append(log.delete(name, k))
-        if isinstance(value, list) and len(seen) > size:  # a list cut short says so (unknown)
-            lines += [log.delete(name, k) for k in range(size, len(seen))]
         return lines
 
     def _fresh(

@@ -451,7 +451,7 @@ class _AmortizedTable:
             keys = rows.changed_since(self.mark[1])
         if keys is None:
             keys = list(range(len(rows))) if isinstance(rows, list) else list(rows)
-            keys += [k for k in self.seen if k not in keys] if self.seen else []
+            keys += self.seen.keys() - set(keys)  # rows compared in full before, gone since
         self.mark = (rows.tracker, rows.version)
         self.seen, self.current, self.rows = {}, current, len(rows)
         self.unwritten += len(keys)

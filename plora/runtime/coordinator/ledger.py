@@ -1,8 +1,9 @@
-"""Rows the coordinator writes to the sweep directory (pure functions, no state).
+"""Rows the coordinator writes to the sweep directory (pure functions, and the job rows' list).
 
 One row shape per table: ``metrics.parquet`` (:func:`metric_row`), ``results.parquet``
-(:func:`result_row`), ``jobs.parquet`` (:func:`job_row`); plus the mapping from the engine's
-per-config status to :class:`ConfigStatus` and what the searcher is told about a config.
+(:func:`result_row`), ``jobs.parquet`` (:func:`job_row`, kept in :class:`JobRows`); plus the
+mapping from the engine's per-config status to :class:`ConfigStatus` and what the searcher is
+told about a config.
 """
 
 from __future__ import annotations
